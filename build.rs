@@ -1,0 +1,26 @@
+//! Compiles proto/ with protox (no system protoc) into tonic code and a descriptor set for reflection.
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = [
+        "proto/hcp/sense/v1/types.proto",
+        "proto/hcp/sense/v1/pack.proto",
+    ];
+    for f in &files {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    println!("cargo:rerun-if-changed=proto");
+    let mut compiler = protox::Compiler::new(["proto"])?;
+    compiler.include_imports(true).include_source_info(true);
+    compiler.open_files(files)?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("hcp_sense_descriptor.bin"),
+        compiler.encode_file_descriptor_set(),
+    )?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(compiler.file_descriptor_set())?;
+    Ok(())
+}

@@ -1,0 +1,14 @@
+//! The append-only schema migrations of hcp-sense, portable across SQLite and PostgreSQL.
+pub use sea_orm_migration::prelude::*;
+
+mod m20261130_000001_init;
+
+/// Every migration, in the order it is applied.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261130_000001_init::Migration)]
+    }
+}

@@ -1,0 +1,160 @@
+//! Wiring: `App::build` opens the store and binds the listener; `run_until` serves until shutdown.
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tonic_health::server::HealthReporter;
+
+use crate::config::Config;
+use crate::grpc::packs::Packs;
+use crate::grpc::pb::{self, pack_service_server::PackServiceServer};
+use crate::service::Service;
+use crate::store::Store;
+
+/// A service with its store open and its port bound, ready to serve.
+pub struct App {
+    listener: TcpListener,
+    addr: SocketAddr,
+    service: Service,
+    shutdown_grace: Duration,
+}
+
+impl App {
+    /// Connects the store, applies migrations unless disabled, and binds the listener.
+    pub async fn build(config: Config) -> anyhow::Result<App> {
+        let store = Store::connect(&config.database).await?;
+        if config.migrate {
+            store.migrate_up().await?;
+        } else {
+            let pending: Vec<_> = store
+                .migration_status()
+                .await?
+                .into_iter()
+                .filter(|m| !m.applied)
+                .map(|m| m.name)
+                .collect();
+            if !pending.is_empty() {
+                anyhow::bail!(
+                    "the database lacks migrations {}: run `hcp-sense migrate up` or start with --migrate true",
+                    pending.join(", ")
+                );
+            }
+        }
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("binding {}: {e}", config.listen))?;
+        let addr = listener.local_addr()?;
+        Ok(App {
+            listener,
+            addr,
+            service: Service::new(store),
+            shutdown_grace: config.shutdown_grace,
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn service(&self) -> &Service {
+        &self.service
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, lets calls in
+    /// flight finish for up to the grace period, and closes the store.
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let (health, health_service) = tonic_health::server::health_reporter();
+        set_serving(&health, true).await;
+        let reflection_v1 = reflection().build_v1()?;
+        let reflection_v1alpha = reflection().build_v1alpha()?;
+
+        let (stop_tx, stop_rx) = watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+        let mut on_stop = stop_rx.clone();
+        let stop_health = health.clone();
+        let serve = Server::builder()
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(PackServiceServer::new(Packs {
+                service: self.service.clone(),
+            }))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), async move {
+                let _ = on_stop.wait_for(|s| *s).await;
+                tracing::info!("shutting down: no new calls accepted");
+                set_serving(&stop_health, false).await;
+            });
+        tracing::info!(addr = %self.addr, "hcp-sense listening");
+
+        let grace = self.shutdown_grace;
+        let mut grace_rx = stop_rx;
+        let result = tokio::select! {
+            r = serve => r.map_err(anyhow::Error::from),
+            _ = async move {
+                let _ = grace_rx.wait_for(|s| *s).await;
+                tokio::time::sleep(grace).await;
+            } => {
+                tracing::warn!(grace_secs = grace.as_secs(), "grace period over; closing calls still in flight");
+                Ok(())
+            }
+        };
+        self.service.store.close().await;
+        tracing::info!("stopped");
+        result
+    }
+}
+
+/// Reflection over every service served, and over google.rpc error details so
+/// that clients such as grpcurl can decode them.
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+}
+
+async fn set_serving(health: &HealthReporter, serving: bool) {
+    use tonic_health::ServingStatus;
+    let status = if serving {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    health.set_service_status("", status).await;
+    health
+        .set_service_status("hcp.sense.v1.PackService", status)
+        .await;
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT received"),
+        _ = term => tracing::info!("SIGTERM received"),
+    }
+}

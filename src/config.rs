@@ -1,0 +1,201 @@
+//! Service configuration: defaults, then an optional TOML file, then `HCP_SENSE_*` environment, then flags.
+use clap::Args;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://hcp-sense.db?mode=rwc";
+
+/// Options of `hcp-sense serve`. Every option may also be set in the TOML file
+/// (same name, with `_` for `-`) or in the environment variable shown.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeOptions {
+    /// TOML file with any of these options; flags and environment override it.
+    #[arg(long, env = "HCP_SENSE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Address the gRPC server listens on [default: 127.0.0.1:50051].
+    #[arg(long, env = "HCP_SENSE_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    #[command(flatten)]
+    pub database: DatabaseOptions,
+
+    /// Apply pending migrations at start [default: true].
+    #[arg(long, env = "HCP_SENSE_MIGRATE", value_name = "BOOL")]
+    pub migrate: Option<bool>,
+
+    /// Log format on stdout: `pretty`, `compact` or `json` [default: compact]. Level by RUST_LOG.
+    #[arg(long, env = "HCP_SENSE_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+
+    /// Seconds to wait for in-flight calls after SIGINT/SIGTERM before exiting [default: 30].
+    #[arg(long, env = "HCP_SENSE_SHUTDOWN_GRACE_SECS", value_name = "SECS")]
+    pub shutdown_grace_secs: Option<u64>,
+}
+
+/// Where the store is. Shared by `serve` and `migrate`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct DatabaseOptions {
+    /// Store URL: `sqlite://PATH` (embedded default: sqlite://hcp-sense.db) or
+    /// `postgres://USER@HOST/DB`. Also read from DATABASE_URL.
+    #[arg(long, env = "HCP_SENSE_DATABASE_URL", value_name = "URL")]
+    pub database_url: Option<String>,
+
+    /// Most connections the store pool opens [default: 8 on PostgreSQL, 4 on SQLite].
+    #[arg(long, env = "HCP_SENSE_DB_MAX_CONNECTIONS", value_name = "N")]
+    pub db_max_connections: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    Pretty,
+    #[default]
+    Compact,
+    Json,
+}
+
+/// The validated configuration the service runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub database: StoreConfig,
+    pub migrate: bool,
+    pub log_format: LogFormat,
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub url: String,
+    pub max_connections: Option<u32>,
+}
+
+impl DatabaseOptions {
+    fn or(self, file: DatabaseOptions) -> DatabaseOptions {
+        DatabaseOptions {
+            database_url: self
+                .database_url
+                .or_else(|| std::env::var("DATABASE_URL").ok().filter(|s| !s.is_empty()))
+                .or(file.database_url),
+            db_max_connections: self.db_max_connections.or(file.db_max_connections),
+        }
+    }
+
+    /// Resolves the store settings with the environment's DATABASE_URL as a fallback.
+    pub fn resolve(self) -> StoreConfig {
+        let o = self.or(DatabaseOptions::default());
+        StoreConfig {
+            url: o
+                .database_url
+                .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
+            max_connections: o.db_max_connections,
+        }
+    }
+}
+
+impl ServeOptions {
+    /// Layers these options (flags and environment, already merged by clap)
+    /// over the TOML file, if any, and over the defaults.
+    pub fn resolve(self) -> anyhow::Result<Config> {
+        let file = match &self.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let database = self
+            .database
+            .or(DatabaseOptions {
+                database_url: file.database_url,
+                db_max_connections: file.db_max_connections,
+            })
+            .resolve();
+        Ok(Config {
+            listen: match self.listen.or(file.listen) {
+                Some(a) => a,
+                None => DEFAULT_LISTEN.parse()?,
+            },
+            database,
+            migrate: self.migrate.or(file.migrate).unwrap_or(true),
+            log_format: self.log_format.or(file.log_format).unwrap_or_default(),
+            shutdown_grace: Duration::from_secs(
+                self.shutdown_grace_secs
+                    .or(file.shutdown_grace_secs)
+                    .unwrap_or(30),
+            ),
+        })
+    }
+}
+
+/// The TOML file's keys: the long option names with `_` for `-`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    database_url: Option<String>,
+    db_max_connections: Option<u32>,
+    migrate: Option<bool>,
+    log_format: Option<LogFormat>,
+    shutdown_grace_secs: Option<u64>,
+}
+
+fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("reading config file {}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
+}
+
+impl Config {
+    /// A configuration for the given store with every other option at its default.
+    pub fn for_database(url: impl Into<String>) -> Config {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            database: StoreConfig {
+                url: url.into(),
+                max_connections: None,
+            },
+            migrate: true,
+            log_format: LogFormat::Compact,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_and_file_overrides_defaults() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:7000\"\ndatabase_url = \"sqlite://from-file.db\"\nmigrate = false\nshutdown_grace_secs = 5\n",
+        )
+        .expect("write");
+        let cfg = ServeOptions {
+            config: Some(path.clone()),
+            listen: Some("127.0.0.1:7001".parse().expect("addr")),
+            ..Default::default()
+        }
+        .resolve()
+        .expect("resolve");
+        assert_eq!(cfg.listen.port(), 7001);
+        assert!(!cfg.migrate);
+        assert_eq!(cfg.shutdown_grace, Duration::from_secs(5));
+        if std::env::var_os("DATABASE_URL").is_none() {
+            assert_eq!(cfg.database.url, "sqlite://from-file.db");
+        }
+        std::fs::write(&path, "listen = \"127.0.0.1:7000\"\nbogus = 1\n").expect("write");
+        let err = ServeOptions {
+            config: Some(path),
+            ..Default::default()
+        }
+        .resolve()
+        .expect_err("unknown key");
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+}

@@ -1,0 +1,108 @@
+//! Syntax of the names the spec uses: trigger refs (§7.1.2), lands, pack ids.
+
+/// Longest ref, land or pack id accepted; longer ones are refused rather than truncated.
+pub const MAX_REF_LEN: usize = 256;
+pub const MAX_PACK_ID_LEN: usize = 128;
+pub const MAX_LAND_LEN: usize = 64;
+
+/// Checks a trigger ref against §7.1.2: non-empty, lower-case, `.` separating
+/// non-empty segments of `[a-z0-9_-]`. Returns the rule broken, in words.
+pub fn check_ref(r: &str) -> Result<(), String> {
+    if r.is_empty() {
+        return Err("ref must be non-empty".into());
+    }
+    if r.len() > MAX_REF_LEN {
+        return Err(format!("ref must be at most {MAX_REF_LEN} bytes"));
+    }
+    if r.chars().any(|c| c.is_uppercase()) {
+        return Err(format!("ref `{r}` must be lower-case"));
+    }
+    for seg in r.split('.') {
+        if seg.is_empty() {
+            return Err(format!(
+                "ref `{r}` has an empty segment: `.` only separates non-empty segments"
+            ));
+        }
+        if let Some(c) = seg.chars().find(|c| !is_name_char(*c)) {
+            return Err(format!(
+                "ref `{r}` contains {c:?}; segments use only a-z, 0-9, `_` and `-`"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a land name: a lower-case name such as `user`, `project` or `brain`.
+pub fn check_land(land: &str) -> Result<(), String> {
+    if land.is_empty() {
+        return Err("land must be non-empty".into());
+    }
+    if land.len() > MAX_LAND_LEN {
+        return Err(format!("land must be at most {MAX_LAND_LEN} bytes"));
+    }
+    let first_ok = land.chars().next().is_some_and(|c| c.is_ascii_lowercase());
+    if !first_ok || !land.chars().all(is_name_char) {
+        return Err(format!(
+            "land `{land}` must be a lower-case name: a-z first, then a-z, 0-9, `_` or `-`"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a pack id: 1 to 128 characters of `[A-Za-z0-9._-]`, starting with a letter or digit.
+pub fn check_pack_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("pack id must be non-empty".into());
+    }
+    if id.len() > MAX_PACK_ID_LEN {
+        return Err(format!("pack id must be at most {MAX_PACK_ID_LEN} bytes"));
+    }
+    let first_ok = id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+    let rest_ok = id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !first_ok || !rest_ok {
+        return Err(format!(
+            "pack id `{id}` may use only A-Z, a-z, 0-9, `.`, `_` and `-`, starting with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-'
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s7_1_2_ref_syntax() {
+        for ok in ["issue", "issue.opened", "binding.degraded", "a_b-c.d9", "x"] {
+            assert!(check_ref(ok).is_ok(), "{ok} should pass");
+        }
+        for bad in [
+            "",
+            "Issue",
+            "issue.Opened",
+            "a..b",
+            ".a",
+            "a.",
+            "a b",
+            "a/b",
+            "é",
+            "a:b",
+        ] {
+            assert!(check_ref(bad).is_err(), "{bad:?} should fail");
+        }
+    }
+
+    #[test]
+    fn land_syntax() {
+        assert!(check_land("brain").is_ok());
+        assert!(check_land("").is_err());
+        assert!(check_land("Brain").is_err());
+        assert!(check_land("1x").is_err());
+    }
+}

@@ -1,0 +1,55 @@
+//! The one semantic error enum of the service; `grpc::status` maps it to gRPC codes in one table.
+use std::fmt;
+
+/// A field of a request and the rule it broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub field: String,
+    pub description: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// Bad input, one violation per field and rule.
+    #[error("{}", summary(.0))]
+    InvalidArgument(Vec<Violation>),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The store (or another dependency) cannot be reached; the call may be retried.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A fault of the service; the cause is logged, the client gets a generic message.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// One violated rule for one field.
+    pub fn invalid(field: impl Into<String>, description: impl fmt::Display) -> Self {
+        Error::InvalidArgument(vec![Violation {
+            field: field.into(),
+            description: description.to_string(),
+        }])
+    }
+}
+
+fn summary(v: &[Violation]) -> String {
+    v.iter()
+        .map(|v| {
+            if v.field.is_empty() {
+                v.description.clone()
+            } else {
+                format!("{}: {}", v.field, v.description)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,130 @@
+//! PackService: registration, lint, reads and removal of packs.
+use serde_json::Value;
+use tonic::{Request, Response, Status};
+
+use super::convert::{finding, pack, struct_to_json};
+use super::paging::{decode_token, encode_token, page_size};
+use super::pb::{self, pack_service_server::PackService};
+use crate::domain::pack::{lint, parse_manifest_text, Severity};
+use crate::error::Error;
+use crate::service::Service;
+
+#[derive(Clone, Debug)]
+pub struct Packs {
+    pub service: Service,
+}
+
+const PAGE_KIND: &str = "packs";
+
+fn manifest_of(
+    manifest: Option<prost_types::Struct>,
+    text: Option<String>,
+) -> Result<Value, Error> {
+    match (manifest, text) {
+        (Some(s), _) => Ok(struct_to_json(s)),
+        (None, Some(t)) => parse_manifest_text(&t).map_err(|e| Error::invalid("manifest_text", e)),
+        (None, None) => Err(Error::invalid(
+            "manifest",
+            "one of `manifest` (a JSON object) or `manifest_text` (JSON or YAML) is required",
+        )),
+    }
+}
+
+fn register_source(s: Option<pb::register_pack_request::Source>) -> Result<Value, Error> {
+    use pb::register_pack_request::Source;
+    match s {
+        Some(Source::Manifest(m)) => manifest_of(Some(m), None),
+        Some(Source::ManifestText(t)) => manifest_of(None, Some(t)),
+        None => manifest_of(None, None),
+    }
+}
+
+fn lint_source(s: Option<pb::lint_pack_request::Source>) -> Result<Value, Error> {
+    use pb::lint_pack_request::Source;
+    match s {
+        Some(Source::Manifest(m)) => manifest_of(Some(m), None),
+        Some(Source::ManifestText(t)) => manifest_of(None, Some(t)),
+        None => manifest_of(None, None),
+    }
+}
+
+#[tonic::async_trait]
+impl PackService for Packs {
+    async fn register_pack(
+        &self,
+        req: Request<pb::RegisterPackRequest>,
+    ) -> Result<Response<pb::RegisterPackResponse>, Status> {
+        let manifest = register_source(req.into_inner().source)?;
+        let r = self.service.register_pack(&manifest).await?;
+        Ok(Response::new(pb::RegisterPackResponse {
+            pack: Some(pack(&r.pack)),
+            warnings: r.report.warnings().map(finding).collect(),
+            created: r.created,
+        }))
+    }
+
+    async fn lint_pack(
+        &self,
+        req: Request<pb::LintPackRequest>,
+    ) -> Result<Response<pb::LintPackResponse>, Status> {
+        let manifest = lint_source(req.into_inner().source)?;
+        let report = lint(&manifest);
+        Ok(Response::new(pb::LintPackResponse {
+            valid: report.is_valid(),
+            // Errors first, then warnings, each in manifest order.
+            findings: report
+                .errors()
+                .chain(
+                    report
+                        .findings
+                        .iter()
+                        .filter(|f| f.severity == Severity::Warning),
+                )
+                .map(finding)
+                .collect(),
+            pack_id: report.pack_id.clone().unwrap_or_default(),
+        }))
+    }
+
+    async fn get_pack(
+        &self,
+        req: Request<pb::GetPackRequest>,
+    ) -> Result<Response<pb::GetPackResponse>, Status> {
+        let p = self.service.get_pack(&req.into_inner().pack_id).await?;
+        Ok(Response::new(pb::GetPackResponse {
+            pack: Some(pack(&p)),
+        }))
+    }
+
+    async fn list_packs(
+        &self,
+        req: Request<pb::ListPacksRequest>,
+    ) -> Result<Response<pb::ListPacksResponse>, Status> {
+        let req = req.into_inner();
+        let size = page_size(req.page_size)?;
+        let after = decode_token(PAGE_KIND, &req.page_token)?;
+        let mut packs = self
+            .service
+            .store
+            .list_packs(after.as_deref(), size + 1)
+            .await?;
+        let more = packs.len() as u64 > size;
+        packs.truncate(usize::try_from(size).unwrap_or(usize::MAX));
+        let next_page_token = match (more, packs.last()) {
+            (true, Some(last)) => encode_token(PAGE_KIND, &last.manifest.pack_id),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListPacksResponse {
+            packs: packs.iter().map(pack).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn delete_pack(
+        &self,
+        req: Request<pb::DeletePackRequest>,
+    ) -> Result<Response<pb::DeletePackResponse>, Status> {
+        self.service.delete_pack(&req.into_inner().pack_id).await?;
+        Ok(Response::new(pb::DeletePackResponse {}))
+    }
+}

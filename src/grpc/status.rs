@@ -1,0 +1,27 @@
+//! The one table from the service's errors to gRPC statuses.
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::error::Error;
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        match e {
+            Error::NotFound(m) => Status::not_found(m),
+            Error::AlreadyExists(m) => Status::already_exists(m),
+            Error::InvalidArgument(violations) => {
+                let message = Error::InvalidArgument(violations.clone()).to_string();
+                let mut details = ErrorDetails::new();
+                for v in violations {
+                    details.add_bad_request_violation(v.field, v.description);
+                }
+                Status::with_error_details(Code::InvalidArgument, message, details)
+            }
+            Error::FailedPrecondition(m) => Status::failed_precondition(m),
+            Error::PermissionDenied(m) => Status::permission_denied(m),
+            Error::Unavailable(m) => Status::unavailable(m),
+            // The cause was logged where it happened; the client learns nothing internal.
+            Error::Internal(_) => Status::internal("internal error"),
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! hcp-sense: the control plane of the Sense loop (HCP §7).
+pub mod app;
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod grpc;
+pub mod service;
+pub mod store;
+pub mod telemetry;

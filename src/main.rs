@@ -1,0 +1,157 @@
+//! The `hcp-sense` command: serve, migrate, lint.
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use hcp_sense::app::{shutdown_signal, App};
+use hcp_sense::config::{DatabaseOptions, LogFormat, ServeOptions};
+use hcp_sense::domain::pack::{lint, parse_manifest_text, Severity};
+use hcp_sense::store::Store;
+use hcp_sense::telemetry::init_logging;
+
+/// hcp-sense decides, clause by clause of HCP §7, whether a pack's trigger may reach a sink.
+#[derive(Parser)]
+#[command(version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    /// Options of `serve`, the default command.
+    #[command(flatten)]
+    serve: ServeOptions,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve the gRPC API (the default).
+    Serve(ServeOptions),
+    /// Apply or inspect the schema migrations.
+    Migrate {
+        /// `up` applies every pending migration; `status` lists them.
+        #[arg(value_enum, default_value = "up")]
+        action: MigrateAction,
+        #[command(flatten)]
+        database: DatabaseOptions,
+    },
+    /// Lint a pack manifest (JSON or YAML; `-` reads standard input). Exits 1 on any error.
+    Lint {
+        /// The manifest file.
+        manifest: PathBuf,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy)]
+enum MigrateAction {
+    /// Apply every pending migration (the default).
+    Up,
+    /// List the migrations and whether each is applied.
+    Status,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Cmd::Lint { manifest }) => lint_file(&manifest),
+        Some(Cmd::Migrate { action, database }) => run(migrate(action, database)),
+        Some(Cmd::Serve(opts)) => run(serve(opts)),
+        None => run(serve(cli.serve)),
+    }
+}
+
+fn run(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(f) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
+    let config = opts.resolve()?;
+    init_logging(config.log_format);
+    tracing::info!(
+        listen = %config.listen,
+        store = ?hcp_sense::store::Engine::of_url(&config.database.url),
+        "starting hcp-sense {}",
+        env!("CARGO_PKG_VERSION")
+    );
+    let app = App::build(config).await?;
+    app.run_until(shutdown_signal()).await
+}
+
+async fn migrate(action: MigrateAction, database: DatabaseOptions) -> anyhow::Result<()> {
+    init_logging(LogFormat::Compact);
+    let store = Store::connect(&database.resolve()).await?;
+    if let MigrateAction::Up = action {
+        store.migrate_up().await?;
+    }
+    for m in store.migration_status().await? {
+        println!(
+            "{}\t{}",
+            if m.applied { "applied" } else { "pending" },
+            m.name
+        );
+    }
+    store.close().await;
+    Ok(())
+}
+
+fn lint_file(path: &PathBuf) -> ExitCode {
+    let text = if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).map(|_| s)
+    } else {
+        std::fs::read_to_string(path)
+    };
+    let text = match text {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: reading {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    };
+    let value = match parse_manifest_text(&text) {
+        Ok(v) => v,
+        Err(e) => {
+            println!("error[s7_1_1]: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = lint(&value);
+    for f in &report.findings {
+        let level = match f.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        let at = if f.field.is_empty() {
+            "manifest"
+        } else {
+            &f.field
+        };
+        println!("{level}[{}] {at}: {}", f.rule, f.message);
+    }
+    let errors = report.errors().count();
+    let warnings = report.findings.len() - errors;
+    println!(
+        "{}: {errors} error(s), {warnings} warning(s)",
+        report.pack_id.as_deref().unwrap_or("manifest")
+    );
+    if errors > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,128 @@
+//! sea-orm entities for the tables the service reads and writes (schema in `migrations/`).
+#![allow(missing_docs)]
+
+pub mod packs {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "packs")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub pack_id: String,
+        pub kind: String,
+        pub binding_mode: String,
+        pub binding_hub: Option<String>,
+        pub upstream_requires_registration: bool,
+        #[sea_orm(column_type = "Text")]
+        pub manifest: String,
+        pub generation: i64,
+        pub create_time: i64,
+        pub update_time: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod pack_triggers {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "pack_triggers")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub pack_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub r#ref: String,
+        pub position: i32,
+        pub source: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod pack_stimuli {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "pack_stimuli")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub pack_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub position: i32,
+        pub r#ref: String,
+        pub operation: String,
+        pub land: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod pack_commands {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "pack_commands")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub pack_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub position: i32,
+        pub name: String,
+        pub installs_webhook: bool,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod sense_grants {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "sense_grants")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub principal: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub pack_id: String,
+        pub create_time: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod sense_activations {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "sense_activations")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub principal: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub pack_id: String,
+        pub enabled: bool,
+        pub route: String,
+        pub update_time: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

@@ -1,0 +1,205 @@
+//! The store: every SQL the service runs, behind one type, on SQLite or PostgreSQL.
+pub mod entity;
+mod packs;
+
+use sea_orm::sqlx;
+use sea_orm::{
+    ConnectOptions, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    RuntimeErr, SqlErr, TransactionTrait,
+};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::config::StoreConfig;
+use crate::error::Error;
+use hcp_sense_migration::{Migrator, MigratorTrait};
+
+/// The service's database. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    db: DatabaseConnection,
+    /// SQLite allows one writer; a transaction that reads and then writes would
+    /// fail with SQLITE_BUSY when another one wrote first. Writers take turns
+    /// here instead. PostgreSQL uses row locks and leaves this unused.
+    write_turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// Which engine a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+impl Engine {
+    pub fn of_url(url: &str) -> Option<Engine> {
+        if url.starts_with("sqlite:") {
+            Some(Engine::Sqlite)
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Some(Engine::Postgres)
+        } else {
+            None
+        }
+    }
+}
+
+/// A migration and whether it has been applied.
+#[derive(Debug, Clone)]
+pub struct MigrationState {
+    pub name: String,
+    pub applied: bool,
+}
+
+impl Store {
+    /// Opens a pool. SQLite files are created when missing and run in WAL mode
+    /// with full fsync, so an acknowledged write survives a crash.
+    pub async fn connect(cfg: &StoreConfig) -> Result<Store, Error> {
+        let engine = Engine::of_url(&cfg.url).ok_or_else(|| {
+            Error::invalid(
+                "database_url",
+                "must start with sqlite:// or postgres:// (postgresql://)",
+            )
+        })?;
+        let mut url = cfg.url.clone();
+        if engine == Engine::Sqlite && !url.contains("mode=") {
+            url.push(if url.contains('?') { '&' } else { '?' });
+            url.push_str("mode=rwc");
+        }
+        let mut opts = ConnectOptions::new(url);
+        opts.sqlx_logging(false)
+            .connect_timeout(Duration::from_secs(5))
+            .acquire_timeout(Duration::from_secs(5));
+        match engine {
+            Engine::Sqlite => {
+                opts.max_connections(cfg.max_connections.unwrap_or(4))
+                    .map_sqlx_sqlite_opts(|o| {
+                        o.journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                            .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
+                            .busy_timeout(Duration::from_secs(5))
+                    });
+            }
+            Engine::Postgres => {
+                opts.max_connections(cfg.max_connections.unwrap_or(8));
+            }
+        }
+        let db = Database::connect(opts).await.map_err(classify)?;
+        Ok(Store {
+            db,
+            write_turn: Arc::default(),
+        })
+    }
+
+    pub fn engine(&self) -> Engine {
+        match self.db.get_database_backend() {
+            DbBackend::Sqlite => Engine::Sqlite,
+            _ => Engine::Postgres,
+        }
+    }
+
+    /// Applies every pending migration.
+    pub async fn migrate_up(&self) -> Result<(), Error> {
+        Migrator::up(&self.db, None).await.map_err(classify)
+    }
+
+    /// Every known migration and whether it is applied.
+    pub async fn migration_status(&self) -> Result<Vec<MigrationState>, Error> {
+        let applied: Vec<String> = match Migrator::get_applied_migrations(&self.db).await {
+            Ok(m) => m.iter().map(|m| m.name().to_owned()).collect(),
+            // No migration table yet: nothing is applied.
+            Err(_) => Vec::new(),
+        };
+        Ok(Migrator::migrations()
+            .iter()
+            .map(|m| MigrationState {
+                name: m.name().to_owned(),
+                applied: applied.iter().any(|a| a == m.name()),
+            })
+            .collect())
+    }
+
+    /// Checks that the database answers.
+    pub async fn ping(&self) -> Result<(), Error> {
+        self.db.ping().await.map_err(classify)
+    }
+
+    pub async fn close(self) {
+        let _ = self.db.close().await;
+    }
+
+    /// Begins a write transaction; on SQLite it first waits its turn among writers.
+    pub(crate) async fn begin_write(&self) -> Result<WriteTxn, Error> {
+        let turn = match self.engine() {
+            Engine::Sqlite => Some(self.write_turn.clone().lock_owned().await),
+            Engine::Postgres => None,
+        };
+        let txn = self.db.begin().await.map_err(classify)?;
+        Ok(WriteTxn { txn, _turn: turn })
+    }
+
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.db
+    }
+}
+
+/// A write transaction, holding the SQLite writer's turn until it ends.
+pub(crate) struct WriteTxn {
+    pub txn: DatabaseTransaction,
+    _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl WriteTxn {
+    pub async fn commit(self) -> Result<(), Error> {
+        self.txn.commit().await.map_err(classify)
+    }
+}
+
+/// Microseconds since the Unix epoch, the unit of every time column.
+pub fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Sorts a database error into the service's errors: an unreachable database is
+/// `Unavailable` (retry), a unique violation `AlreadyExists`, the rest `Internal`.
+pub(crate) fn classify(e: DbErr) -> Error {
+    if let Some(SqlErr::UniqueConstraintViolation(m)) = e.sql_err() {
+        return Error::AlreadyExists(m);
+    }
+    let unavailable = match &e {
+        DbErr::ConnectionAcquire(_) | DbErr::Conn(_) => true,
+        DbErr::Exec(RuntimeErr::SqlxError(s)) | DbErr::Query(RuntimeErr::SqlxError(s)) => {
+            is_unavailable(s)
+        }
+        _ => false,
+    };
+    if unavailable {
+        tracing::warn!(error = %e, "store unavailable");
+        Error::Unavailable("the store is unavailable; retry later".into())
+    } else {
+        tracing::error!(error = %e, "store error");
+        Error::Internal("store error".into())
+    }
+}
+
+fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(d) => {
+            // PostgreSQL: class 08 (connection), 57P0x (shutdown), 53 (resources);
+            // SQLite: BUSY (5) and LOCKED (6) after the busy timeout.
+            let code = d.code().unwrap_or_default();
+            code.starts_with("08")
+                || code.starts_with("57P")
+                || code.starts_with("53")
+                || code == "5"
+                || code == "6"
+        }
+        _ => false,
+    }
+}

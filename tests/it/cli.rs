@@ -1,0 +1,297 @@
+//! The real `hcp-sense` binary and the real grpcurl and buf binaries, as users run them.
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::helpers::{repo_path, StoreKind, TestDb};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hcp-sense");
+
+/// A `hcp-sense serve` process on an ephemeral port; killed when dropped.
+struct Served {
+    child: Child,
+    addr: String,
+}
+
+impl Served {
+    fn start(url: &str, extra: &[&str]) -> Served {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--database-url", url])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env_remove("DATABASE_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start hcp-sense");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("hcp-sense listening") {
+                    if let Some(addr) = line.split("addr=").nth(1) {
+                        let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_owned());
+                    }
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("server reports its address");
+        Served { child, addr }
+    }
+
+    /// Sends SIGTERM and returns whether the process exited 0 within the timeout.
+    fn terminate(mut self) -> bool {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a command that must exist on PATH (installed by .ci/run); never skipped.
+fn run(program: &str, args: &[&str]) -> Output {
+    Command::new(program)
+        .args(args)
+        .current_dir(repo_path(""))
+        .output()
+        .unwrap_or_else(|e| panic!("`{program}` must be installed (see .ci/run): {e}"))
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+async fn grpcurl_session(kind: StoreKind) {
+    let db = TestDb::create(kind).await;
+    let served = Served::start(&db.url, &[]);
+    let addr = served.addr.clone();
+    let grpcurl = |args: &[&str]| {
+        let mut a = vec!["-plaintext"];
+        a.extend_from_slice(args);
+        let o = run("grpcurl", &a);
+        (o.status.success(), text(&o))
+    };
+
+    let (ok, out) = grpcurl(&[&addr, "list"]);
+    assert!(ok, "{out}");
+    for service in [
+        "hcp.sense.v1.PackService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ] {
+        assert!(
+            out.lines().any(|l| l == service),
+            "{service} not listed:\n{out}"
+        );
+    }
+    let (ok, out) = grpcurl(&[&addr, "describe", "hcp.sense.v1.PackService"]);
+    assert!(ok, "{out}");
+    for rpc in [
+        "RegisterPack",
+        "LintPack",
+        "GetPack",
+        "ListPacks",
+        "DeletePack",
+    ] {
+        assert!(
+            out.contains(&format!("rpc {rpc}")),
+            "{rpc} not described:\n{out}"
+        );
+    }
+    let (ok, out) = grpcurl(&[&addr, "describe", "hcp.sense.v1.Pack"]);
+    assert!(ok && out.contains("stimulus_triggers"), "{out}");
+
+    let manifest =
+        std::fs::read_to_string(repo_path("examples/github.pack.json")).expect("example");
+    let body = format!("{{\"manifest\": {manifest}}}");
+    let (ok, out) = grpcurl(&["-d", &body, &addr, "hcp.sense.v1.PackService/RegisterPack"]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("grpcurl prints JSON");
+    assert_eq!(v["pack"]["packId"], "github");
+    assert_eq!(v["created"], true);
+
+    // A lint failure reaches grpcurl as INVALID_ARGUMENT with decodable details.
+    let broken = std::fs::read_to_string(repo_path("examples/broken.pack.json")).expect("example");
+    let (ok, out) = grpcurl(&[
+        "-d",
+        &format!("{{\"manifest\": {broken}}}"),
+        &addr,
+        "hcp.sense.v1.PackService/RegisterPack",
+    ]);
+    assert!(!ok);
+    assert!(
+        out.contains("InvalidArgument") && out.contains("s7_1_4"),
+        "{out}"
+    );
+    assert!(
+        out.contains("fieldViolations"),
+        "details decoded through reflection:\n{out}"
+    );
+
+    let (ok, out) = grpcurl(&["-d", "{}", &addr, "hcp.sense.v1.PackService/ListPacks"]);
+    assert!(
+        ok && out.contains("\"github\"") && !out.contains("broken"),
+        "{out}"
+    );
+    let (ok, out) = grpcurl(&[&addr, "grpc.health.v1.Health/Check"]);
+    assert!(ok && out.contains("SERVING"), "{out}");
+
+    assert!(served.terminate(), "SIGTERM exits 0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcurl_lists_describes_and_registers_sqlite() {
+    grpcurl_session(StoreKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcurl_lists_describes_and_registers_postgres() {
+    grpcurl_session(StoreKind::Postgres).await;
+}
+
+#[test]
+fn lint_command_reports_and_sets_the_exit_code() {
+    let o = run(BIN, &["lint", "examples/broken.pack.json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = text(&o);
+    for rule in [
+        "error[s7_1_2]",
+        "error[s7_1_3]",
+        "error[s7_1_4]",
+        "error[s7_9_2]",
+    ] {
+        assert!(out.contains(rule), "{rule} missing:\n{out}");
+    }
+    let o = run(BIN, &["lint", "examples/github.pack.json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = run(BIN, &["lint", "examples/weather.pack.yaml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("weather: 0 error(s), 0 warning(s)"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("warn.yaml");
+    std::fs::write(&p, "id: crm\nstimulusTriggers: [{ref: deal.won}]\npolicy: {stimuli: [{ref: deal.won, operation: read, land: user}]}\nbinding: {mode: user, hub: crm}\n").expect("write");
+    let o = run(BIN, &["lint", p.to_str().expect("path")]);
+    assert_eq!(o.status.code(), Some(0), "warnings alone pass");
+    assert!(text(&o).contains("warning[s7_7_1]"), "{}", text(&o));
+}
+
+#[tokio::test]
+async fn migrate_command_and_serve_without_migrations() {
+    let db = TestDb::create(StoreKind::Sqlite).await;
+    let o = run(BIN, &["migrate", "status", "--database-url", &db.url]);
+    assert!(
+        o.status.success() && text(&o).contains("pending\tm20261130_000001_init"),
+        "{}",
+        text(&o)
+    );
+    // Refuses to serve an unmigrated database when told not to migrate.
+    let o = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            &db.url,
+            "--migrate",
+            "false",
+        ])
+        .output()
+        .expect("run");
+    assert!(!o.status.success());
+    assert!(text(&o).contains("migrate up"), "{}", text(&o));
+    let o = run(BIN, &["migrate", "up", "--database-url", &db.url]);
+    assert!(
+        o.status.success() && text(&o).contains("applied\tm20261130_000001_init"),
+        "{}",
+        text(&o)
+    );
+    let served = Served::start(&db.url, &["--migrate", "false"]);
+    assert!(served.terminate());
+}
+
+#[tokio::test]
+async fn config_file_env_and_flags_layer() {
+    let db = TestDb::create(StoreKind::Sqlite).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("hcp-sense.toml");
+    // The file asks for a port that the flag overrides; the database comes from the environment.
+    std::fs::write(&cfg, "listen = \"127.0.0.1:1\"\nlog_format = \"json\"\n").expect("write");
+    let mut child = Command::new(BIN)
+        .args([
+            "--config",
+            cfg.to_str().expect("path"),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .env("HCP_SENSE_DATABASE_URL", &db.url)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("hcp-sense listening"))
+        .expect("listening line");
+    let _ = child.kill();
+    let _ = child.wait();
+    let v: serde_json::Value = serde_json::from_str(&line).expect("json log line");
+    assert!(
+        v["addr"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("127.0.0.1:") && a != "127.0.0.1:1"),
+        "{line}"
+    );
+}
+
+#[test]
+fn help_documents_every_option() {
+    let out = text(&run(BIN, &["serve", "--help"]));
+    for opt in [
+        "--config",
+        "--listen",
+        "--database-url",
+        "--db-max-connections",
+        "--migrate",
+        "--log-format",
+        "--shutdown-grace-secs",
+        "HCP_SENSE_LISTEN",
+        "HCP_SENSE_DATABASE_URL",
+        "DATABASE_URL",
+    ] {
+        assert!(out.contains(opt), "{opt} undocumented:\n{out}");
+    }
+    let out = text(&run(BIN, &["--help"]));
+    for cmd in ["serve", "migrate", "lint"] {
+        assert!(out.contains(cmd), "{cmd}:\n{out}");
+    }
+}
+
+#[test]
+fn protos_are_buf_lint_clean() {
+    let o = run("buf", &["lint"]);
+    assert!(o.status.success(), "buf lint:\n{}", text(&o));
+}

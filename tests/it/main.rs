@@ -1,0 +1,7 @@
+//! The one integration test binary: the real gRPC API over both stores, and the real command-line tools.
+#[macro_use]
+mod helpers;
+
+mod cli;
+mod migrations;
+mod packs;
