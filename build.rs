@@ -5,6 +5,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/hcp/sense/v1/types.proto",
         "proto/hcp/sense/v1/pack.proto",
+        "proto/hcp/sense/v1/policy.proto",
+        "proto/hcp/sense/v1/ingest.proto",
+        "proto/hcp/sense/v1/records.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

@@ -10,9 +10,15 @@ use tonic::transport::Server;
 use tonic_health::server::HealthReporter;
 
 use crate::config::Config;
+use crate::grpc::ingest::Ingest;
 use crate::grpc::packs::Packs;
-use crate::grpc::pb::{self, pack_service_server::PackServiceServer};
-use crate::service::Service;
+use crate::grpc::pb::{
+    self, ingest_service_server::IngestServiceServer, pack_service_server::PackServiceServer,
+    policy_service_server::PolicyServiceServer, record_service_server::RecordServiceServer,
+};
+use crate::grpc::policy::Policy;
+use crate::grpc::records::Records;
+use crate::service::{Limits, Service};
 use crate::store::Store;
 
 /// A service with its store open and its port bound, ready to serve.
@@ -51,7 +57,13 @@ impl App {
         Ok(App {
             listener,
             addr,
-            service: Service::new(store),
+            service: Service::start(
+                store,
+                Limits {
+                    max_payload_bytes: config.max_payload_bytes,
+                },
+            )
+            .await?,
             shutdown_grace: config.shutdown_grace,
         })
     }
@@ -90,6 +102,15 @@ impl App {
             .add_service(PackServiceServer::new(Packs {
                 service: self.service.clone(),
             }))
+            .add_service(PolicyServiceServer::new(Policy {
+                service: self.service.clone(),
+            }))
+            .add_service(IngestServiceServer::new(Ingest {
+                service: self.service.clone(),
+            }))
+            .add_service(RecordServiceServer::new(Records {
+                service: self.service.clone(),
+            }))
             .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), async move {
                 let _ = on_stop.wait_for(|s| *s).await;
                 tracing::info!("shutting down: no new calls accepted");
@@ -109,11 +130,23 @@ impl App {
                 Ok(())
             }
         };
+        if let Err(e) = self.service.flush_drops().await {
+            tracing::warn!(error = %e, "drop counts not written at shutdown");
+        }
         self.service.store.close().await;
         tracing::info!("stopped");
         result
     }
 }
+
+/// Every service whose health is reported; "" is the server as a whole.
+pub const SERVICES: [&str; 5] = [
+    "",
+    "hcp.sense.v1.PackService",
+    "hcp.sense.v1.PolicyService",
+    "hcp.sense.v1.IngestService",
+    "hcp.sense.v1.RecordService",
+];
 
 /// Reflection over every service served, and over google.rpc error details so
 /// that clients such as grpcurl can decode them.
@@ -131,10 +164,9 @@ async fn set_serving(health: &HealthReporter, serving: bool) {
     } else {
         ServingStatus::NotServing
     };
-    health.set_service_status("", status).await;
-    health
-        .set_service_status("hcp.sense.v1.PackService", status)
-        .await;
+    for service in SERVICES {
+        health.set_service_status(service, status).await;
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://hcp-sense.db?mode=rwc";
 
 /// Options of `hcp-sense serve`. Every option may also be set in the TOML file
@@ -30,6 +31,10 @@ pub struct ServeOptions {
     /// Log format on stdout: `pretty`, `compact` or `json` [default: compact]. Level by RUST_LOG.
     #[arg(long, env = "HCP_SENSE_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
+
+    /// Largest trigger payload accepted, in bytes of JSON [default: 65536].
+    #[arg(long, env = "HCP_SENSE_MAX_PAYLOAD_BYTES", value_name = "BYTES")]
+    pub max_payload_bytes: Option<usize>,
 
     /// Seconds to wait for in-flight calls after SIGINT/SIGTERM before exiting [default: 30].
     #[arg(long, env = "HCP_SENSE_SHUTDOWN_GRACE_SECS", value_name = "SECS")]
@@ -66,6 +71,7 @@ pub struct Config {
     pub migrate: bool,
     pub log_format: LogFormat,
     pub shutdown_grace: Duration,
+    pub max_payload_bytes: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -125,6 +131,10 @@ impl ServeOptions {
                     .or(file.shutdown_grace_secs)
                     .unwrap_or(30),
             ),
+            max_payload_bytes: self
+                .max_payload_bytes
+                .or(file.max_payload_bytes)
+                .unwrap_or(DEFAULT_MAX_PAYLOAD_BYTES),
         })
     }
 }
@@ -139,6 +149,7 @@ struct FileConfig {
     migrate: Option<bool>,
     log_format: Option<LogFormat>,
     shutdown_grace_secs: Option<u64>,
+    max_payload_bytes: Option<usize>,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
@@ -159,6 +170,7 @@ impl Config {
             migrate: true,
             log_format: LogFormat::Compact,
             shutdown_grace: Duration::from_secs(30),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }
 }

@@ -3,9 +3,13 @@ use prost_types::{value::Kind, ListValue, Struct, Timestamp, Value as PbValue};
 use serde_json::{Map, Number, Value};
 
 use super::pb;
+use crate::domain::decide::{DropReason, Outcome};
+use crate::domain::model::{ActivationRow, Binding, DropReport, ExecuteState, Grant, Record};
 use crate::domain::pack::{
     BindingMode, Finding, PackKind, RegisteredPack, Severity, TriggerSource,
 };
+use crate::domain::policy::{BindingState, Route};
+use crate::error::Error;
 
 /// A protobuf Struct as a JSON object. Whole numbers come back as integers.
 pub fn struct_to_json(s: Struct) -> Value {
@@ -147,4 +151,182 @@ pub fn pack(p: &RegisteredPack) -> pb::Pack {
         update_time: Some(timestamp(p.update_time)),
         generation: p.generation,
     }
+}
+
+pub fn route(r: Route) -> pb::Route {
+    match r {
+        Route::Inbox => pb::Route::Inbox,
+        Route::Silent => pb::Route::Silent,
+    }
+}
+
+/// A route from the wire; `None` for ROUTE_UNSPECIFIED.
+pub fn route_from(field: &'static str, v: i32) -> Result<Option<Route>, Error> {
+    match pb::Route::try_from(v) {
+        Ok(pb::Route::Unspecified) => Ok(None),
+        Ok(pb::Route::Inbox) => Ok(Some(Route::Inbox)),
+        Ok(pb::Route::Silent) => Ok(Some(Route::Silent)),
+        Err(_) => Err(Error::invalid(field, format!("unknown route {v}"))),
+    }
+}
+
+pub fn binding_state(s: BindingState) -> pb::BindingState {
+    match s {
+        BindingState::Linked => pb::BindingState::Linked,
+        BindingState::Stale => pb::BindingState::Stale,
+        BindingState::NeedsReauth => pb::BindingState::NeedsReauth,
+        BindingState::Pending => pb::BindingState::Pending,
+        BindingState::Error => pb::BindingState::Error,
+    }
+}
+
+/// A Binding state from the wire; `None` for BINDING_STATE_UNSPECIFIED.
+pub fn binding_state_from(field: &'static str, v: i32) -> Result<Option<BindingState>, Error> {
+    Ok(Some(match pb::BindingState::try_from(v) {
+        Ok(pb::BindingState::Unspecified) => return Ok(None),
+        Ok(pb::BindingState::Linked) => BindingState::Linked,
+        Ok(pb::BindingState::Stale) => BindingState::Stale,
+        Ok(pb::BindingState::NeedsReauth) => BindingState::NeedsReauth,
+        Ok(pb::BindingState::Pending) => BindingState::Pending,
+        Ok(pb::BindingState::Error) => BindingState::Error,
+        Err(_) => return Err(Error::invalid(field, format!("unknown binding state {v}"))),
+    }))
+}
+
+pub fn drop_reason(r: DropReason) -> pb::DropReason {
+    match r {
+        DropReason::UnknownPack => pb::DropReason::UnknownPack,
+        DropReason::UndeclaredRef => pb::DropReason::UndeclaredRef,
+        DropReason::NoGrant => pb::DropReason::NoGrant,
+        DropReason::NoConnectedBinding => pb::DropReason::NoConnectedBinding,
+        DropReason::LandMismatch => pb::DropReason::LandMismatch,
+        DropReason::ActivationOff => pb::DropReason::ActivationOff,
+    }
+}
+
+pub fn drop_reason_from(field: &'static str, v: i32) -> Result<Option<DropReason>, Error> {
+    Ok(Some(match pb::DropReason::try_from(v) {
+        Ok(pb::DropReason::Unspecified) => return Ok(None),
+        Ok(pb::DropReason::UnknownPack) => DropReason::UnknownPack,
+        Ok(pb::DropReason::UndeclaredRef) => DropReason::UndeclaredRef,
+        Ok(pb::DropReason::NoGrant) => DropReason::NoGrant,
+        Ok(pb::DropReason::NoConnectedBinding) => DropReason::NoConnectedBinding,
+        Ok(pb::DropReason::LandMismatch) => DropReason::LandMismatch,
+        Ok(pb::DropReason::ActivationOff) => DropReason::ActivationOff,
+        Err(_) => return Err(Error::invalid(field, format!("unknown drop reason {v}"))),
+    }))
+}
+
+pub fn trigger_source_from(v: i32) -> Option<Result<TriggerSource, i32>> {
+    match pb::TriggerSource::try_from(v) {
+        Ok(pb::TriggerSource::Unspecified) => None,
+        Ok(pb::TriggerSource::Push) => Some(Ok(TriggerSource::Push)),
+        Ok(pb::TriggerSource::Poll) => Some(Ok(TriggerSource::Poll)),
+        Ok(pb::TriggerSource::Timer) => Some(Ok(TriggerSource::Timer)),
+        Ok(pb::TriggerSource::Monitor) => Some(Ok(TriggerSource::Monitor)),
+        Err(_) => Some(Err(v)),
+    }
+}
+
+pub fn outcome(o: &Outcome) -> pb::TriggerOutcome {
+    pb::TriggerOutcome {
+        disposition: disposition(o) as i32,
+        drop_reason: o
+            .drop_reason
+            .map_or(pb::DropReason::Unspecified, drop_reason) as i32,
+        record_id: o.record_id.clone().unwrap_or_default(),
+        duplicate: o.duplicate,
+    }
+}
+
+pub fn disposition(o: &Outcome) -> pb::Disposition {
+    match o.route {
+        Some(Route::Inbox) => pb::Disposition::RecordedInbox,
+        Some(Route::Silent) => pb::Disposition::RecordedSilent,
+        None => pb::Disposition::Dropped,
+    }
+}
+
+pub fn grant(g: &Grant) -> pb::Grant {
+    pb::Grant {
+        principal: g.principal.clone(),
+        pack_id: g.pack_id.clone(),
+        create_time: Some(timestamp(g.create_time)),
+    }
+}
+
+pub fn binding(b: &Binding) -> pb::Binding {
+    pb::Binding {
+        principal: b.principal.clone(),
+        pack_id: b.pack_id.clone(),
+        binding_id: b.binding_id.clone(),
+        mode: binding_mode(b.mode) as i32,
+        state: binding_state(b.state) as i32,
+        update_time: Some(timestamp(b.update_time)),
+    }
+}
+
+pub fn activation(a: &ActivationRow) -> pb::SenseActivation {
+    pb::SenseActivation {
+        principal: a.principal.clone(),
+        pack_id: a.pack_id.clone(),
+        enabled: a.enabled,
+        route: route(a.route) as i32,
+        update_time: Some(timestamp(a.update_time)),
+    }
+}
+
+pub fn execute_state(e: &ExecuteState) -> pb::ExecuteState {
+    pb::ExecuteState {
+        principal: e.principal.clone(),
+        pack_id: e.pack_id.clone(),
+        installed: e.installed,
+        activated: e.activated,
+        connected: e.connected,
+        update_time: (e.update_time != 0).then(|| timestamp(e.update_time)),
+    }
+}
+
+pub fn record(r: &Record) -> pb::Record {
+    pb::Record {
+        record_id: r.record_id.clone(),
+        principal: r.principal.clone(),
+        binding_id: r.binding_id.clone(),
+        land: r.land.clone(),
+        pack_id: r.pack_id.clone(),
+        r#ref: r.r#ref.clone(),
+        payload: Some(Struct {
+            fields: r
+                .payload
+                .iter()
+                .map(|(k, v)| (k.clone(), json_to_value(v)))
+                .collect(),
+        }),
+        route: route(r.route) as i32,
+        project: r.project.clone().unwrap_or_default(),
+        trigger_id: r.trigger_id.clone().unwrap_or_default(),
+        receive_time: Some(timestamp(r.received_time)),
+    }
+}
+
+pub fn drop_report(d: &DropReport) -> pb::DropReport {
+    pb::DropReport {
+        pack_id: d.pack_id.clone(),
+        r#ref: d.r#ref.clone(),
+        reason: drop_reason(d.reason) as i32,
+        count: d.count,
+        first_seen_time: Some(timestamp(d.first_seen)),
+        last_seen_time: Some(timestamp(d.last_seen)),
+    }
+}
+
+/// Microseconds since the epoch of a wire timestamp.
+pub fn micros(field: &'static str, t: &Timestamp) -> Result<i64, Error> {
+    if !(0..1_000_000_000).contains(&t.nanos) {
+        return Err(Error::invalid(field, "nanos must be in 0..1e9"));
+    }
+    t.seconds
+        .checked_mul(1_000_000)
+        .and_then(|s| s.checked_add(i64::from(t.nanos / 1000)))
+        .ok_or_else(|| Error::invalid(field, "is out of range"))
 }

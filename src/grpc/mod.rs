@@ -1,7 +1,10 @@
 //! The gRPC edge: generated types, thin services that translate and delegate, and error mapping.
 pub mod convert;
+pub mod ingest;
 pub mod packs;
 pub mod paging;
+pub mod policy;
+pub mod records;
 pub mod status;
 
 /// Code generated from `proto/hcp/sense/v1`.

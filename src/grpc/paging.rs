@@ -5,6 +5,8 @@ use base64::Engine as _;
 use crate::error::{Error, Result};
 
 pub const DEFAULT_PAGE_SIZE: u64 = 50;
+/// Separates the parts of a composite key inside a token; no id may contain it.
+pub const SEP: char = '\u{1f}';
 pub const MAX_PAGE_SIZE: u64 = 1000;
 
 /// Reads `page_size`: 0 means the default, larger than the maximum means the maximum.

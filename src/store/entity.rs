@@ -126,3 +126,116 @@ pub mod sense_activations {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+pub mod bindings {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "bindings")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub principal: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub pack_id: String,
+        pub binding_id: String,
+        pub mode: String,
+        pub state: String,
+        pub update_time: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod execute_states {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "execute_states")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub principal: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub pack_id: String,
+        pub installed: bool,
+        pub activated: bool,
+        pub connected: bool,
+        pub update_time: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod project_members {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "project_members")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub project: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub principal: String,
+        pub create_time: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod records {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "records")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub record_id: String,
+        pub principal: String,
+        pub binding_id: String,
+        pub land: String,
+        pub pack_id: String,
+        pub r#ref: String,
+        #[sea_orm(column_type = "Text")]
+        pub payload: String,
+        pub route: String,
+        pub project: Option<String>,
+        pub producer_trigger_id: Option<String>,
+        pub received_time: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod drop_reports {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "drop_reports")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub pack_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub r#ref: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub reason: String,
+        pub count: i64,
+        pub first_seen: i64,
+        pub last_seen: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

@@ -1,6 +1,10 @@
 //! The store: every SQL the service runs, behind one type, on SQLite or PostgreSQL.
 pub mod entity;
 mod packs;
+mod policy;
+mod records;
+
+pub use records::RecordCursor;
 
 use sea_orm::sqlx;
 use sea_orm::{

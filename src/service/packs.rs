@@ -1,16 +1,10 @@
-//! The service's operations, between the gRPC edge and the store: lint, then store.
+//! Pack registration: lint, store, then refresh the pack's policy in the view.
 use serde_json::Value;
 
-use crate::domain::names::check_pack_id;
+use super::{unknown_pack, valid_pack_id, Service};
 use crate::domain::pack::{lint, LintReport, RegisteredPack};
 use crate::error::{Error, Result, Violation};
-use crate::store::{now_micros, Store};
-
-/// Everything a request handler needs. Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct Service {
-    pub store: Store,
-}
+use crate::store::now_micros;
 
 /// A registered pack and what lint warned about.
 pub struct Registered {
@@ -20,18 +14,15 @@ pub struct Registered {
 }
 
 impl Service {
-    pub fn new(store: Store) -> Self {
-        Service { store }
-    }
-
-    /// Lints and stores a manifest. Any lint error refuses the whole manifest
-    /// and nothing is written.
+    /// Lints and stores a manifest. Any lint error refuses the whole manifest and nothing is written.
     pub async fn register_pack(&self, manifest: &Value) -> Result<Registered> {
         let report = lint(manifest);
         let Some(m) = report.manifest.as_ref().filter(|_| report.is_valid()) else {
             return Err(lint_failure(&report));
         };
+        let _turn = self.policy.writer.lock().await;
         let (pack, created) = self.store.put_pack(m, now_micros()).await?;
+        self.refresh_pack(&m.pack_id).await?;
         tracing::info!(pack_id = %pack.manifest.pack_id, generation = pack.generation, created, "pack registered");
         Ok(Registered {
             pack,
@@ -41,28 +32,31 @@ impl Service {
     }
 
     pub async fn get_pack(&self, pack_id: &str) -> Result<RegisteredPack> {
-        check_id(pack_id)?;
+        valid_pack_id(pack_id)?;
         self.store
             .get_pack(pack_id)
             .await?
-            .ok_or_else(|| Error::NotFound(format!("pack `{pack_id}` is not registered")))
+            .ok_or_else(|| unknown_pack(pack_id))
     }
 
     pub async fn delete_pack(&self, pack_id: &str) -> Result<()> {
-        check_id(pack_id)?;
-        if self.store.delete_pack(pack_id).await? {
-            tracing::info!(pack_id, "pack deleted");
-            Ok(())
-        } else {
-            Err(Error::NotFound(format!(
-                "pack `{pack_id}` is not registered"
-            )))
+        valid_pack_id(pack_id)?;
+        let _turn = self.policy.writer.lock().await;
+        if !self.store.delete_pack(pack_id).await? {
+            return Err(unknown_pack(pack_id));
         }
+        self.refresh_pack(pack_id).await?;
+        tracing::info!(pack_id, "pack deleted");
+        Ok(())
     }
-}
 
-fn check_id(pack_id: &str) -> Result<()> {
-    check_pack_id(pack_id).map_err(|e| Error::invalid("pack_id", e))
+    /// Reloads one pack's policy from the store into the view. The caller holds the writer's turn.
+    async fn refresh_pack(&self, pack_id: &str) -> Result<()> {
+        let pack = self.store.load_pack_policy(pack_id).await?;
+        let view = self.policy.view.load().with_pack(pack_id, pack);
+        self.policy.view.store(std::sync::Arc::new(view));
+        Ok(())
+    }
 }
 
 /// Every lint error as one field violation, prefixed by the clause it enforces.

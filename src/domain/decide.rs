@@ -1,0 +1,608 @@
+//! The Sense decision (§7.3–§7.5): trigger validation and `decide`, a pure function in the spec's order.
+use serde_json::{Map, Value};
+use std::fmt;
+
+use super::names::{check_land, check_pack_id, check_ref};
+use super::pack::{BindingMode, TriggerSource, BINDING_DEGRADED};
+use super::policy::{Activation, BindingState, PolicyView, Route};
+
+/// The binding identity of records made for public packs (§7.5.1).
+pub const PUBLIC_BINDING: &str = "public";
+/// The land whose records need project membership (§7.5.2).
+pub const BRAIN: &str = "brain";
+/// Longest principal, project or trigger id accepted.
+pub const MAX_ID_LEN: usize = 256;
+
+/// A well-formed trigger, as handed over by a runtime.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trigger {
+    pub pack_id: String,
+    pub r#ref: String,
+    pub principal: String,
+    pub land: String,
+    pub payload: Map<String, Value>,
+    pub project: Option<String>,
+    pub trigger_id: Option<String>,
+}
+
+/// A trigger as received, before validation.
+#[derive(Debug, Clone, Default)]
+pub struct RawTrigger {
+    pub pack_id: String,
+    pub r#ref: String,
+    pub principal: String,
+    pub land: String,
+    /// The payload; `None` when none was sent (read as `{}`).
+    pub payload: Option<Value>,
+    pub project: String,
+    pub trigger_id: String,
+    /// `None` when unspecified (read as push); `Err` holds an unknown value.
+    pub source: Option<Result<TriggerSource, i32>>,
+}
+
+/// Why a trigger was dropped, in the order `decide` checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DropReason {
+    UnknownPack,
+    UndeclaredRef,
+    NoGrant,
+    NoConnectedBinding,
+    LandMismatch,
+    ActivationOff,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 6] = [
+        DropReason::UnknownPack,
+        DropReason::UndeclaredRef,
+        DropReason::NoGrant,
+        DropReason::NoConnectedBinding,
+        DropReason::LandMismatch,
+        DropReason::ActivationOff,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::UnknownPack => "unknown_pack",
+            DropReason::UndeclaredRef => "undeclared_ref",
+            DropReason::NoGrant => "no_grant",
+            DropReason::NoConnectedBinding => "no_connected_binding",
+            DropReason::LandMismatch => "land_mismatch",
+            DropReason::ActivationOff => "activation_off",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DropReason> {
+        DropReason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl fmt::Display for DropReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What to do with a trigger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Record { route: Route, binding_id: String },
+    Drop(DropReason),
+}
+
+/// Decides on a trigger, checking the clauses in the order of clauses.md:
+/// pack, ref, grant, Binding, land, activation.
+pub fn decide(view: &PolicyView, t: &Trigger) -> Decision {
+    // 1. §7.3.4 (fail closed): an unknown pack has no policy to pass.
+    let Some(pack) = view.pack(&t.pack_id) else {
+        return Decision::Drop(DropReason::UnknownPack);
+    };
+    // 2. §7.3.3: the ref must be declared.
+    let Some(policy_land) = pack.lands.get(&t.r#ref) else {
+        return Decision::Drop(DropReason::UndeclaredRef);
+    };
+    let principal = pack.principals.get(&t.principal);
+    // 3. §7.3.1: the principal must hold sense.enable for the pack.
+    if !principal.is_some_and(|p| p.granted) {
+        return Decision::Drop(DropReason::NoGrant);
+    }
+    // 4. §7.3.4, §7.2.2: a connected Binding, unless the pack is public.
+    let binding_id = if pack.binding_mode == BindingMode::Public {
+        PUBLIC_BINDING.to_owned()
+    } else {
+        match principal.and_then(|p| p.binding.as_ref()) {
+            Some(b) if b.state == BindingState::Linked => b.binding_id.clone(),
+            _ => return Decision::Drop(DropReason::NoConnectedBinding),
+        }
+    };
+    // 5. §7.3.4: the trigger's land must be its Policy entry's.
+    if t.land != *policy_land {
+        return Decision::Drop(DropReason::LandMismatch);
+    }
+    // 6. §7.4.2: off (or never switched on) routes to drop.
+    match pack.activation_for(principal) {
+        Activation::Off => Decision::Drop(DropReason::ActivationOff),
+        // 7. Record with the activation's route and the Binding identity.
+        Activation::On(route) => Decision::Record { route, binding_id },
+    }
+}
+
+/// What became of a trigger, as the producer is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// `Some(route)` when recorded.
+    pub route: Option<Route>,
+    pub drop_reason: Option<DropReason>,
+    pub record_id: Option<String>,
+    /// The trigger id was seen before for this pack; `record_id` is the first record's.
+    pub duplicate: bool,
+}
+
+impl Outcome {
+    pub fn dropped(reason: DropReason) -> Outcome {
+        Outcome {
+            route: None,
+            drop_reason: Some(reason),
+            record_id: None,
+            duplicate: false,
+        }
+    }
+
+    pub fn recorded(route: Route, record_id: String, duplicate: bool) -> Outcome {
+        Outcome {
+            route: Some(route),
+            drop_reason: None,
+            record_id: Some(record_id),
+            duplicate,
+        }
+    }
+
+    /// `recorded_inbox`, `recorded_silent` or `dropped`.
+    pub fn disposition(&self) -> &'static str {
+        match self.route {
+            Some(Route::Inbox) => "recorded_inbox",
+            Some(Route::Silent) => "recorded_silent",
+            None => "dropped",
+        }
+    }
+}
+
+/// Field violations of a malformed trigger: (field, rule).
+pub type Violations = Vec<(&'static str, String)>;
+
+/// Checks a received trigger and turns it into a `Trigger`, or lists every
+/// field that is malformed. `max_payload_bytes` bounds the payload's JSON text.
+pub fn validate(raw: RawTrigger, max_payload_bytes: usize) -> Result<Trigger, Violations> {
+    let mut v: Violations = Vec::new();
+    if let Err(e) = check_pack_id(&raw.pack_id) {
+        v.push(("pack_id", e));
+    }
+    if let Err(e) = check_ref(&raw.r#ref) {
+        v.push(("ref", format!("s7_1_2: {e}")));
+    }
+    if let Err(e) = check_id("principal", &raw.principal) {
+        v.push(("principal", e));
+    }
+    if let Err(e) = check_land(&raw.land) {
+        v.push(("land", e));
+    }
+    match raw.source {
+        None | Some(Ok(TriggerSource::Push)) => {}
+        Some(Ok(s)) => v.push((
+            "source",
+            format!("s7_8: a trigger obtained by `{s}` is not a pack trigger; only push sources are delivered"),
+        )),
+        Some(Err(n)) => v.push(("source", format!("unknown trigger source {n}"))),
+    }
+    let project = (!raw.project.is_empty()).then_some(raw.project);
+    match &project {
+        Some(p) => {
+            if let Err(e) = check_id("project", p) {
+                v.push(("project", e));
+            }
+        }
+        None if raw.land == BRAIN => v.push((
+            "project",
+            "is required when land is `brain` (s7_5_2: brain records need project membership)"
+                .into(),
+        )),
+        None => {}
+    }
+    let trigger_id = (!raw.trigger_id.is_empty()).then_some(raw.trigger_id);
+    if let Some(id) = &trigger_id {
+        if let Err(e) = check_id("trigger_id", id) {
+            v.push(("trigger_id", e));
+        }
+    }
+    let payload = match raw.payload {
+        None => Map::new(),
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            v.push(("payload", "must be a JSON object".into()));
+            Map::new()
+        }
+    };
+    let size = serde_json::to_vec(&payload).map_or(usize::MAX, |b| b.len());
+    if size > max_payload_bytes {
+        v.push((
+            "payload",
+            format!("must be at most {max_payload_bytes} bytes of JSON, not {size}"),
+        ));
+    }
+    if raw.r#ref == BINDING_DEGRADED {
+        if let Some(state) = payload.get("state") {
+            if !state
+                .as_str()
+                .is_some_and(|s| BindingState::parse(s).is_some())
+            {
+                v.push((
+                    "payload.state",
+                    format!(
+                        "s7_7_2: the state of `binding.degraded` must be one of {}",
+                        BindingState::NAMES.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    if !v.is_empty() {
+        return Err(v);
+    }
+    Ok(Trigger {
+        pack_id: raw.pack_id,
+        r#ref: raw.r#ref,
+        principal: raw.principal,
+        land: raw.land,
+        payload,
+        project,
+        trigger_id,
+    })
+}
+
+/// A principal, project or trigger id: 1 to 256 bytes, no control characters.
+pub fn check_id(what: &str, id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err(format!("{what} must be non-empty"));
+    }
+    if id.len() > MAX_ID_LEN {
+        return Err(format!("{what} must be at most {MAX_ID_LEN} bytes"));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(format!("{what} must not contain control characters"));
+    }
+    if id.trim() != id {
+        return Err(format!("{what} must not start or end with whitespace"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::pack::{lint, Manifest};
+    use crate::domain::policy::{BindingRef, PackPolicy, PrincipalPolicy};
+    use serde_json::json;
+
+    fn manifest(mode: &str) -> Manifest {
+        lint(&json!({
+            "id": "p",
+            "stimulusTriggers": [{ "ref": "x.happened" }, { "ref": "binding.degraded" }],
+            "policy": { "stimuli": [
+                { "ref": "x.happened", "operation": "read", "land": "user" },
+                { "ref": "binding.degraded", "operation": "read", "land": "user" }
+            ]},
+            "binding": { "mode": mode, "hub": "h" }
+        }))
+        .manifest
+        .expect("valid")
+    }
+
+    /// The conditions a trigger can fail, each independently switchable.
+    #[derive(Clone, Copy, Debug)]
+    struct Fail {
+        unknown_pack: bool,
+        undeclared_ref: bool,
+        no_grant: bool,
+        no_binding: bool,
+        land: bool,
+        off: bool,
+    }
+
+    fn case(f: Fail, route: Route) -> (PolicyView, Trigger) {
+        let mut pack = PackPolicy::from_manifest(&manifest("user"));
+        pack.principals.insert(
+            "alice".into(),
+            PrincipalPolicy {
+                granted: !f.no_grant,
+                binding: Some(BindingRef {
+                    binding_id: "b-1".into(),
+                    state: if f.no_binding {
+                        BindingState::Stale
+                    } else {
+                        BindingState::Linked
+                    },
+                }),
+                activation: Some(if f.off {
+                    Activation::Off
+                } else {
+                    Activation::On(route)
+                }),
+            },
+        );
+        let view = PolicyView::from_packs([("p".to_owned(), pack)]);
+        let t = Trigger {
+            pack_id: if f.unknown_pack {
+                "q".into()
+            } else {
+                "p".into()
+            },
+            r#ref: if f.undeclared_ref {
+                "y.happened".into()
+            } else {
+                "x.happened".into()
+            },
+            principal: "alice".into(),
+            land: if f.land {
+                "project".into()
+            } else {
+                "user".into()
+            },
+            payload: Map::new(),
+            project: None,
+            trigger_id: None,
+        };
+        (view, t)
+    }
+
+    #[test]
+    fn s7_3_decision_table_every_reason_and_the_first_failing_condition_wins() {
+        let order = DropReason::ALL;
+        // Every subset of the six failing conditions: 64 cases.
+        for mask in 0u8..64 {
+            let bit = |i: u8| mask & (1 << i) != 0;
+            let f = Fail {
+                unknown_pack: bit(0),
+                undeclared_ref: bit(1),
+                no_grant: bit(2),
+                no_binding: bit(3),
+                land: bit(4),
+                off: bit(5),
+            };
+            let (view, t) = case(f, Route::Silent);
+            let want = (0..6).find(|i| bit(*i)).map(|i| order[usize::from(i)]);
+            let got = decide(&view, &t);
+            match want {
+                Some(reason) => assert_eq!(got, Decision::Drop(reason), "mask {mask:06b}"),
+                None => assert_eq!(
+                    got,
+                    Decision::Record {
+                        route: Route::Silent,
+                        binding_id: "b-1".into()
+                    }
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn s7_3_4_only_a_linked_binding_is_connected_and_public_needs_none() {
+        for state in [
+            BindingState::Stale,
+            BindingState::NeedsReauth,
+            BindingState::Pending,
+            BindingState::Error,
+        ] {
+            let (mut view, t) = case(
+                Fail {
+                    unknown_pack: false,
+                    undeclared_ref: false,
+                    no_grant: false,
+                    no_binding: false,
+                    land: false,
+                    off: false,
+                },
+                Route::Inbox,
+            );
+            view = view.with_principal("p", "alice", |p| {
+                p.binding = Some(BindingRef {
+                    binding_id: "b-1".into(),
+                    state,
+                });
+            });
+            assert_eq!(
+                decide(&view, &t),
+                Decision::Drop(DropReason::NoConnectedBinding),
+                "{state}"
+            );
+        }
+        // No binding at all.
+        let (view, t) = case(
+            Fail {
+                unknown_pack: false,
+                undeclared_ref: false,
+                no_grant: false,
+                no_binding: false,
+                land: false,
+                off: false,
+            },
+            Route::Inbox,
+        );
+        let view = view.with_principal("p", "alice", |p| p.binding = None);
+        assert_eq!(
+            decide(&view, &t),
+            Decision::Drop(DropReason::NoConnectedBinding)
+        );
+        // A public pack records with the binding identity `public`.
+        let mut pack = PackPolicy::from_manifest(&manifest("public"));
+        pack.principals.insert(
+            "alice".into(),
+            PrincipalPolicy {
+                granted: true,
+                binding: None,
+                activation: None,
+            },
+        );
+        pack.activation = Some(Activation::On(Route::Inbox));
+        let view = PolicyView::from_packs([("p".to_owned(), pack)]);
+        assert_eq!(
+            decide(&view, &t),
+            Decision::Record {
+                route: Route::Inbox,
+                binding_id: PUBLIC_BINDING.into()
+            }
+        );
+    }
+
+    #[test]
+    fn s7_4_2_pack_wide_activation_and_principal_override() {
+        let mut pack = PackPolicy::from_manifest(&manifest("public"));
+        pack.principals.insert(
+            "alice".into(),
+            PrincipalPolicy {
+                granted: true,
+                binding: None,
+                activation: None,
+            },
+        );
+        let (_, t) = case(
+            Fail {
+                unknown_pack: false,
+                undeclared_ref: false,
+                no_grant: false,
+                no_binding: false,
+                land: false,
+                off: false,
+            },
+            Route::Inbox,
+        );
+        let view = PolicyView::from_packs([("p".to_owned(), pack)]);
+        assert_eq!(
+            decide(&view, &t),
+            Decision::Drop(DropReason::ActivationOff),
+            "absent means off"
+        );
+        let view = view.with_pack_activation("p", Some(Activation::On(Route::Silent)));
+        assert!(matches!(
+            decide(&view, &t),
+            Decision::Record {
+                route: Route::Silent,
+                ..
+            }
+        ));
+        let view = view.with_principal("p", "alice", |p| p.activation = Some(Activation::Off));
+        assert_eq!(
+            decide(&view, &t),
+            Decision::Drop(DropReason::ActivationOff),
+            "own off wins"
+        );
+        let view = view.with_principal("p", "alice", |p| {
+            p.activation = Some(Activation::On(Route::Inbox))
+        });
+        assert!(matches!(
+            decide(&view, &t),
+            Decision::Record {
+                route: Route::Inbox,
+                ..
+            }
+        ));
+    }
+
+    fn raw() -> RawTrigger {
+        RawTrigger {
+            pack_id: "p".into(),
+            r#ref: "x.happened".into(),
+            principal: "alice".into(),
+            land: "user".into(),
+            payload: Some(json!({ "n": 1 })),
+            ..Default::default()
+        }
+    }
+
+    fn fields(r: Result<Trigger, Violations>) -> Vec<&'static str> {
+        r.err()
+            .map(|v| v.into_iter().map(|(f, _)| f).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn validation_names_every_malformed_field() {
+        assert!(validate(raw(), 1024).is_ok());
+        let all_bad = RawTrigger {
+            pack_id: String::new(),
+            r#ref: "Bad..Ref".into(),
+            principal: "a\u{0}b".into(),
+            land: "Brain".into(),
+            payload: Some(json!([1])),
+            project: String::new(),
+            trigger_id: "x".repeat(300),
+            source: Some(Err(42)),
+        };
+        assert_eq!(
+            fields(validate(all_bad, 1024)),
+            [
+                "pack_id",
+                "ref",
+                "principal",
+                "land",
+                "source",
+                "trigger_id",
+                "payload"
+            ]
+        );
+        let big = RawTrigger {
+            payload: Some(json!({ "s": "x".repeat(2000) })),
+            ..raw()
+        };
+        assert_eq!(fields(validate(big, 1024)), ["payload"]);
+        let brain = RawTrigger {
+            land: "brain".into(),
+            ..raw()
+        };
+        assert_eq!(fields(validate(brain, 1024)), ["project"]);
+        let none = RawTrigger {
+            payload: None,
+            ..raw()
+        };
+        assert!(validate(none, 1024).is_ok_and(|t| t.payload.is_empty()));
+    }
+
+    #[test]
+    fn s7_8_polled_timer_and_monitor_sources_are_refused() {
+        for s in [
+            TriggerSource::Poll,
+            TriggerSource::Timer,
+            TriggerSource::Monitor,
+        ] {
+            let r = RawTrigger {
+                source: Some(Ok(s)),
+                ..raw()
+            };
+            assert_eq!(fields(validate(r, 1024)), ["source"]);
+        }
+        let r = RawTrigger {
+            source: Some(Ok(TriggerSource::Push)),
+            ..raw()
+        };
+        assert!(validate(r, 1024).is_ok());
+    }
+
+    #[test]
+    fn s7_7_2_binding_degraded_state_must_be_one_of_five() {
+        for ok in BindingState::NAMES {
+            let r = RawTrigger {
+                r#ref: BINDING_DEGRADED.into(),
+                payload: Some(json!({ "state": ok })),
+                ..raw()
+            };
+            assert!(validate(r, 1024).is_ok(), "{ok}");
+        }
+        for bad in [json!("broken"), json!("LINKED"), json!(3), json!(null)] {
+            let r = RawTrigger {
+                r#ref: BINDING_DEGRADED.into(),
+                payload: Some(json!({ "state": bad })),
+                ..raw()
+            };
+            assert_eq!(fields(validate(r, 1024)), ["payload.state"]);
+        }
+    }
+}

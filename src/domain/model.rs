@@ -1,0 +1,87 @@
+//! What the store keeps besides packs: grants, Bindings, activations, Execute state, records, drop reports.
+use serde_json::{Map, Value};
+
+use super::decide::DropReason;
+use super::pack::BindingMode;
+use super::policy::{BindingState, Route};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub principal: String,
+    pub pack_id: String,
+    pub create_time: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub principal: String,
+    pub pack_id: String,
+    pub binding_id: String,
+    pub mode: BindingMode,
+    pub state: BindingState,
+    pub update_time: i64,
+}
+
+/// A stored activation; an empty principal is the pack-wide one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActivationRow {
+    pub principal: String,
+    pub pack_id: String,
+    pub enabled: bool,
+    pub route: Route,
+    pub update_time: i64,
+}
+
+/// Execute-side state, owned by Execute (§7.4.1).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecuteState {
+    pub principal: String,
+    pub pack_id: String,
+    pub installed: bool,
+    pub activated: bool,
+    pub connected: bool,
+    pub update_time: i64,
+}
+
+/// A sink record (§7.5.1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub record_id: String,
+    pub principal: String,
+    pub binding_id: String,
+    pub land: String,
+    pub pack_id: String,
+    pub r#ref: String,
+    pub payload: Map<String, Value>,
+    pub route: Route,
+    pub project: Option<String>,
+    pub trigger_id: Option<String>,
+    pub received_time: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DropReport {
+    pub pack_id: String,
+    pub r#ref: String,
+    pub reason: DropReason,
+    pub count: i64,
+    pub first_seen: i64,
+    pub last_seen: i64,
+}
+
+/// Filters of ListRecords; `None` matches everything.
+#[derive(Debug, Clone, Default, Hash)]
+pub struct RecordFilter {
+    /// Brain records are visible only to members of their project.
+    pub viewer: Option<String>,
+    pub principal: Option<String>,
+    pub pack_id: Option<String>,
+    pub r#ref: Option<String>,
+    pub land: Option<String>,
+    pub route: Option<Route>,
+    /// Inclusive, microseconds.
+    pub start_time: Option<i64>,
+    /// Exclusive, microseconds.
+    pub end_time: Option<i64>,
+    pub descending: bool,
+}

@@ -1,0 +1,184 @@
+//! The policy a decision reads: packs' declared refs and lands, and per principal the grant, Binding and activation.
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use super::pack::{BindingMode, Manifest};
+
+/// Where a recorded trigger goes (§7.4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// Recorded and surfaced to the principal.
+    Inbox,
+    /// Recorded, not surfaced.
+    Silent,
+}
+
+/// A Binding's health (§7.7.2). Only `Linked` is connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BindingState {
+    Linked,
+    Stale,
+    NeedsReauth,
+    Pending,
+    Error,
+}
+
+macro_rules! names {
+    ($t:ty { $($v:ident = $s:literal),+ $(,)? }) => {
+        impl $t {
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$v => $s),+ }
+            }
+            pub fn parse(s: &str) -> Option<Self> {
+                match s { $($s => Some(Self::$v),)+ _ => None }
+            }
+            pub const NAMES: &'static [&'static str] = &[$($s),+];
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+names!(Route { Inbox = "inbox", Silent = "silent" });
+names!(BindingState {
+    Linked = "linked",
+    Stale = "stale",
+    NeedsReauth = "needs_reauth",
+    Pending = "pending",
+    Error = "error",
+});
+
+/// A principal's Binding to a pack, as the decision needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindingRef {
+    pub binding_id: String,
+    pub state: BindingState,
+}
+
+/// A Sense activation: on with a route, or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    On(Route),
+    Off,
+}
+
+/// What one principal holds for one pack.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrincipalPolicy {
+    pub granted: bool,
+    pub binding: Option<BindingRef>,
+    /// The principal's own activation; `None` falls back to the pack-wide one.
+    pub activation: Option<Activation>,
+}
+
+impl PrincipalPolicy {
+    pub fn is_empty(&self) -> bool {
+        !self.granted && self.binding.is_none() && self.activation.is_none()
+    }
+}
+
+/// One registered pack's policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackPolicy {
+    pub binding_mode: BindingMode,
+    /// Declared ref → the land of its Policy entry.
+    pub lands: HashMap<String, String>,
+    /// Pack-wide activation, for principals without one of their own.
+    pub activation: Option<Activation>,
+    pub principals: HashMap<String, PrincipalPolicy>,
+}
+
+impl PackPolicy {
+    pub fn from_manifest(m: &Manifest) -> PackPolicy {
+        PackPolicy {
+            binding_mode: m.binding_mode,
+            lands: m
+                .stimuli
+                .iter()
+                .filter(|s| m.triggers.iter().any(|t| t.r#ref == s.r#ref))
+                .map(|s| (s.r#ref.clone(), s.land.clone()))
+                .collect(),
+            activation: None,
+            principals: HashMap::new(),
+        }
+    }
+
+    /// The activation in force for a principal: its own, else the pack-wide one, else off.
+    pub fn activation_for(&self, principal: Option<&PrincipalPolicy>) -> Activation {
+        principal
+            .and_then(|p| p.activation)
+            .or(self.activation)
+            .unwrap_or(Activation::Off)
+    }
+}
+
+/// An immutable snapshot of all policy. Decisions read it without locks; writers
+/// replace it whole after their change commits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyView {
+    packs: HashMap<String, Arc<PackPolicy>>,
+}
+
+impl PolicyView {
+    pub fn pack(&self, pack_id: &str) -> Option<&PackPolicy> {
+        self.packs.get(pack_id).map(Arc::as_ref)
+    }
+
+    pub fn pack_ids(&self) -> impl Iterator<Item = &str> {
+        self.packs.keys().map(String::as_str)
+    }
+
+    /// A copy with one pack's policy set (or removed with `None`).
+    pub fn with_pack(&self, pack_id: &str, pack: Option<PackPolicy>) -> PolicyView {
+        let mut packs = self.packs.clone();
+        match pack {
+            Some(p) => packs.insert(pack_id.to_owned(), Arc::new(p)),
+            None => packs.remove(pack_id),
+        };
+        PolicyView { packs }
+    }
+
+    /// A copy with one principal's policy for one pack changed by `f`.
+    /// Unknown packs are left alone: their policy is loaded when they register.
+    pub fn with_principal(
+        &self,
+        pack_id: &str,
+        principal: &str,
+        f: impl FnOnce(&mut PrincipalPolicy),
+    ) -> PolicyView {
+        let Some(pack) = self.packs.get(pack_id) else {
+            return self.clone();
+        };
+        let mut pack = PackPolicy::clone(pack);
+        let entry = pack.principals.entry(principal.to_owned()).or_default();
+        f(entry);
+        if entry.is_empty() {
+            pack.principals.remove(principal);
+        }
+        self.with_pack(pack_id, Some(pack))
+    }
+
+    /// A copy with a pack-wide activation changed.
+    pub fn with_pack_activation(
+        &self,
+        pack_id: &str,
+        activation: Option<Activation>,
+    ) -> PolicyView {
+        let Some(pack) = self.packs.get(pack_id) else {
+            return self.clone();
+        };
+        let mut pack = PackPolicy::clone(pack);
+        pack.activation = activation;
+        self.with_pack(pack_id, Some(pack))
+    }
+
+    /// Builds a view from whole packs.
+    pub fn from_packs(packs: impl IntoIterator<Item = (String, PackPolicy)>) -> PolicyView {
+        PolicyView {
+            packs: packs.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(),
+        }
+    }
+}

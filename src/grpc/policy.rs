@@ -1,0 +1,224 @@
+//! PolicyService: grants, activation, Bindings, project members and the Execute-state mirror.
+use tonic::{Request, Response, Status};
+
+use super::convert::{
+    activation, binding, binding_state, binding_state_from, execute_state, grant, outcome, route,
+    route_from,
+};
+use super::paging::{decode_token, encode_token, page_size, SEP};
+use super::pb::{self, policy_service_server::PolicyService};
+use crate::domain::model::ExecuteState;
+use crate::domain::policy::{Activation, Route};
+use crate::error::Error;
+use crate::service::Service;
+
+#[derive(Clone, Debug)]
+pub struct Policy {
+    pub service: Service,
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+fn opt(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+#[tonic::async_trait]
+impl PolicyService for Policy {
+    async fn grant_sense_enable(
+        &self,
+        req: Request<pb::GrantSenseEnableRequest>,
+    ) -> Reply<pb::GrantSenseEnableResponse> {
+        let r = req.into_inner();
+        let g = self.service.grant(&r.principal, &r.pack_id).await?;
+        Ok(Response::new(pb::GrantSenseEnableResponse {
+            grant: Some(grant(&g)),
+        }))
+    }
+
+    async fn revoke_sense_enable(
+        &self,
+        req: Request<pb::RevokeSenseEnableRequest>,
+    ) -> Reply<pb::RevokeSenseEnableResponse> {
+        let r = req.into_inner();
+        let revoked = self.service.revoke(&r.principal, &r.pack_id).await?;
+        Ok(Response::new(pb::RevokeSenseEnableResponse { revoked }))
+    }
+
+    async fn list_grants(
+        &self,
+        req: Request<pb::ListGrantsRequest>,
+    ) -> Reply<pb::ListGrantsResponse> {
+        const KIND: &str = "grants";
+        let r = req.into_inner();
+        let size = page_size(r.page_size)?;
+        let after = decode_token(KIND, &r.page_token)?;
+        let after = match &after {
+            Some(k) => Some(
+                k.split_once(SEP)
+                    .ok_or_else(|| Error::invalid("page_token", "is malformed"))?,
+            ),
+            None => None,
+        };
+        let mut grants = self
+            .service
+            .list_grants(opt(&r.pack_id), opt(&r.principal), after, size + 1)
+            .await?;
+        let next_page_token = next_token(&mut grants, size, |g| {
+            encode_token(KIND, &format!("{}{SEP}{}", g.pack_id, g.principal))
+        });
+        Ok(Response::new(pb::ListGrantsResponse {
+            grants: grants.iter().map(grant).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn activate_sense(
+        &self,
+        req: Request<pb::ActivateSenseRequest>,
+    ) -> Reply<pb::ActivateSenseResponse> {
+        let r = req.into_inner();
+        let route = route_from("route", r.route)?.unwrap_or(Route::Inbox);
+        let a = self
+            .service
+            .set_activation(&r.principal, &r.pack_id, Some(route))
+            .await?;
+        Ok(Response::new(pb::ActivateSenseResponse {
+            activation: Some(activation(&a)),
+        }))
+    }
+
+    async fn deactivate_sense(
+        &self,
+        req: Request<pb::DeactivateSenseRequest>,
+    ) -> Reply<pb::DeactivateSenseResponse> {
+        let r = req.into_inner();
+        let a = self
+            .service
+            .set_activation(&r.principal, &r.pack_id, None)
+            .await?;
+        Ok(Response::new(pb::DeactivateSenseResponse {
+            activation: Some(activation(&a)),
+        }))
+    }
+
+    async fn put_execute_state(
+        &self,
+        req: Request<pb::PutExecuteStateRequest>,
+    ) -> Reply<pb::PutExecuteStateResponse> {
+        let r = req.into_inner();
+        let e = self
+            .service
+            .put_execute_state(ExecuteState {
+                principal: r.principal,
+                pack_id: r.pack_id,
+                installed: r.installed,
+                activated: r.activated,
+                connected: r.connected,
+                update_time: 0,
+            })
+            .await?;
+        Ok(Response::new(pb::PutExecuteStateResponse {
+            execute_state: Some(execute_state(&e)),
+        }))
+    }
+
+    async fn get_pack_state(
+        &self,
+        req: Request<pb::GetPackStateRequest>,
+    ) -> Reply<pb::GetPackStateResponse> {
+        let r = req.into_inner();
+        let s = self.service.pack_state(&r.principal, &r.pack_id).await?;
+        let (enabled, on_route) = match s.activation {
+            Activation::On(route) => (true, Some(route)),
+            Activation::Off => (false, None),
+        };
+        Ok(Response::new(pb::GetPackStateResponse {
+            sense: Some(pb::SenseState {
+                granted: s.granted,
+                enabled,
+                route: on_route.map_or(pb::Route::Unspecified, route) as i32,
+                binding: s.binding.as_ref().map(binding),
+                deliverable: s.deliverable,
+            }),
+            execute: Some(execute_state(&s.execute)),
+        }))
+    }
+
+    async fn put_binding(
+        &self,
+        req: Request<pb::PutBindingRequest>,
+    ) -> Reply<pb::PutBindingResponse> {
+        let r = req.into_inner();
+        let state = binding_state_from("state", r.state)?;
+        let (b, degraded) = self
+            .service
+            .put_binding(&r.principal, &r.pack_id, &r.binding_id, state)
+            .await?;
+        Ok(Response::new(pb::PutBindingResponse {
+            binding: Some(binding(&b)),
+            binding_degraded: degraded.as_ref().map(outcome),
+        }))
+    }
+
+    async fn delete_binding(
+        &self,
+        req: Request<pb::DeleteBindingRequest>,
+    ) -> Reply<pb::DeleteBindingResponse> {
+        let r = req.into_inner();
+        self.service
+            .delete_binding(&r.principal, &r.pack_id)
+            .await?;
+        Ok(Response::new(pb::DeleteBindingResponse {}))
+    }
+
+    async fn report_binding_health(
+        &self,
+        req: Request<pb::ReportBindingHealthRequest>,
+    ) -> Reply<pb::ReportBindingHealthResponse> {
+        let r = req.into_inner();
+        let state = binding_state_from("state", r.state)?.ok_or_else(|| {
+            Error::invalid(
+                "state",
+                "is required: one of linked, stale, needs_reauth, pending, error",
+            )
+        })?;
+        let (b, previous, degraded) = self
+            .service
+            .report_binding_health(&r.principal, &r.pack_id, state)
+            .await?;
+        Ok(Response::new(pb::ReportBindingHealthResponse {
+            binding: Some(binding(&b)),
+            previous_state: binding_state(previous) as i32,
+            binding_degraded: degraded.as_ref().map(outcome),
+        }))
+    }
+
+    async fn add_project_member(
+        &self,
+        req: Request<pb::AddProjectMemberRequest>,
+    ) -> Reply<pb::AddProjectMemberResponse> {
+        let r = req.into_inner();
+        self.service.add_member(&r.project, &r.principal).await?;
+        Ok(Response::new(pb::AddProjectMemberResponse {}))
+    }
+
+    async fn remove_project_member(
+        &self,
+        req: Request<pb::RemoveProjectMemberRequest>,
+    ) -> Reply<pb::RemoveProjectMemberResponse> {
+        let r = req.into_inner();
+        let removed = self.service.remove_member(&r.project, &r.principal).await?;
+        Ok(Response::new(pb::RemoveProjectMemberResponse { removed }))
+    }
+}
+
+/// Trims a page fetched with one extra item and returns the token for the next page.
+pub fn next_token<T>(items: &mut Vec<T>, size: u64, token: impl Fn(&T) -> String) -> String {
+    let more = items.len() as u64 > size;
+    items.truncate(usize::try_from(size).unwrap_or(usize::MAX));
+    match (more, items.last()) {
+        (true, Some(last)) => token(last),
+        _ => String::new(),
+    }
+}

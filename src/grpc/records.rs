@@ -1,0 +1,138 @@
+//! RecordService: ListRecords and ListDropReports with keyset pagination.
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use tonic::{Request, Response, Status};
+
+use super::convert::{drop_reason_from, drop_report, micros, record, route_from};
+use super::paging::{decode_token, encode_token, page_size, SEP};
+use super::pb::{self, record_service_server::RecordService};
+use super::policy::next_token;
+use crate::domain::model::RecordFilter;
+use crate::error::Error;
+use crate::service::Service;
+
+#[derive(Clone, Debug)]
+pub struct Records {
+    pub service: Service,
+}
+
+fn opt(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+fn bad_token(rule: &str) -> Error {
+    Error::invalid("page_token", rule)
+}
+
+#[tonic::async_trait]
+impl RecordService for Records {
+    async fn list_records(
+        &self,
+        req: Request<pb::ListRecordsRequest>,
+    ) -> Result<Response<pb::ListRecordsResponse>, Status> {
+        const KIND: &str = "records";
+        let r = req.into_inner();
+        let descending = match r.order_by.trim().to_ascii_lowercase().as_str() {
+            "" | "receive_time" | "receive_time asc" => false,
+            "receive_time desc" => true,
+            other => {
+                return Err(Error::invalid(
+                    "order_by",
+                    format!("`{other}` is not one of `receive_time asc`, `receive_time desc`"),
+                )
+                .into())
+            }
+        };
+        let filter = RecordFilter {
+            viewer: opt(r.viewer),
+            principal: opt(r.principal),
+            pack_id: opt(r.pack_id),
+            r#ref: opt(r.r#ref),
+            land: opt(r.land),
+            route: route_from("route", r.route)?,
+            start_time: r
+                .start_time
+                .as_ref()
+                .map(|t| micros("start_time", t))
+                .transpose()?,
+            end_time: r
+                .end_time
+                .as_ref()
+                .map(|t| micros("end_time", t))
+                .transpose()?,
+            descending,
+        };
+        // A token only continues the listing it came from.
+        let mut h = DefaultHasher::new();
+        filter.hash(&mut h);
+        let fingerprint = format!("{:016x}", h.finish());
+        let size = page_size(r.page_size)?;
+        let after = match decode_token(KIND, &r.page_token)? {
+            None => None,
+            Some(k) => {
+                let mut parts = k.splitn(3, SEP);
+                let (Some(fp), Some(t), Some(id)) = (parts.next(), parts.next(), parts.next())
+                else {
+                    return Err(bad_token("is malformed").into());
+                };
+                if fp != fingerprint {
+                    return Err(
+                        bad_token("was issued for a listing with other filters or order").into(),
+                    );
+                }
+                let t: i64 = t.parse().map_err(|_| bad_token("is malformed"))?;
+                Some((t, id.to_owned()))
+            }
+        };
+        let mut records = self
+            .service
+            .list_records(&filter, after.as_ref(), size + 1)
+            .await?;
+        let next_page_token = next_token(&mut records, size, |r| {
+            encode_token(
+                KIND,
+                &format!("{fingerprint}{SEP}{}{SEP}{}", r.received_time, r.record_id),
+            )
+        });
+        Ok(Response::new(pb::ListRecordsResponse {
+            records: records.iter().map(record).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn list_drop_reports(
+        &self,
+        req: Request<pb::ListDropReportsRequest>,
+    ) -> Result<Response<pb::ListDropReportsResponse>, Status> {
+        const KIND: &str = "drop_reports";
+        let r = req.into_inner();
+        let size = page_size(r.page_size)?;
+        let reason = drop_reason_from("reason", r.reason)?;
+        let token = decode_token(KIND, &r.page_token)?;
+        let after = match &token {
+            None => None,
+            Some(k) => {
+                let mut parts = k.splitn(3, SEP);
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(p), Some(rf), Some(why)) => Some((p, rf, why)),
+                    _ => return Err(bad_token("is malformed").into()),
+                }
+            }
+        };
+        let pack = (!r.pack_id.is_empty()).then_some(r.pack_id.as_str());
+        let mut reports = self
+            .service
+            .list_drop_reports(pack, reason, after, size + 1)
+            .await?;
+        let next_page_token = next_token(&mut reports, size, |d| {
+            encode_token(
+                KIND,
+                &format!("{}{SEP}{}{SEP}{}", d.pack_id, d.r#ref, d.reason.as_str()),
+            )
+        });
+        Ok(Response::new(pb::ListDropReportsResponse {
+            drop_reports: reports.iter().map(drop_report).collect(),
+            next_page_token,
+        }))
+    }
+}

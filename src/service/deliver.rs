@@ -1,0 +1,169 @@
+//! DeliverTrigger: validate, decide on the policy view, then record or drop — traced and counted.
+use serde_json::{json, Value};
+use tracing::field::Empty;
+use tracing::{Instrument, Span};
+
+use super::Service;
+use crate::domain::decide::{decide, validate, Decision, Outcome, RawTrigger, Trigger, BRAIN};
+use crate::domain::model::{Binding, Record};
+use crate::domain::pack::BINDING_DEGRADED;
+use crate::domain::policy::{BindingState, PolicyView, Route};
+use crate::error::{Error, Result, Violation};
+use crate::store::now_micros;
+
+/// The span of one decision, with the attributes dashboards read under the `hcp.` prefix.
+pub fn decision_span(t: &Trigger) -> Span {
+    tracing::info_span!(
+        "sense.decision",
+        hcp.pack_id = %t.pack_id,
+        hcp.r#ref = %t.r#ref,
+        hcp.principal = %t.principal,
+        hcp.land = %t.land,
+        hcp.disposition = Empty,
+        hcp.drop_reason = Empty,
+        hcp.record_id = Empty,
+    )
+}
+
+fn note(span: &Span, o: &Outcome) {
+    span.record("hcp.disposition", o.disposition());
+    if let Some(r) = o.drop_reason {
+        span.record("hcp.drop_reason", r.as_str());
+    }
+    if let Some(id) = &o.record_id {
+        span.record("hcp.record_id", id.as_str());
+    }
+}
+
+fn new_record(t: &Trigger, route: Route, binding_id: String) -> Record {
+    Record {
+        record_id: uuid::Uuid::now_v7().to_string(),
+        principal: t.principal.clone(),
+        binding_id,
+        land: t.land.clone(),
+        pack_id: t.pack_id.clone(),
+        r#ref: t.r#ref.clone(),
+        payload: t.payload.clone(),
+        route,
+        project: t.project.clone(),
+        trigger_id: t.trigger_id.clone(),
+        received_time: now_micros(),
+    }
+}
+
+impl Service {
+    /// Validates, decides and records or drops one trigger. A well-formed
+    /// trigger is always answered with an outcome (§7.3.2); only malformed input
+    /// or an unreachable store is an error.
+    pub async fn deliver(&self, raw: RawTrigger) -> Result<Outcome> {
+        let t = validate(raw, self.limits.max_payload_bytes).map_err(|v| {
+            Error::InvalidArgument(
+                v.into_iter()
+                    .map(|(field, description)| Violation {
+                        field: field.to_owned(),
+                        description,
+                    })
+                    .collect(),
+            )
+        })?;
+        let span = decision_span(&t);
+        async {
+            let decision = decide(&self.policy.view.load(), &t);
+            let outcome = match decision {
+                Decision::Drop(reason) => {
+                    self.drops.count(&t.pack_id, &t.r#ref, reason);
+                    Outcome::dropped(reason)
+                }
+                Decision::Record { route, binding_id } => {
+                    self.record(new_record(&t, route, binding_id)).await?
+                }
+            };
+            note(&Span::current(), &outcome);
+            if let Some(reason) = outcome.drop_reason {
+                tracing::debug!(reason = reason.as_str(), "trigger dropped");
+            }
+            Ok(outcome)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Stores a record, answering a repeated trigger id with the first record.
+    async fn record(&self, r: Record) -> Result<Outcome> {
+        match self.store.insert_record(&r).await {
+            Ok(()) => Ok(Outcome::recorded(r.route, r.record_id, false)),
+            Err(Error::AlreadyExists(_)) if r.trigger_id.is_some() => {
+                let id = r.trigger_id.as_deref().unwrap_or_default();
+                match self.store.record_by_trigger_id(&r.pack_id, id).await? {
+                    Some(first) => Ok(Outcome::recorded(first.route, first.record_id, true)),
+                    None => Err(Error::Internal(
+                        "duplicate trigger id without a record".into(),
+                    )),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Stores a Binding and, when it moves away from `linked` in a pack that
+    /// declares `binding.degraded`, the trigger the service produces for it as
+    /// the runtime's hub (§7.7.3). The trigger is decided on the view in which
+    /// the Binding is still linked: the moment it degrades is when the
+    /// principal must hear of it. The record, if any, is written in the
+    /// Binding's transaction. The caller holds the writer's turn.
+    pub(super) async fn store_binding(
+        &self,
+        view: &PolicyView,
+        b: &Binding,
+        previous: Option<BindingState>,
+    ) -> Result<Option<Outcome>> {
+        let degraded = previous == Some(BindingState::Linked) && b.state != BindingState::Linked;
+        let trigger = if degraded {
+            view.pack(&b.pack_id)
+                .and_then(|p| p.lands.get(BINDING_DEGRADED))
+                // A brain land needs a project, which a Binding does not have.
+                .filter(|land| land.as_str() != BRAIN)
+                .map(|land| Trigger {
+                    pack_id: b.pack_id.clone(),
+                    r#ref: BINDING_DEGRADED.to_owned(),
+                    principal: b.principal.clone(),
+                    land: land.clone(),
+                    payload: match json!({
+                        "state": b.state.as_str(),
+                        "previous_state": BindingState::Linked.as_str(),
+                        "binding_id": b.binding_id,
+                    }) {
+                        Value::Object(m) => m,
+                        _ => serde_json::Map::new(),
+                    },
+                    project: None,
+                    trigger_id: None,
+                })
+        } else {
+            None
+        };
+        let Some(t) = trigger else {
+            self.store.put_binding(b, None).await?;
+            return Ok(None);
+        };
+        let span = decision_span(&t);
+        async {
+            let outcome = match decide(view, &t) {
+                Decision::Drop(reason) => {
+                    self.store.put_binding(b, None).await?;
+                    self.drops.count(&t.pack_id, &t.r#ref, reason);
+                    Outcome::dropped(reason)
+                }
+                Decision::Record { route, binding_id } => {
+                    let r = new_record(&t, route, binding_id);
+                    self.store.put_binding(b, Some(&r)).await?;
+                    Outcome::recorded(route, r.record_id, false)
+                }
+            };
+            note(&Span::current(), &outcome);
+            Ok(Some(outcome))
+        }
+        .instrument(span)
+        .await
+    }
+}

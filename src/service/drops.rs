@@ -1,0 +1,102 @@
+//! The drop log: every drop counted in memory on the hot path and added to the store's drop reports in the background.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use crate::domain::decide::DropReason;
+use crate::domain::model::DropReport;
+use crate::error::Result;
+use crate::store::{now_micros, Store};
+
+/// How often pending counts are written.
+const FLUSH_EVERY: Duration = Duration::from_millis(250);
+/// Distinct (pack, ref, reason) keys held between flushes; beyond this, hostile
+/// producers inventing ids cannot grow memory, and the excess is only logged.
+const MAX_PENDING_KEYS: usize = 10_000;
+
+type Key = (String, String, DropReason);
+
+#[derive(Debug)]
+pub struct DropLog {
+    store: Store,
+    pending: Mutex<HashMap<Key, (i64, i64, i64)>>,
+    /// One flush at a time, so counts are added exactly once.
+    flushing: tokio::sync::Mutex<()>,
+}
+
+impl DropLog {
+    /// A drop log with a background flusher that stops when the log is dropped.
+    pub fn start(store: Store) -> Arc<DropLog> {
+        let log = Arc::new(DropLog {
+            store,
+            pending: Mutex::new(HashMap::new()),
+            flushing: tokio::sync::Mutex::new(()),
+        });
+        let weak: Weak<DropLog> = Arc::downgrade(&log);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(FLUSH_EVERY).await;
+                let Some(log) = weak.upgrade() else { break };
+                if let Err(e) = log.flush().await {
+                    tracing::warn!(error = %e, "drop reports not written yet; will retry");
+                }
+            }
+        });
+        log
+    }
+
+    /// Counts one drop. Never blocks on the store.
+    pub fn count(&self, pack_id: &str, r#ref: &str, reason: DropReason) {
+        let now = now_micros();
+        let Ok(mut pending) = self.pending.lock() else {
+            return;
+        };
+        let key = (pack_id.to_owned(), r#ref.to_owned(), reason);
+        if let Some(e) = pending.get_mut(&key) {
+            e.0 += 1;
+            e.2 = now;
+        } else if pending.len() < MAX_PENDING_KEYS {
+            pending.insert(key, (1, now, now));
+        } else {
+            tracing::warn!(
+                pack_id,
+                r#ref,
+                reason = reason.as_str(),
+                "drop log full until the next flush"
+            );
+        }
+    }
+
+    /// Adds pending counts to the store; on failure they stay pending.
+    pub async fn flush(&self) -> Result<()> {
+        let _one = self.flushing.lock().await;
+        let batch: Vec<(Key, (i64, i64, i64))> = match self.pending.lock() {
+            Ok(mut p) if !p.is_empty() => p.drain().collect(),
+            _ => return Ok(()),
+        };
+        let deltas: Vec<DropReport> = batch
+            .iter()
+            .map(|((pack_id, r, reason), (count, first, last))| DropReport {
+                pack_id: pack_id.clone(),
+                r#ref: r.clone(),
+                reason: *reason,
+                count: *count,
+                first_seen: *first,
+                last_seen: *last,
+            })
+            .collect();
+        if let Err(e) = self.store.add_drop_counts(&deltas).await {
+            // Put the counts back, merged with any counted meanwhile.
+            if let Ok(mut p) = self.pending.lock() {
+                for (key, (count, first, last)) in batch {
+                    let e = p.entry(key).or_insert((0, first, last));
+                    e.0 += count;
+                    e.1 = e.1.min(first);
+                    e.2 = e.2.max(last);
+                }
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+}

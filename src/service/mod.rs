@@ -1,0 +1,92 @@
+//! The service's operations, between the gRPC edge and the store: admin writes keep the policy view in step with the store.
+mod deliver;
+mod drops;
+mod packs;
+mod policy;
+mod records;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+pub use deliver::decision_span;
+pub use drops::DropLog;
+pub use packs::Registered;
+pub use policy::PackState;
+
+use crate::domain::decide::check_id;
+use crate::domain::names::check_pack_id;
+use crate::domain::policy::PolicyView;
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// Limits on what a caller may send.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_payload_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_payload_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// The policy view decisions read, and the turn admin writers take to change it.
+#[derive(Debug)]
+struct Policy {
+    view: ArcSwap<PolicyView>,
+    /// Held across an admin write's commit and the view update, so the view
+    /// changes in the same order as the store.
+    writer: tokio::sync::Mutex<()>,
+}
+
+/// Everything a request handler needs. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Service {
+    pub store: Store,
+    policy: Arc<Policy>,
+    drops: Arc<DropLog>,
+    limits: Limits,
+}
+
+impl Service {
+    /// Loads the policy view from the store and starts the drop log's flusher.
+    pub async fn start(store: Store, limits: Limits) -> Result<Service> {
+        let view = store.load_policy().await?;
+        let drops = DropLog::start(store.clone());
+        Ok(Service {
+            store,
+            policy: Arc::new(Policy {
+                view: ArcSwap::from_pointee(view),
+                writer: tokio::sync::Mutex::new(()),
+            }),
+            drops,
+            limits,
+        })
+    }
+
+    /// The current policy view.
+    pub fn view(&self) -> Arc<PolicyView> {
+        self.policy.view.load_full()
+    }
+
+    /// Writes pending drop counts to the store.
+    pub async fn flush_drops(&self) -> Result<()> {
+        self.drops.flush().await
+    }
+}
+
+pub(crate) fn valid_pack_id(pack_id: &str) -> Result<()> {
+    check_pack_id(pack_id).map_err(|e| Error::invalid("pack_id", e))
+}
+
+pub(crate) fn valid_id(field: &'static str, id: &str) -> Result<()> {
+    check_id(field, id).map_err(|e| Error::invalid(field, e))
+}
+
+fn unknown_pack(pack_id: &str) -> Error {
+    Error::NotFound(format!("pack `{pack_id}` is not registered"))
+}

@@ -1,0 +1,55 @@
+//! Reads of the sink and the drop log. Reading changes nothing (§7.5.3).
+use super::{valid_id, valid_pack_id, Service};
+use crate::domain::decide::DropReason;
+use crate::domain::model::{DropReport, Record, RecordFilter};
+use crate::domain::names::{check_land, check_ref};
+use crate::error::{Error, Result};
+use crate::store::RecordCursor;
+
+impl Service {
+    pub async fn list_records(
+        &self,
+        f: &RecordFilter,
+        after: Option<&RecordCursor>,
+        limit: u64,
+    ) -> Result<Vec<Record>> {
+        if let Some(v) = &f.viewer {
+            valid_id("viewer", v)?;
+        }
+        if let Some(v) = &f.principal {
+            valid_id("principal", v)?;
+        }
+        if let Some(v) = &f.pack_id {
+            valid_pack_id(v)?;
+        }
+        if let Some(v) = &f.r#ref {
+            check_ref(v).map_err(|e| Error::invalid("ref", e))?;
+        }
+        if let Some(v) = &f.land {
+            check_land(v).map_err(|e| Error::invalid("land", e))?;
+        }
+        if let (Some(s), Some(e)) = (f.start_time, f.end_time) {
+            if e < s {
+                return Err(Error::invalid("end_time", "must not be before start_time"));
+            }
+        }
+        self.store.list_records(f, after, limit).await
+    }
+
+    /// Drop reports, after writing the counts still pending so the caller sees every drop so far.
+    pub async fn list_drop_reports(
+        &self,
+        pack_id: Option<&str>,
+        reason: Option<DropReason>,
+        after: Option<(&str, &str, &str)>,
+        limit: u64,
+    ) -> Result<Vec<DropReport>> {
+        if let Some(p) = pack_id {
+            valid_pack_id(p)?;
+        }
+        self.drops.flush().await?;
+        self.store
+            .list_drop_reports(pack_id, reason, after, limit)
+            .await
+    }
+}

@@ -1,0 +1,408 @@
+//! Sense policy rows: grants, activations, Bindings, project members, and the Execute-state mirror.
+use std::collections::HashMap;
+
+use sea_orm::sea_query::OnConflict;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+};
+
+use super::entity::{
+    bindings, execute_states, pack_stimuli, pack_triggers, packs, project_members,
+    sense_activations, sense_grants,
+};
+use super::{classify, Store};
+use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, Record};
+use crate::domain::pack::BindingMode;
+use crate::domain::policy::{Activation, BindingRef, BindingState, PackPolicy, PolicyView, Route};
+use crate::error::{Error, Result};
+
+fn corrupt(what: &str) -> Error {
+    Error::Internal(format!("bad stored {what}"))
+}
+
+fn route(s: &str) -> Result<Route> {
+    Route::parse(s).ok_or_else(|| corrupt("route"))
+}
+
+fn binding(b: bindings::Model) -> Result<Binding> {
+    Ok(Binding {
+        mode: BindingMode::parse(&b.mode).ok_or_else(|| corrupt("binding mode"))?,
+        state: BindingState::parse(&b.state).ok_or_else(|| corrupt("binding state"))?,
+        principal: b.principal,
+        pack_id: b.pack_id,
+        binding_id: b.binding_id,
+        update_time: b.update_time,
+    })
+}
+
+fn activation(a: sense_activations::Model) -> Result<ActivationRow> {
+    Ok(ActivationRow {
+        route: route(&a.route)?,
+        principal: a.principal,
+        pack_id: a.pack_id,
+        enabled: a.enabled,
+        update_time: a.update_time,
+    })
+}
+
+fn execute_state(e: execute_states::Model) -> ExecuteState {
+    ExecuteState {
+        principal: e.principal,
+        pack_id: e.pack_id,
+        installed: e.installed,
+        activated: e.activated,
+        connected: e.connected,
+        update_time: e.update_time,
+    }
+}
+
+impl ActivationRow {
+    pub fn activation(&self) -> Activation {
+        if self.enabled {
+            Activation::On(self.route)
+        } else {
+            Activation::Off
+        }
+    }
+}
+
+impl Store {
+    /// The whole policy view, as loaded at start.
+    pub async fn load_policy(&self) -> Result<PolicyView> {
+        let ids: Vec<String> = packs::Entity::find()
+            .select_only()
+            .column(packs::Column::PackId)
+            .into_tuple()
+            .all(&self.db)
+            .await
+            .map_err(classify)?;
+        let mut all = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(p) = self.load_pack_policy(&id).await? {
+                all.push((id, p));
+            }
+        }
+        Ok(PolicyView::from_packs(all))
+    }
+
+    /// One pack's policy with every principal's grant, Binding and activation;
+    /// `None` when the pack is not registered.
+    pub async fn load_pack_policy(&self, pack_id: &str) -> Result<Option<PackPolicy>> {
+        let db = &self.db;
+        let Some(pack) = packs::Entity::find_by_id(pack_id.to_owned())
+            .one(db)
+            .await
+            .map_err(classify)?
+        else {
+            return Ok(None);
+        };
+        let refs: Vec<String> = pack_triggers::Entity::find()
+            .filter(pack_triggers::Column::PackId.eq(pack_id))
+            .select_only()
+            .column(pack_triggers::Column::Ref)
+            .into_tuple()
+            .all(db)
+            .await
+            .map_err(classify)?;
+        let stimuli = pack_stimuli::Entity::find()
+            .filter(pack_stimuli::Column::PackId.eq(pack_id))
+            .all(db)
+            .await
+            .map_err(classify)?;
+        let mut policy = PackPolicy {
+            binding_mode: BindingMode::parse(&pack.binding_mode)
+                .ok_or_else(|| corrupt("binding mode"))?,
+            lands: stimuli
+                .into_iter()
+                .filter(|s| refs.contains(&s.r#ref))
+                .map(|s| (s.r#ref, s.land))
+                .collect(),
+            activation: None,
+            principals: HashMap::new(),
+        };
+        for g in sense_grants::Entity::find()
+            .filter(sense_grants::Column::PackId.eq(pack_id))
+            .all(db)
+            .await
+            .map_err(classify)?
+        {
+            policy.principals.entry(g.principal).or_default().granted = true;
+        }
+        for b in bindings::Entity::find()
+            .filter(bindings::Column::PackId.eq(pack_id))
+            .all(db)
+            .await
+            .map_err(classify)?
+        {
+            let b = binding(b)?;
+            policy.principals.entry(b.principal).or_default().binding = Some(BindingRef {
+                binding_id: b.binding_id,
+                state: b.state,
+            });
+        }
+        for a in sense_activations::Entity::find()
+            .filter(sense_activations::Column::PackId.eq(pack_id))
+            .all(db)
+            .await
+            .map_err(classify)?
+        {
+            let a = activation(a)?;
+            if a.principal.is_empty() {
+                policy.activation = Some(a.activation());
+            } else {
+                let act = a.activation();
+                policy.principals.entry(a.principal).or_default().activation = Some(act);
+            }
+        }
+        Ok(Some(policy))
+    }
+
+    /// Grants `sense.enable`; granting again keeps the first grant's time.
+    pub async fn put_grant(&self, principal: &str, pack_id: &str, now: i64) -> Result<Grant> {
+        let w = self.begin_write().await?;
+        sense_grants::Entity::insert(sense_grants::ActiveModel {
+            principal: Set(principal.to_owned()),
+            pack_id: Set(pack_id.to_owned()),
+            create_time: Set(now),
+        })
+        .on_conflict(
+            OnConflict::columns([
+                sense_grants::Column::Principal,
+                sense_grants::Column::PackId,
+            ])
+            .do_nothing()
+            .to_owned(),
+        )
+        .exec_without_returning(&w.txn)
+        .await
+        .map_err(classify)?;
+        let g = sense_grants::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
+            .one(&w.txn)
+            .await
+            .map_err(classify)?
+            .ok_or_else(|| corrupt("grant"))?;
+        w.commit().await?;
+        Ok(Grant {
+            principal: g.principal,
+            pack_id: g.pack_id,
+            create_time: g.create_time,
+        })
+    }
+
+    pub async fn delete_grant(&self, principal: &str, pack_id: &str) -> Result<bool> {
+        let w = self.begin_write().await?;
+        let r = sense_grants::Entity::delete_by_id((principal.to_owned(), pack_id.to_owned()))
+            .exec(&w.txn)
+            .await
+            .map_err(classify)?;
+        w.commit().await?;
+        Ok(r.rows_affected > 0)
+    }
+
+    /// Grants in (pack_id, principal) order after the given position.
+    pub async fn list_grants(
+        &self,
+        pack_id: Option<&str>,
+        principal: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u64,
+    ) -> Result<Vec<Grant>> {
+        let mut q = sense_grants::Entity::find()
+            .order_by_asc(sense_grants::Column::PackId)
+            .order_by_asc(sense_grants::Column::Principal);
+        if let Some(p) = pack_id {
+            q = q.filter(sense_grants::Column::PackId.eq(p));
+        }
+        if let Some(p) = principal {
+            q = q.filter(sense_grants::Column::Principal.eq(p));
+        }
+        if let Some((pack, princ)) = after {
+            q = q.filter(
+                Condition::any()
+                    .add(sense_grants::Column::PackId.gt(pack))
+                    .add(
+                        Condition::all()
+                            .add(sense_grants::Column::PackId.eq(pack))
+                            .add(sense_grants::Column::Principal.gt(princ)),
+                    ),
+            );
+        }
+        Ok(q.limit(limit)
+            .all(&self.db)
+            .await
+            .map_err(classify)?
+            .into_iter()
+            .map(|g| Grant {
+                principal: g.principal,
+                pack_id: g.pack_id,
+                create_time: g.create_time,
+            })
+            .collect())
+    }
+
+    /// Sets an activation (an empty principal is pack-wide).
+    pub async fn put_activation(&self, a: &ActivationRow) -> Result<()> {
+        let w = self.begin_write().await?;
+        sense_activations::Entity::insert(sense_activations::ActiveModel {
+            principal: Set(a.principal.clone()),
+            pack_id: Set(a.pack_id.clone()),
+            enabled: Set(a.enabled),
+            route: Set(a.route.as_str().to_owned()),
+            update_time: Set(a.update_time),
+        })
+        .on_conflict(
+            OnConflict::columns([
+                sense_activations::Column::Principal,
+                sense_activations::Column::PackId,
+            ])
+            .update_columns([
+                sense_activations::Column::Enabled,
+                sense_activations::Column::Route,
+                sense_activations::Column::UpdateTime,
+            ])
+            .to_owned(),
+        )
+        .exec_without_returning(&w.txn)
+        .await
+        .map_err(classify)?;
+        w.commit().await
+    }
+
+    pub async fn get_activation(
+        &self,
+        principal: &str,
+        pack_id: &str,
+    ) -> Result<Option<ActivationRow>> {
+        sense_activations::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
+            .one(&self.db)
+            .await
+            .map_err(classify)?
+            .map(activation)
+            .transpose()
+    }
+
+    pub async fn put_execute_state(&self, e: &ExecuteState) -> Result<()> {
+        let w = self.begin_write().await?;
+        execute_states::Entity::insert(execute_states::ActiveModel {
+            principal: Set(e.principal.clone()),
+            pack_id: Set(e.pack_id.clone()),
+            installed: Set(e.installed),
+            activated: Set(e.activated),
+            connected: Set(e.connected),
+            update_time: Set(e.update_time),
+        })
+        .on_conflict(
+            OnConflict::columns([
+                execute_states::Column::Principal,
+                execute_states::Column::PackId,
+            ])
+            .update_columns([
+                execute_states::Column::Installed,
+                execute_states::Column::Activated,
+                execute_states::Column::Connected,
+                execute_states::Column::UpdateTime,
+            ])
+            .to_owned(),
+        )
+        .exec_without_returning(&w.txn)
+        .await
+        .map_err(classify)?;
+        w.commit().await
+    }
+
+    /// Read only by GetPackState: Sense never writes Execute state (§7.2.4).
+    pub async fn get_execute_state(
+        &self,
+        principal: &str,
+        pack_id: &str,
+    ) -> Result<Option<ExecuteState>> {
+        Ok(
+            execute_states::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
+                .one(&self.db)
+                .await
+                .map_err(classify)?
+                .map(execute_state),
+        )
+    }
+
+    pub async fn get_binding(&self, principal: &str, pack_id: &str) -> Result<Option<Binding>> {
+        bindings::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
+            .one(&self.db)
+            .await
+            .map_err(classify)?
+            .map(binding)
+            .transpose()
+    }
+
+    /// Creates or replaces a Binding, and in the same transaction stores the
+    /// record its `binding.degraded` trigger produced, if any.
+    pub async fn put_binding(&self, b: &Binding, degraded: Option<&Record>) -> Result<()> {
+        let w = self.begin_write().await?;
+        bindings::Entity::insert(bindings::ActiveModel {
+            principal: Set(b.principal.clone()),
+            pack_id: Set(b.pack_id.clone()),
+            binding_id: Set(b.binding_id.clone()),
+            mode: Set(b.mode.as_str().to_owned()),
+            state: Set(b.state.as_str().to_owned()),
+            update_time: Set(b.update_time),
+        })
+        .on_conflict(
+            OnConflict::columns([bindings::Column::Principal, bindings::Column::PackId])
+                .update_columns([
+                    bindings::Column::BindingId,
+                    bindings::Column::Mode,
+                    bindings::Column::State,
+                    bindings::Column::UpdateTime,
+                ])
+                .to_owned(),
+        )
+        .exec_without_returning(&w.txn)
+        .await
+        .map_err(classify)?;
+        if let Some(r) = degraded {
+            super::records::insert_records(&w.txn, std::slice::from_ref(r)).await?;
+        }
+        w.commit().await
+    }
+
+    pub async fn delete_binding(&self, principal: &str, pack_id: &str) -> Result<bool> {
+        let w = self.begin_write().await?;
+        let r = bindings::Entity::delete_by_id((principal.to_owned(), pack_id.to_owned()))
+            .exec(&w.txn)
+            .await
+            .map_err(classify)?;
+        w.commit().await?;
+        Ok(r.rows_affected > 0)
+    }
+
+    pub async fn add_member(&self, project: &str, principal: &str, now: i64) -> Result<()> {
+        let w = self.begin_write().await?;
+        project_members::Entity::insert(project_members::ActiveModel {
+            project: Set(project.to_owned()),
+            principal: Set(principal.to_owned()),
+            create_time: Set(now),
+        })
+        .on_conflict(
+            OnConflict::columns([
+                project_members::Column::Project,
+                project_members::Column::Principal,
+            ])
+            .do_nothing()
+            .to_owned(),
+        )
+        .exec_without_returning(&w.txn)
+        .await
+        .map_err(classify)?;
+        w.commit().await
+    }
+
+    pub async fn remove_member(&self, project: &str, principal: &str) -> Result<bool> {
+        let w = self.begin_write().await?;
+        let r = project_members::Entity::delete_by_id((project.to_owned(), principal.to_owned()))
+            .exec(&w.txn)
+            .await
+            .map_err(classify)?;
+        w.commit().await?;
+        Ok(r.rows_affected > 0)
+    }
+}

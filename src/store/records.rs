@@ -1,0 +1,244 @@
+//! The sink and the drop log: records written and read with keyset pagination, drop counts upserted.
+use sea_orm::sea_query::{Expr, ExprTrait, OnConflict, Query};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect,
+};
+
+use super::entity::{drop_reports, project_members, records};
+use super::{classify, Store};
+use crate::domain::decide::{DropReason, BRAIN};
+use crate::domain::model::{DropReport, Record, RecordFilter};
+use crate::domain::policy::Route;
+use crate::error::{Error, Result};
+
+fn active(r: &Record) -> records::ActiveModel {
+    records::ActiveModel {
+        record_id: Set(r.record_id.clone()),
+        principal: Set(r.principal.clone()),
+        binding_id: Set(r.binding_id.clone()),
+        land: Set(r.land.clone()),
+        pack_id: Set(r.pack_id.clone()),
+        r#ref: Set(r.r#ref.clone()),
+        payload: Set(serde_json::Value::Object(r.payload.clone()).to_string()),
+        route: Set(r.route.as_str().to_owned()),
+        project: Set(r.project.clone()),
+        producer_trigger_id: Set(r.trigger_id.clone()),
+        received_time: Set(r.received_time),
+    }
+}
+
+fn record(m: records::Model) -> Result<Record> {
+    let payload = match serde_json::from_str(&m.payload) {
+        Ok(serde_json::Value::Object(p)) => p,
+        _ => return Err(Error::Internal("bad stored payload".into())),
+    };
+    Ok(Record {
+        route: Route::parse(&m.route).ok_or_else(|| Error::Internal("bad stored route".into()))?,
+        record_id: m.record_id,
+        principal: m.principal,
+        binding_id: m.binding_id,
+        land: m.land,
+        pack_id: m.pack_id,
+        r#ref: m.r#ref,
+        payload,
+        project: m.project,
+        trigger_id: m.producer_trigger_id,
+        received_time: m.received_time,
+    })
+}
+
+/// Inserts records in one statement.
+pub(crate) async fn insert_records(db: &impl ConnectionTrait, rs: &[Record]) -> Result<()> {
+    if rs.is_empty() {
+        return Ok(());
+    }
+    records::Entity::insert_many(rs.iter().map(active))
+        .exec_without_returning(db)
+        .await
+        .map_err(classify)?;
+    Ok(())
+}
+
+/// A position in a record listing: (received_time, record_id) of the last record returned.
+pub type RecordCursor = (i64, String);
+
+impl Store {
+    /// Stores one record. `AlreadyExists` when its trigger id was seen for the pack before.
+    pub async fn insert_record(&self, r: &Record) -> Result<()> {
+        insert_records(&self.db, std::slice::from_ref(r)).await
+    }
+
+    /// The record an earlier trigger with this id made for this pack.
+    pub async fn record_by_trigger_id(
+        &self,
+        pack_id: &str,
+        trigger_id: &str,
+    ) -> Result<Option<Record>> {
+        records::Entity::find()
+            .filter(records::Column::PackId.eq(pack_id))
+            .filter(records::Column::ProducerTriggerId.eq(trigger_id))
+            .one(&self.db)
+            .await
+            .map_err(classify)?
+            .map(record)
+            .transpose()
+    }
+
+    /// Records matching the filter, in receive order (or reverse), after the cursor.
+    /// Brain records need the viewer's membership in their project, checked in the same query.
+    pub async fn list_records(
+        &self,
+        f: &RecordFilter,
+        after: Option<&RecordCursor>,
+        limit: u64,
+    ) -> Result<Vec<Record>> {
+        use records::Column as C;
+        let mut q = records::Entity::find();
+        if let Some(v) = &f.principal {
+            q = q.filter(C::Principal.eq(v.as_str()));
+        }
+        if let Some(v) = &f.pack_id {
+            q = q.filter(C::PackId.eq(v.as_str()));
+        }
+        if let Some(v) = &f.r#ref {
+            q = q.filter(C::Ref.eq(v.as_str()));
+        }
+        if let Some(v) = &f.land {
+            q = q.filter(C::Land.eq(v.as_str()));
+        }
+        if let Some(v) = f.route {
+            q = q.filter(C::Route.eq(v.as_str()));
+        }
+        if let Some(t) = f.start_time {
+            q = q.filter(C::ReceivedTime.gte(t));
+        }
+        if let Some(t) = f.end_time {
+            q = q.filter(C::ReceivedTime.lt(t));
+        }
+        // §7.5.2: a brain record only for a member of its project, at read time.
+        let visible = match &f.viewer {
+            None => Condition::all().add(C::Land.ne(BRAIN)),
+            Some(viewer) => Condition::any().add(C::Land.ne(BRAIN)).add(
+                C::Project.in_subquery(
+                    Query::select()
+                        .column(project_members::Column::Project)
+                        .from(project_members::Entity)
+                        .and_where(
+                            Expr::col(project_members::Column::Principal).eq(viewer.as_str()),
+                        )
+                        .to_owned(),
+                ),
+            ),
+        };
+        q = q.filter(visible);
+        if let Some((t, id)) = after {
+            let (time_past, id_past) = if f.descending {
+                (C::ReceivedTime.lt(*t), C::RecordId.lt(id.as_str()))
+            } else {
+                (C::ReceivedTime.gt(*t), C::RecordId.gt(id.as_str()))
+            };
+            q = q.filter(
+                Condition::any()
+                    .add(time_past)
+                    .add(Condition::all().add(C::ReceivedTime.eq(*t)).add(id_past)),
+            );
+        }
+        q = if f.descending {
+            q.order_by_desc(C::ReceivedTime).order_by_desc(C::RecordId)
+        } else {
+            q.order_by_asc(C::ReceivedTime).order_by_asc(C::RecordId)
+        };
+        q.limit(limit)
+            .all(&self.db)
+            .await
+            .map_err(classify)?
+            .into_iter()
+            .map(record)
+            .collect()
+    }
+
+    /// Adds counts to the drop log in one transaction: `count` is added, `first_seen` kept, `last_seen` advanced.
+    pub async fn add_drop_counts(&self, deltas: &[DropReport]) -> Result<()> {
+        if deltas.is_empty() {
+            return Ok(());
+        }
+        use drop_reports::Column as C;
+        let w = self.begin_write().await?;
+        for chunk in deltas.chunks(500) {
+            drop_reports::Entity::insert_many(chunk.iter().map(|d| drop_reports::ActiveModel {
+                pack_id: Set(d.pack_id.clone()),
+                r#ref: Set(d.r#ref.clone()),
+                reason: Set(d.reason.as_str().to_owned()),
+                count: Set(d.count),
+                first_seen: Set(d.first_seen),
+                last_seen: Set(d.last_seen),
+            }))
+            .on_conflict(
+                OnConflict::columns([C::PackId, C::Ref, C::Reason])
+                    .value(
+                        C::Count,
+                        Expr::col((drop_reports::Entity, C::Count))
+                            .add(Expr::cust("excluded.count")),
+                    )
+                    .value(C::LastSeen, Expr::cust("excluded.last_seen"))
+                    .to_owned(),
+            )
+            .exec_without_returning(&w.txn)
+            .await
+            .map_err(classify)?;
+        }
+        w.commit().await
+    }
+
+    /// Drop reports in (pack_id, ref, reason) order after the given position.
+    pub async fn list_drop_reports(
+        &self,
+        pack_id: Option<&str>,
+        reason: Option<DropReason>,
+        after: Option<(&str, &str, &str)>,
+        limit: u64,
+    ) -> Result<Vec<DropReport>> {
+        use drop_reports::Column as C;
+        let mut q = drop_reports::Entity::find()
+            .order_by_asc(C::PackId)
+            .order_by_asc(C::Ref)
+            .order_by_asc(C::Reason);
+        if let Some(p) = pack_id {
+            q = q.filter(C::PackId.eq(p));
+        }
+        if let Some(r) = reason {
+            q = q.filter(C::Reason.eq(r.as_str()));
+        }
+        if let Some((p, r, why)) = after {
+            q = q.filter(
+                Condition::any()
+                    .add(C::PackId.gt(p))
+                    .add(Condition::all().add(C::PackId.eq(p)).add(C::Ref.gt(r)))
+                    .add(
+                        Condition::all()
+                            .add(C::PackId.eq(p))
+                            .add(C::Ref.eq(r))
+                            .add(C::Reason.gt(why)),
+                    ),
+            );
+        }
+        q.limit(limit)
+            .all(&self.db)
+            .await
+            .map_err(classify)?
+            .into_iter()
+            .map(|d| {
+                Ok(DropReport {
+                    reason: DropReason::parse(&d.reason)
+                        .ok_or_else(|| Error::Internal("bad stored drop reason".into()))?,
+                    pack_id: d.pack_id,
+                    r#ref: d.r#ref,
+                    count: d.count,
+                    first_seen: d.first_seen,
+                    last_seen: d.last_seen,
+                })
+            })
+            .collect()
+    }
+}
