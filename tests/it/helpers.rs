@@ -4,7 +4,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hcp_sense::app::App;
 use hcp_sense::config::Config;
-use hcp_sense::grpc::pb::pack_service_client::PackServiceClient;
+use hcp_sense::grpc::pb::{
+    ingest_service_client::IngestServiceClient, pack_service_client::PackServiceClient,
+    policy_service_client::PolicyServiceClient, record_service_client::RecordServiceClient,
+};
+use hcp_sense::store::entity;
+use sea_orm::EntityTrait;
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -136,6 +141,9 @@ impl Drop for TestDb {
 pub struct TestApp {
     pub addr: SocketAddr,
     pub packs: PackServiceClient<Channel>,
+    pub policy: PolicyServiceClient<Channel>,
+    pub ingest: IngestServiceClient<Channel>,
+    pub records: RecordServiceClient<Channel>,
     pub channel: Channel,
     pub db: DatabaseConnection,
     stop: Option<oneshot::Sender<()>>,
@@ -145,6 +153,7 @@ pub struct TestApp {
 }
 
 pub async fn spawn_app(kind: StoreKind) -> TestApp {
+    crate::trace::install();
     let test_db = TestDb::create(kind).await;
     let app = App::build(Config::for_database(test_db.url.clone()))
         .await
@@ -163,6 +172,9 @@ pub async fn spawn_app(kind: StoreKind) -> TestApp {
     TestApp {
         addr,
         packs: PackServiceClient::new(channel.clone()),
+        policy: PolicyServiceClient::new(channel.clone()),
+        ingest: IngestServiceClient::new(channel.clone()),
+        records: RecordServiceClient::new(channel.clone()),
         channel,
         db,
         stop: Some(stop),
@@ -185,6 +197,39 @@ impl TestApp {
             .expect("count query")
             .expect("a row");
         row.try_get::<i64>("", "n").expect("n")
+    }
+
+    /// Every row of every table, sorted, as text; the sink and the drop log only when asked.
+    pub async fn snapshot(&self, with_sink: bool) -> Vec<String> {
+        let mut out = Vec::new();
+        macro_rules! dump {
+            ($($m:ident),+) => {$(
+                let mut rows: Vec<String> = entity::$m::Entity::find()
+                    .all(&self.db)
+                    .await
+                    .expect("snapshot")
+                    .into_iter()
+                    .map(|r| format!("{r:?}"))
+                    .collect();
+                rows.sort();
+                out.push(format!("{}: {rows:?}", stringify!($m)));
+            )+};
+        }
+        dump!(
+            packs,
+            pack_triggers,
+            pack_stimuli,
+            pack_commands,
+            sense_grants,
+            bindings,
+            sense_activations,
+            execute_states,
+            project_members
+        );
+        if with_sink {
+            dump!(records, drop_reports);
+        }
+        out
     }
 
     /// Stops the server and waits until it has exited cleanly.

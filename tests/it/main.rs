@@ -5,3 +5,5 @@ mod helpers;
 mod cli;
 mod migrations;
 mod packs;
+mod sense;
+mod trace;
