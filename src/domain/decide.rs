@@ -231,10 +231,7 @@ pub fn validate(raw: RawTrigger, max_payload_bytes: usize) -> Result<Trigger, Vi
     }
     if raw.r#ref == BINDING_DEGRADED {
         if let Some(state) = payload.get("state") {
-            if !state
-                .as_str()
-                .is_some_and(|s| BindingState::parse(s).is_some())
-            {
+            if state.as_str().and_then(BindingState::parse).is_none() {
                 v.push((
                     "payload.state",
                     format!(

@@ -630,7 +630,8 @@ both_stores! {
     async fn malformed_triggers_are_invalid_argument_naming_the_field(app) {
         let mut app = app;
         ready(&mut app, "alice").await;
-        let cases: Vec<(&str, Box<dyn Fn(&mut DeliverTriggerRequest)>)> = vec![
+        type Break = Box<dyn Fn(&mut DeliverTriggerRequest)>;
+        let cases: Vec<(&str, Break)> = vec![
             ("pack_id", Box::new(|t| t.pack_id.clear())),
             ("ref", Box::new(|t| t.r#ref = "Issue.Opened".into())),
             ("ref", Box::new(|t| t.r#ref = "issue..opened".into())),
