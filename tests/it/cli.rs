@@ -15,9 +15,14 @@ struct Served {
 
 impl Served {
     fn start(url: &str, extra: &[&str]) -> Served {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--database-url", url])
-            .args(extra)
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--database-url", url]).args(extra);
+        Served::spawn(cmd)
+    }
+
+    /// Starts the command and waits for the address it reports.
+    fn spawn(mut cmd: Command) -> Served {
+        let mut child = cmd
             .env("RUST_LOG", "info")
             .env_remove("DATABASE_URL")
             .stdout(Stdio::piped())
@@ -294,4 +299,78 @@ fn help_documents_every_option() {
 fn protos_are_buf_lint_clean() {
     let o = run("buf", &["lint"]);
     assert!(o.status.success(), "buf lint:\n{}", text(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_grpcio_client_runs_the_sense_flow() {
+    let db = TestDb::create(StoreKind::Sqlite).await;
+    let served = Served::start(&db.url, &[]);
+    let proto = repo_path("proto");
+    let o = run(
+        "python3",
+        &["tests/python/sense_flow.py", &served.addr, proto.to_str().expect("path")],
+    );
+    assert!(o.status.success(), "python client:\n{}", text(&o));
+    assert!(text(&o).contains("python flow ok"), "{}", text(&o));
+}
+
+/// The `sh` blocks of the README's "Walkthrough" sections, in order.
+fn walkthrough_blocks() -> Vec<String> {
+    let readme = std::fs::read_to_string(repo_path("README.md")).expect("README");
+    let (mut blocks, mut in_walkthrough, mut block) = (Vec::new(), false, None::<String>);
+    for line in readme.lines() {
+        match &mut block {
+            Some(b) if line.trim_end() == "```" => {
+                blocks.push(std::mem::take(b));
+                block = None;
+            }
+            Some(b) => {
+                b.push_str(line);
+                b.push('\n');
+            }
+            None if line.starts_with("## ") => in_walkthrough = line.starts_with("## Walkthrough"),
+            None if in_walkthrough && line.trim_end() == "```sh" => block = Some(String::new()),
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// The README's walkthroughs, run verbatim against `hcp-sense` started as
+/// `cargo run` starts it: no options, 127.0.0.1:50051, ./hcp-sense.db in a fresh directory.
+#[test]
+fn readme_walkthroughs_run_verbatim() {
+    let blocks = walkthrough_blocks();
+    assert!(blocks.len() >= 2, "walkthrough blocks found: {}", blocks.len());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = Command::new(BIN);
+    cmd.current_dir(dir.path());
+    let served = Served::spawn(cmd);
+    assert_eq!(served.addr, "127.0.0.1:50051", "the default address");
+    let mut out = String::new();
+    for block in &blocks {
+        let o = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", block])
+            .current_dir(repo_path(""))
+            .output()
+            .expect("bash");
+        out.push_str(&text(&o));
+        assert!(o.status.success(), "walkthrough block failed:\n{block}\n---\n{}", text(&o));
+    }
+    for want in [
+        "hcp.sense.v1.IngestService",
+        "\"disposition\": \"DISPOSITION_RECORDED_INBOX\"",
+        "\"title\": \"Crash on start\"",
+        "\"bindingId\": \"gh-alice\"",
+        "\"dropReason\": \"DROP_REASON_UNDECLARED_REF\"",
+        "\"ref\": \"issue.deleted\"",
+        "\"execute\": {",
+        "s7_1_4",
+        "\"packId\": \"weather\"",
+        "SERVING",
+    ] {
+        assert!(out.contains(want), "{want} not in the walkthrough's output:\n{out}");
+    }
+    assert!(dir.path().join("hcp-sense.db").exists(), "the embedded default store");
+    assert!(served.terminate());
 }
