@@ -16,7 +16,8 @@ struct Served {
 impl Served {
     fn start(url: &str, extra: &[&str]) -> Served {
         let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--database-url", url]).args(extra);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--database-url", url])
+            .args(extra);
         Served::spawn(cmd)
     }
 
@@ -308,7 +309,11 @@ async fn python_grpcio_client_runs_the_sense_flow() {
     let proto = repo_path("proto");
     let o = run(
         "python3",
-        &["tests/python/sense_flow.py", &served.addr, proto.to_str().expect("path")],
+        &[
+            "tests/python/sense_flow.py",
+            &served.addr,
+            proto.to_str().expect("path"),
+        ],
     );
     assert!(o.status.success(), "python client:\n{}", text(&o));
     assert!(text(&o).contains("python flow ok"), "{}", text(&o));
@@ -341,7 +346,11 @@ fn walkthrough_blocks() -> Vec<String> {
 #[test]
 fn readme_walkthroughs_run_verbatim() {
     let blocks = walkthrough_blocks();
-    assert!(blocks.len() >= 2, "walkthrough blocks found: {}", blocks.len());
+    assert!(
+        blocks.len() >= 2,
+        "walkthrough blocks found: {}",
+        blocks.len()
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cmd = Command::new(BIN);
     cmd.current_dir(dir.path());
@@ -355,7 +364,11 @@ fn readme_walkthroughs_run_verbatim() {
             .output()
             .expect("bash");
         out.push_str(&text(&o));
-        assert!(o.status.success(), "walkthrough block failed:\n{block}\n---\n{}", text(&o));
+        assert!(
+            o.status.success(),
+            "walkthrough block failed:\n{block}\n---\n{}",
+            text(&o)
+        );
     }
     for want in [
         "hcp.sense.v1.IngestService",
@@ -369,8 +382,14 @@ fn readme_walkthroughs_run_verbatim() {
         "\"packId\": \"weather\"",
         "SERVING",
     ] {
-        assert!(out.contains(want), "{want} not in the walkthrough's output:\n{out}");
+        assert!(
+            out.contains(want),
+            "{want} not in the walkthrough's output:\n{out}"
+        );
     }
-    assert!(dir.path().join("hcp-sense.db").exists(), "the embedded default store");
+    assert!(
+        dir.path().join("hcp-sense.db").exists(),
+        "the embedded default store"
+    );
     assert!(served.terminate());
 }
