@@ -66,7 +66,9 @@ pub type RecordCursor = (i64, String);
 impl Store {
     /// Stores one record. `AlreadyExists` when its trigger id was seen for the pack before.
     pub async fn insert_record(&self, r: &Record) -> Result<()> {
-        insert_records(&self.db, std::slice::from_ref(r)).await
+        let w = self.begin_write().await?;
+        insert_records(&w.txn, std::slice::from_ref(r)).await?;
+        w.commit().await
     }
 
     /// The record an earlier trigger with this id made for this pack.

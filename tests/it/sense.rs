@@ -447,7 +447,7 @@ both_stores! {
         assert!(list(&mut app, as_viewer("alice")).await.is_empty(), "membership is checked at read time");
     }
 
-    async fn s7_5_3_reading_records_changes_nothing(app) {
+    async fn s7_2_5_s7_5_3_reading_records_grants_and_changes_nothing(app) {
         let mut app = app;
         ready(&mut app, "alice").await;
         deliver(&mut app, opened("alice")).await;
@@ -461,7 +461,7 @@ both_stores! {
         assert_eq!(before, app.snapshot(true).await);
     }
 
-    async fn s7_2_isolation_deliveries_change_no_table_but_the_sink(app) {
+    async fn s7_2_1_s7_2_2_s7_2_3_deliveries_change_no_table_but_the_sink(app) {
         let mut app = app;
         ready(&mut app, "alice").await;
         register(&mut app, &example("weather.pack.yaml")).await;
