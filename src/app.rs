@@ -61,6 +61,7 @@ impl App {
                 store,
                 Limits {
                     max_payload_bytes: config.max_payload_bytes,
+                    ..Limits::default()
                 },
             )
             .await?,

@@ -9,7 +9,7 @@ use crate::domain::model::{Binding, Record};
 use crate::domain::pack::BINDING_DEGRADED;
 use crate::domain::policy::{BindingState, PolicyView, Route};
 use crate::error::{Error, Result, Violation};
-use crate::store::now_micros;
+use crate::store::{now_micros, Stored};
 
 /// The span of one decision, with the attributes dashboards read under the `hcp.` prefix.
 pub fn decision_span(t: &Trigger) -> Span {
@@ -88,21 +88,14 @@ impl Service {
         .await
     }
 
-    /// Stores a record, answering a repeated trigger id with the first record.
+    /// Stores a record through group commit, answering a repeated trigger id with the first record.
     async fn record(&self, r: Record) -> Result<Outcome> {
-        match self.store.insert_record(&r).await {
-            Ok(()) => Ok(Outcome::recorded(r.route, r.record_id, false)),
-            Err(Error::AlreadyExists(_)) if r.trigger_id.is_some() => {
-                let id = r.trigger_id.as_deref().unwrap_or_default();
-                match self.store.record_by_trigger_id(&r.pack_id, id).await? {
-                    Some(first) => Ok(Outcome::recorded(first.route, first.record_id, true)),
-                    None => Err(Error::Internal(
-                        "duplicate trigger id without a record".into(),
-                    )),
-                }
-            }
-            Err(e) => Err(e),
-        }
+        let route = r.route;
+        let id = r.record_id.clone();
+        Ok(match self.sink.write(r).await? {
+            Stored::Inserted => Outcome::recorded(route, id, false),
+            Stored::Duplicate { record_id, route } => Outcome::recorded(route, record_id, true),
+        })
     }
 
     /// Stores a Binding and, when it moves away from `linked` in a pack that

@@ -18,18 +18,21 @@ use crate::domain::decide::check_id;
 use crate::domain::names::check_pack_id;
 use crate::domain::policy::PolicyView;
 use crate::error::{Error, Result};
-use crate::store::Store;
+use crate::store::{Sink, Store};
 
 /// Limits on what a caller may send.
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_payload_bytes: usize,
+    /// Concurrent batch writers on PostgreSQL (SQLite has one).
+    pub pg_writers: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_payload_bytes: 64 * 1024,
+            pg_writers: 3,
         }
     }
 }
@@ -49,6 +52,7 @@ pub struct Service {
     pub store: Store,
     policy: Arc<Policy>,
     drops: Arc<DropLog>,
+    sink: Sink,
     limits: Limits,
 }
 
@@ -57,6 +61,7 @@ impl Service {
     pub async fn start(store: Store, limits: Limits) -> Result<Service> {
         let view = store.load_policy().await?;
         let drops = DropLog::start(store.clone());
+        let sink = Sink::start(store.clone(), limits.pg_writers);
         Ok(Service {
             store,
             policy: Arc::new(Policy {
@@ -64,6 +69,7 @@ impl Service {
                 writer: tokio::sync::Mutex::new(()),
             }),
             drops,
+            sink,
             limits,
         })
     }

@@ -3,8 +3,10 @@ pub mod entity;
 mod packs;
 mod policy;
 mod records;
+mod sink;
 
 pub use records::RecordCursor;
+pub use sink::{Sink, Stored, MAX_BATCH};
 
 use sea_orm::sqlx;
 use sea_orm::{

@@ -12,7 +12,7 @@ use crate::domain::model::{DropReport, Record, RecordFilter};
 use crate::domain::policy::Route;
 use crate::error::{Error, Result};
 
-fn active(r: &Record) -> records::ActiveModel {
+pub(super) fn active(r: &Record) -> records::ActiveModel {
     records::ActiveModel {
         record_id: Set(r.record_id.clone()),
         principal: Set(r.principal.clone()),
@@ -64,29 +64,6 @@ pub(crate) async fn insert_records(db: &impl ConnectionTrait, rs: &[Record]) -> 
 pub type RecordCursor = (i64, String);
 
 impl Store {
-    /// Stores one record. `AlreadyExists` when its trigger id was seen for the pack before.
-    pub async fn insert_record(&self, r: &Record) -> Result<()> {
-        let w = self.begin_write().await?;
-        insert_records(&w.txn, std::slice::from_ref(r)).await?;
-        w.commit().await
-    }
-
-    /// The record an earlier trigger with this id made for this pack.
-    pub async fn record_by_trigger_id(
-        &self,
-        pack_id: &str,
-        trigger_id: &str,
-    ) -> Result<Option<Record>> {
-        records::Entity::find()
-            .filter(records::Column::PackId.eq(pack_id))
-            .filter(records::Column::ProducerTriggerId.eq(trigger_id))
-            .one(&self.db)
-            .await
-            .map_err(classify)?
-            .map(record)
-            .transpose()
-    }
-
     /// Records matching the filter, in receive order (or reverse), after the cursor.
     /// Brain records need the viewer's membership in their project, checked in the same query.
     pub async fn list_records(

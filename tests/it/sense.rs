@@ -798,3 +798,53 @@ both_stores! {
         let _ = Value::Null;
     }
 }
+
+both_stores! {
+    async fn group_commit_answers_concurrent_repeats_with_one_record(app) {
+        let mut app = app;
+        ready(&mut app, "alice").await;
+        let mut tasks = Vec::new();
+        for i in 0..40 {
+            let mut ingest = app.ingest.clone();
+            let mut t = opened("alice");
+            t.trigger_id = format!("burst-{}", i % 4);
+            tasks.push(tokio::spawn(async move { ingest.deliver_trigger(t).await.expect("deliver").into_inner() }));
+        }
+        let mut by_trigger: std::collections::HashMap<usize, Vec<String>> = Default::default();
+        for (i, t) in tasks.into_iter().enumerate() {
+            let r = t.await.expect("task");
+            assert_eq!(r.disposition, Disposition::RecordedInbox as i32);
+            by_trigger.entry(i % 4).or_default().push(r.record_id);
+        }
+        for ids in by_trigger.values() {
+            assert!(ids.iter().all(|id| id == &ids[0]), "one record per trigger id: {ids:?}");
+        }
+        assert_eq!(app.count("records").await, 4);
+    }
+
+    async fn a_failed_batch_answers_unavailable_and_records_nothing(app) {
+        let mut app = app;
+        ready(&mut app, "alice").await;
+        let sqlite = app.db.get_database_backend() == sea_orm::DbBackend::Sqlite;
+        let (break_sql, mend_sql) = if sqlite {
+            ("CREATE TRIGGER refuse BEFORE INSERT ON records BEGIN SELECT RAISE(ABORT, 'injected'); END", "DROP TRIGGER refuse")
+        } else {
+            ("ALTER TABLE records ADD CONSTRAINT refuse CHECK (length(pack_id) < 0) NOT VALID", "ALTER TABLE records DROP CONSTRAINT refuse")
+        };
+        use sea_orm::ConnectionTrait;
+        app.db.execute_unprepared(break_sql).await.expect("inject failure");
+        let mut tasks = Vec::new();
+        for _ in 0..20 {
+            let mut ingest = app.ingest.clone();
+            tasks.push(tokio::spawn(async move { ingest.deliver_trigger(opened("alice")).await }));
+        }
+        for t in tasks {
+            let err = t.await.expect("task").expect_err("no acknowledgement without a record");
+            assert_eq!(err.code(), Code::Unavailable);
+        }
+        assert_eq!(app.count("records").await, 0);
+        app.db.execute_unprepared(mend_sql).await.expect("mend");
+        assert_eq!(deliver(&mut app, opened("alice")).await.disposition, Disposition::RecordedInbox as i32);
+        assert_eq!(app.count("records").await, 1);
+    }
+}
