@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/hcp/sense/v1/policy.proto",
         "proto/hcp/sense/v1/ingest.proto",
         "proto/hcp/sense/v1/records.proto",
+        "proto/hcp/sense/v1/bench.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

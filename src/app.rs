@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::grpc::ingest::Ingest;
 use crate::grpc::packs::Packs;
 use crate::grpc::pb::{
-    self, ingest_service_server::IngestServiceServer, pack_service_server::PackServiceServer,
+    self, bench_service_server::BenchServiceServer, ingest_service_server::IngestServiceServer, pack_service_server::PackServiceServer,
     policy_service_server::PolicyServiceServer, record_service_server::RecordServiceServer,
 };
 use crate::grpc::policy::Policy;
@@ -27,6 +27,7 @@ pub struct App {
     addr: SocketAddr,
     service: Service,
     shutdown_grace: Duration,
+    bench_baseline: bool,
 }
 
 impl App {
@@ -61,11 +62,14 @@ impl App {
                 store,
                 Limits {
                     max_payload_bytes: config.max_payload_bytes,
+                    record_retention: config.record_retention,
+                    prune_every: config.prune_interval,
                     ..Limits::default()
                 },
             )
             .await?,
             shutdown_grace: config.shutdown_grace,
+            bench_baseline: config.bench_baseline,
         })
     }
 
@@ -112,6 +116,10 @@ impl App {
             .add_service(RecordServiceServer::new(Records {
                 service: self.service.clone(),
             }))
+            .add_optional_service(
+                self.bench_baseline
+                    .then(|| BenchServiceServer::new(crate::grpc::bench::Baseline)),
+            )
             .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), async move {
                 let _ = on_stop.wait_for(|s| *s).await;
                 tracing::info!("shutting down: no new calls accepted");

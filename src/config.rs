@@ -36,6 +36,18 @@ pub struct ServeOptions {
     #[arg(long, env = "HCP_SENSE_MAX_PAYLOAD_BYTES", value_name = "BYTES")]
     pub max_payload_bytes: Option<usize>,
 
+    /// Delete records older than this many seconds, in small background batches [default: keep all].
+    #[arg(long, env = "HCP_SENSE_RECORD_RETENTION_SECS", value_name = "SECS")]
+    pub record_retention_secs: Option<u64>,
+
+    /// Seconds between retention passes [default: 30].
+    #[arg(long, env = "HCP_SENSE_PRUNE_INTERVAL_SECS", value_name = "SECS")]
+    pub prune_interval_secs: Option<u64>,
+
+    /// Serve hcp.sense.v1.BenchService, a no-op with DeliverTrigger's message shape, as a benchmark baseline.
+    #[arg(long, env = "HCP_SENSE_BENCH_BASELINE", value_name = "BOOL")]
+    pub bench_baseline: Option<bool>,
+
     /// Seconds to wait for in-flight calls after SIGINT/SIGTERM before exiting [default: 30].
     #[arg(long, env = "HCP_SENSE_SHUTDOWN_GRACE_SECS", value_name = "SECS")]
     pub shutdown_grace_secs: Option<u64>,
@@ -72,6 +84,9 @@ pub struct Config {
     pub log_format: LogFormat,
     pub shutdown_grace: Duration,
     pub max_payload_bytes: usize,
+    pub record_retention: Option<Duration>,
+    pub prune_interval: Duration,
+    pub bench_baseline: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -135,6 +150,18 @@ impl ServeOptions {
                 .max_payload_bytes
                 .or(file.max_payload_bytes)
                 .unwrap_or(DEFAULT_MAX_PAYLOAD_BYTES),
+            record_retention: self
+                .record_retention_secs
+                .or(file.record_retention_secs)
+                .filter(|s| *s > 0)
+                .map(Duration::from_secs),
+            prune_interval: Duration::from_secs(
+                self.prune_interval_secs
+                    .or(file.prune_interval_secs)
+                    .unwrap_or(30)
+                    .max(1),
+            ),
+            bench_baseline: self.bench_baseline.or(file.bench_baseline).unwrap_or(false),
         })
     }
 }
@@ -150,6 +177,9 @@ struct FileConfig {
     log_format: Option<LogFormat>,
     shutdown_grace_secs: Option<u64>,
     max_payload_bytes: Option<usize>,
+    record_retention_secs: Option<u64>,
+    prune_interval_secs: Option<u64>,
+    bench_baseline: Option<bool>,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
@@ -171,6 +201,9 @@ impl Config {
             log_format: LogFormat::Compact,
             shutdown_grace: Duration::from_secs(30),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            record_retention: None,
+            prune_interval: Duration::from_secs(30),
+            bench_baseline: false,
         }
     }
 }

@@ -33,6 +33,8 @@ enum Cmd {
         #[command(flatten)]
         database: DatabaseOptions,
     },
+    /// Benchmark DeliverTrigger and ListRecords against a no-op baseline on real servers.
+    Bench(hcp_sense::bench::BenchOptions),
     /// Lint a pack manifest (JSON or YAML; `-` reads standard input). Exits 1 on any error.
     Lint {
         /// The manifest file.
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
         Some(Cmd::Lint { manifest }) => lint_file(&manifest),
         Some(Cmd::Migrate { action, database }) => run(migrate(action, database)),
         Some(Cmd::Serve(opts)) => run(serve(opts)),
+        Some(Cmd::Bench(opts)) => run(hcp_sense::bench::run(opts)),
         None => run(serve(cli.serve)),
     }
 }

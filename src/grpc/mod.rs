@@ -1,4 +1,5 @@
 //! The gRPC edge: generated types, thin services that translate and delegate, and error mapping.
+pub mod bench;
 pub mod convert;
 pub mod ingest;
 pub mod packs;

@@ -4,6 +4,7 @@ mod drops;
 mod packs;
 mod policy;
 mod records;
+mod retention;
 
 use std::sync::Arc;
 
@@ -26,6 +27,10 @@ pub struct Limits {
     pub max_payload_bytes: usize,
     /// Concurrent batch writers on PostgreSQL (SQLite has one).
     pub pg_writers: usize,
+    /// Records older than this are deleted in the background; `None` keeps them.
+    pub record_retention: Option<std::time::Duration>,
+    /// How often the retention pruner runs.
+    pub prune_every: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -33,6 +38,8 @@ impl Default for Limits {
         Limits {
             max_payload_bytes: 64 * 1024,
             pg_writers: 3,
+            record_retention: None,
+            prune_every: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -62,6 +69,9 @@ impl Service {
         let view = store.load_policy().await?;
         let drops = DropLog::start(store.clone());
         let sink = Sink::start(store.clone(), limits.pg_writers);
+        if let Some(age) = limits.record_retention {
+            retention::start(store.clone(), age, limits.prune_every, Arc::downgrade(&drops));
+        }
         Ok(Service {
             store,
             policy: Arc::new(Policy {

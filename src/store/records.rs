@@ -64,6 +64,29 @@ pub(crate) async fn insert_records(db: &impl ConnectionTrait, rs: &[Record]) -> 
 pub type RecordCursor = (i64, String);
 
 impl Store {
+    /// Deletes up to `limit` of the oldest records received before `cutoff`; returns how many.
+    pub async fn prune_records(&self, cutoff: i64, limit: u64) -> Result<u64> {
+        use records::Column as C;
+        let w = self.begin_write().await?;
+        let r = records::Entity::delete_many()
+            .filter(
+                C::RecordId.in_subquery(
+                    Query::select()
+                        .column(C::RecordId)
+                        .from(records::Entity)
+                        .and_where(Expr::col(C::ReceivedTime).lt(cutoff))
+                        .order_by(C::ReceivedTime, sea_orm::Order::Asc)
+                        .limit(limit)
+                        .to_owned(),
+                ),
+            )
+            .exec(&w.txn)
+            .await
+            .map_err(classify)?;
+        w.commit().await?;
+        Ok(r.rows_affected)
+    }
+
     /// Records matching the filter, in receive order (or reverse), after the cursor.
     /// Brain records need the viewer's membership in their project, checked in the same query.
     pub async fn list_records(
