@@ -13,8 +13,9 @@ use crate::config::Config;
 use crate::grpc::ingest::Ingest;
 use crate::grpc::packs::Packs;
 use crate::grpc::pb::{
-    self, bench_service_server::BenchServiceServer, ingest_service_server::IngestServiceServer, pack_service_server::PackServiceServer,
-    policy_service_server::PolicyServiceServer, record_service_server::RecordServiceServer,
+    self, bench_service_server::BenchServiceServer, ingest_service_server::IngestServiceServer,
+    pack_service_server::PackServiceServer, policy_service_server::PolicyServiceServer,
+    record_service_server::RecordServiceServer,
 };
 use crate::grpc::policy::Policy;
 use crate::grpc::records::Records;
@@ -64,7 +65,6 @@ impl App {
                     max_payload_bytes: config.max_payload_bytes,
                     record_retention: config.record_retention,
                     prune_every: config.prune_interval,
-                    ..Limits::default()
                 },
             )
             .await?,

@@ -18,9 +18,10 @@ use crate::grpc::paging::{encode_token, SEP};
 use crate::grpc::pb::{
     bench_service_client::BenchServiceClient, deliver_trigger_noop_request,
     deliver_trigger_request, ingest_service_client::IngestServiceClient,
-    record_service_client::RecordServiceClient, DeliverTriggerNoopRequest,
-    DeliverTriggerRequest, ListRecordsRequest,
+    record_service_client::RecordServiceClient, DeliverTriggerNoopRequest, DeliverTriggerRequest,
+    ListRecordsRequest,
 };
+use crate::grpc::records::filter_fingerprint;
 use crate::store::entity::{bindings, records, sense_activations, sense_grants};
 use crate::store::{now_micros, Store};
 
@@ -110,13 +111,24 @@ impl Server {
     fn start(url: &str, extra: &[&str]) -> anyhow::Result<Server> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
-            .args(["serve", "--listen", "127.0.0.1:0", "--database-url", url, "--bench-baseline", "true"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--database-url",
+                url,
+                "--bench-baseline",
+                "true",
+            ])
             .args(extra)
             .env("RUST_LOG", "warn,hcp_sense::app=info")
             .env_remove("DATABASE_URL")
             .stdout(Stdio::piped())
             .spawn()?;
-        let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -131,7 +143,8 @@ impl Server {
 
     /// Resident and peak resident set size in KiB, from /proc.
     fn rss_kib(&self) -> (u64, u64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
         let get = |k: &str| {
             status
                 .lines()
@@ -146,13 +159,19 @@ impl Server {
     async fn channels(&self, n: usize) -> anyhow::Result<Vec<Channel>> {
         let mut v = Vec::new();
         for _ in 0..n.max(1) {
-            v.push(Channel::from_shared(format!("http://{}", self.addr))?.connect().await?);
+            v.push(
+                Channel::from_shared(format!("http://{}", self.addr))?
+                    .connect()
+                    .await?,
+            );
         }
         Ok(v)
     }
 
     fn stop(mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
         let _ = self.child.wait();
     }
 }
@@ -184,9 +203,9 @@ fn trigger(i: usize, principals: usize, packs: usize, load: Load) -> DeliverTrig
         r#ref: "issue.opened".into(),
         principal,
         land: "user".into(),
-        payload_source: Some(deliver_trigger_request::PayloadSource::Payload(json_to_struct(
-            &json!({ "issue": i, "title": "benchmark" }),
-        ))),
+        payload_source: Some(deliver_trigger_request::PayloadSource::Payload(
+            json_to_struct(&json!({ "issue": i, "title": "benchmark" })),
+        )),
         ..Default::default()
     }
 }
@@ -213,8 +232,14 @@ fn noop(t: DeliverTriggerRequest) -> DeliverTriggerNoopRequest {
 
 async fn call(ch: &Channel, req: DeliverTriggerRequest, load: Load) -> bool {
     match load {
-        Load::Noop => BenchServiceClient::new(ch.clone()).deliver_trigger_noop(noop(req)).await.is_ok(),
-        _ => IngestServiceClient::new(ch.clone()).deliver_trigger(req).await.is_ok(),
+        Load::Noop => BenchServiceClient::new(ch.clone())
+            .deliver_trigger_noop(noop(req))
+            .await
+            .is_ok(),
+        _ => IngestServiceClient::new(ch.clone())
+            .deliver_trigger(req)
+            .await
+            .is_ok(),
     }
 }
 
@@ -248,7 +273,13 @@ async fn closed(chs: &[Channel], o: &BenchOptions, principals: usize, load: Load
 }
 
 /// Open loop at a fixed rate; latency counts from the scheduled start, so queueing shows.
-async fn open(chs: &[Channel], o: &BenchOptions, principals: usize, load: Load, rate: f64) -> Phase {
+async fn open(
+    chs: &[Channel],
+    o: &BenchOptions,
+    principals: usize,
+    load: Load,
+    rate: f64,
+) -> Phase {
     let start = Instant::now();
     let total = (rate * o.duration_secs as f64) as usize;
     let gap = Duration::from_secs_f64(1.0 / rate.max(1.0));
@@ -277,7 +308,12 @@ async fn gather(tasks: Vec<tokio::task::JoinHandle<(Vec<u64>, usize)>>, start: I
     }
     let secs = start.elapsed().as_secs_f64();
     lat.sort_unstable();
-    Phase { calls: lat.len(), errors, secs, lat_us: lat }
+    Phase {
+        calls: lat.len(),
+        errors,
+        secs,
+        lat_us: lat,
+    }
 }
 
 /// A database of the benchmark's own.
@@ -305,15 +341,30 @@ impl BenchDb {
                 let dir = std::env::temp_dir().join(&name);
                 std::fs::create_dir_all(&dir)?;
                 let path: PathBuf = dir.join("bench.db");
-                Ok(BenchDb { url: format!("sqlite://{}", path.display()), pg: None, _dir: Some(tempfile_dir::Dir(dir)) })
+                Ok(BenchDb {
+                    url: format!("sqlite://{}", path.display()),
+                    pg: None,
+                    _dir: Some(tempfile_dir::Dir(dir)),
+                })
             }
             "postgres" => {
                 let admin = sea_orm::Database::connect(o.postgres_url.as_str()).await?;
-                admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name}")).await?;
-                admin.execute_unprepared(&format!("CREATE DATABASE {name}")).await?;
+                admin
+                    .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name}"))
+                    .await?;
+                admin
+                    .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                    .await?;
                 let _ = admin.close().await;
-                let root = o.postgres_url.rsplit_once('/').map_or(o.postgres_url.as_str(), |(r, _)| r);
-                Ok(BenchDb { url: format!("{root}/{name}"), pg: Some((o.postgres_url.clone(), name)), _dir: None })
+                let root = o
+                    .postgres_url
+                    .rsplit_once('/')
+                    .map_or(o.postgres_url.as_str(), |(r, _)| r);
+                Ok(BenchDb {
+                    url: format!("{root}/{name}"),
+                    pg: Some((o.postgres_url.clone(), name)),
+                    _dir: None,
+                })
             }
             other => anyhow::bail!("unknown store `{other}`: use sqlite or postgres"),
         }
@@ -322,7 +373,9 @@ impl BenchDb {
     async fn drop_db(self) {
         if let Some((admin, name)) = &self.pg {
             if let Ok(a) = sea_orm::Database::connect(admin.as_str()).await {
-                let _ = a.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
+                let _ = a
+                    .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await;
                 let _ = a.close().await;
             }
         }
@@ -350,10 +403,19 @@ async fn seed_policy(store: &Store, packs: usize, principals: usize) -> anyhow::
     let ids: Vec<usize> = (0..principals).collect();
     for chunk in ids.chunks(2000) {
         let txn = db.begin().await?;
-        let who = |p: usize| (format!("principal-{p}"), format!("pack-{}", p % packs.max(1)));
+        let who = |p: usize| {
+            (
+                format!("principal-{p}"),
+                format!("pack-{}", p % packs.max(1)),
+            )
+        };
         sense_grants::Entity::insert_many(chunk.iter().map(|p| {
             let (principal, pack_id) = who(*p);
-            sense_grants::ActiveModel { principal: Set(principal), pack_id: Set(pack_id), create_time: Set(now) }
+            sense_grants::ActiveModel {
+                principal: Set(principal),
+                pack_id: Set(pack_id),
+                create_time: Set(now),
+            }
         }))
         .exec_without_returning(&txn)
         .await?;
@@ -421,7 +483,9 @@ async fn seed_records(store: &Store, n: usize, base: i64) -> anyhow::Result<Vec<
                     }
                 })
                 .collect();
-            records::Entity::insert_many(rows).exec_without_returning(&txn).await?;
+            records::Entity::insert_many(rows)
+                .exec_without_returning(&txn)
+                .await?;
             i = end;
         }
         txn.commit().await?;
@@ -430,7 +494,11 @@ async fn seed_records(store: &Store, n: usize, base: i64) -> anyhow::Result<Vec<
 }
 
 async fn open_store(url: &str) -> anyhow::Result<Store> {
-    let store = Store::connect(&StoreConfig { url: url.to_owned(), max_connections: Some(4) }).await?;
+    let store = Store::connect(&StoreConfig {
+        url: url.to_owned(),
+        max_connections: Some(4),
+    })
+    .await?;
     store.migrate_up().await?;
     Ok(store)
 }
@@ -447,7 +515,9 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
         o.principals,
         std::thread::available_parallelism().map_or(0, usize::from)
     );
-    println!("ratio = calls/s over the no-op baseline's calls/s in the same run, on the same server\n");
+    println!(
+        "ratio = calls/s over the no-op baseline's calls/s in the same run, on the same server\n"
+    );
     header();
     for kind in o.stores.clone() {
         let db = BenchDb::create(&kind, &o, "deliver").await?;
@@ -468,13 +538,22 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
         let base_half = open(&chs, &o, o.principals, Load::Noop, half).await;
         row(&kind, &format!("baseline @ {half:.0}/s"), &base_half, None);
         let rec_half = open(&chs, &o, o.principals, Load::Recorded, half).await;
-        row(&kind, &format!("recorded @ {half:.0}/s"), &rec_half, Some(&base_half));
+        row(
+            &kind,
+            &format!("recorded @ {half:.0}/s"),
+            &rec_half,
+            Some(&base_half),
+        );
         println!(
             "{kind:<9} p99 at half of the recorded peak: {:.2} x the baseline's p99",
             rec_half.pct(0.99) / base_half.pct(0.99)
         );
         let (_, peak) = server.rss_kib();
-        println!("{kind:<9} server RSS: idle {:.1} MiB, peak {:.1} MiB\n", idle_rss as f64 / 1024.0, peak as f64 / 1024.0);
+        println!(
+            "{kind:<9} server RSS: idle {:.1} MiB, peak {:.1} MiB\n",
+            idle_rss as f64 / 1024.0,
+            peak as f64 / 1024.0
+        );
         server.stop();
         db.drop_db().await;
     }
@@ -496,7 +575,12 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
             let rec = closed(&chs, &o, *n, Load::Recorded).await;
             row("sqlite", &format!("recorded, {n} principals"), &rec, None);
             let dropped = closed(&chs, &o, *n, Load::Dropped).await;
-            row("sqlite", &format!("dropped, {n} principals"), &dropped, None);
+            row(
+                "sqlite",
+                &format!("dropped, {n} principals"),
+                &dropped,
+                None,
+            );
             rows.push((*n, rss, rec.rate(), dropped.rate()));
             server.stop();
             db.drop_db().await;
@@ -504,7 +588,10 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
         if let (Some(lo), Some(hi)) = (rows.first(), rows.last()) {
             println!(
                 "recorded at {} / at {} principals: {:.2}; dropped: {:.2}",
-                hi.0, lo.0, hi.2 / lo.2, hi.3 / lo.3
+                hi.0,
+                lo.0,
+                hi.2 / lo.2,
+                hi.3 / lo.3
             );
             if hi.0 > lo.0 {
                 let per = (hi.1 as f64 - lo.1 as f64) * 1024.0 / (hi.0 - lo.0) as f64;
@@ -523,31 +610,47 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
             let t0 = Instant::now();
             let marks = seed_records(&store, o.list_records, now_micros() - 3_600_000_000).await?;
             store.close().await;
-            println!("{kind:<9} seeded {} records in {:.1} s", o.list_records, t0.elapsed().as_secs_f64());
+            println!(
+                "{kind:<9} seeded {} records in {:.1} s",
+                o.list_records,
+                t0.elapsed().as_secs_f64()
+            );
             let server = Server::start(&db.url, &[])?;
             let chs = server.channels(1).await?;
             let mut client = RecordServiceClient::new(chs[0].clone());
-            // The same filter fingerprint the server computes for an unfiltered, ascending listing.
-            let fingerprint = {
-                use std::hash::{DefaultHasher, Hash, Hasher};
-                let mut h = DefaultHasher::new();
-                crate::domain::model::RecordFilter::default().hash(&mut h);
-                format!("{:016x}", h.finish())
-            };
-            let deep = marks.last().map(|(t, id)| encode_token("records", &format!("{fingerprint}{SEP}{t}{SEP}{id}"))).unwrap_or_default();
+            // A token deep into an unfiltered, ascending listing, as the server would issue it.
+            let fp = filter_fingerprint(&crate::domain::model::RecordFilter::default());
+            let deep = marks
+                .last()
+                .map(|(t, id)| encode_token("records", &fp, &format!("{t}{SEP}{id}")))
+                .unwrap_or_default();
             for (name, token) in [("first page", String::new()), ("deep page", deep)] {
                 let mut lat = Vec::new();
                 let start = Instant::now();
                 let mut errors = 0;
                 for _ in 0..300 {
                     let t = Instant::now();
-                    match client.list_records(ListRecordsRequest { page_size: 100, page_token: token.clone(), ..Default::default() }).await {
-                        Ok(r) if r.get_ref().records.len() == 100 => lat.push(t.elapsed().as_micros() as u64),
+                    match client
+                        .list_records(ListRecordsRequest {
+                            page_size: 100,
+                            page_token: token.clone(),
+                            ..Default::default()
+                        })
+                        .await
+                    {
+                        Ok(r) if r.get_ref().records.len() == 100 => {
+                            lat.push(t.elapsed().as_micros() as u64)
+                        }
                         _ => errors += 1,
                     }
                 }
                 lat.sort_unstable();
-                let p = Phase { calls: lat.len(), errors, secs: start.elapsed().as_secs_f64(), lat_us: lat };
+                let p = Phase {
+                    calls: lat.len(),
+                    errors,
+                    secs: start.elapsed().as_secs_f64(),
+                    lat_us: lat,
+                };
                 row(&kind, &format!("ListRecords {name}"), &p, None);
             }
             server.stop();
@@ -557,14 +660,30 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
     }
 
     if o.retention_records > 0 {
-        println!("retention (sqlite): deliveries while {} expired records are pruned", o.retention_records);
+        println!(
+            "retention (sqlite): deliveries while {} expired records are pruned",
+            o.retention_records
+        );
         header();
         let db = BenchDb::create("sqlite", &o, "retention").await?;
         let store = open_store(&db.url).await?;
         seed_policy(&store, o.packs, o.principals).await?;
-        seed_records(&store, o.retention_records, now_micros() - 2 * 86_400_000_000).await?;
+        seed_records(
+            &store,
+            o.retention_records,
+            now_micros() - 2 * 86_400_000_000,
+        )
+        .await?;
         store.close().await;
-        let server = Server::start(&db.url, &["--record-retention-secs", "86400", "--prune-interval-secs", "1"])?;
+        let server = Server::start(
+            &db.url,
+            &[
+                "--record-retention-secs",
+                "86400",
+                "--prune-interval-secs",
+                "1",
+            ],
+        )?;
         let chs = server.channels(o.channels).await?;
         let base = closed(&chs, &o, o.principals, Load::Noop).await;
         row("sqlite", "baseline (no-op)", &base, None);
@@ -576,12 +695,18 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
             .connection()
             .query_one_raw(sea_orm::Statement::from_string(
                 store.connection().get_database_backend(),
-                format!("SELECT COUNT(*) AS n FROM records WHERE received_time < {}", now_micros() - 86_400_000_000),
+                format!(
+                    "SELECT COUNT(*) AS n FROM records WHERE received_time < {}",
+                    now_micros() - 86_400_000_000
+                ),
             ))
             .await?
             .and_then(|r| r.try_get::<i64>("", "n").ok())
             .unwrap_or(-1);
-        println!("expired records left after the phase: {left} of {}", o.retention_records);
+        println!(
+            "expired records left after the phase: {left} of {}",
+            o.retention_records
+        );
         store.close().await;
         db.drop_db().await;
     }

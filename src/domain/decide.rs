@@ -229,18 +229,20 @@ pub fn validate(raw: RawTrigger, max_payload_bytes: usize) -> Result<Trigger, Vi
             format!("must be at most {max_payload_bytes} bytes of JSON, not {size}"),
         ));
     }
-    if raw.r#ref == BINDING_DEGRADED {
-        if let Some(state) = payload.get("state") {
-            if state.as_str().and_then(BindingState::parse).is_none() {
-                v.push((
-                    "payload.state",
-                    format!(
-                        "s7_7_2: the state of `binding.degraded` must be one of {}",
-                        BindingState::NAMES.join(", ")
-                    ),
-                ));
-            }
-        }
+    if raw.r#ref == BINDING_DEGRADED
+        && payload
+            .get("state")
+            .and_then(Value::as_str)
+            .and_then(BindingState::parse)
+            .is_none()
+    {
+        v.push((
+            "payload.state",
+            format!(
+                "s7_7_2: `binding.degraded` must carry a state, one of {}",
+                BindingState::NAMES.join(", ")
+            ),
+        ));
     }
     if !v.is_empty() {
         return Err(v);

@@ -70,7 +70,7 @@ pub struct DropReport {
 }
 
 /// Filters of ListRecords; `None` matches everything.
-#[derive(Debug, Clone, Default, Hash)]
+#[derive(Debug, Clone, Default)]
 pub struct RecordFilter {
     /// Brain records are visible only to members of their project.
     pub viewer: Option<String>,

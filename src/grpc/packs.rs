@@ -7,7 +7,7 @@ use super::paging::{decode_token, encode_token, page_size};
 use super::pb::{self, pack_service_server::PackService};
 use crate::domain::pack::{lint, parse_manifest_text, Severity};
 use crate::error::Error;
-use crate::service::Service;
+use crate::service::{detached, Service};
 
 #[derive(Clone, Debug)]
 pub struct Packs {
@@ -55,7 +55,8 @@ impl PackService for Packs {
         req: Request<pb::RegisterPackRequest>,
     ) -> Result<Response<pb::RegisterPackResponse>, Status> {
         let manifest = register_source(req.into_inner().source)?;
-        let r = self.service.register_pack(&manifest).await?;
+        let svc = self.service.clone();
+        let r = detached(async move { svc.register_pack(&manifest).await }).await?;
         Ok(Response::new(pb::RegisterPackResponse {
             pack: Some(pack(&r.pack)),
             warnings: r.report.warnings().map(finding).collect(),
@@ -102,7 +103,7 @@ impl PackService for Packs {
     ) -> Result<Response<pb::ListPacksResponse>, Status> {
         let req = req.into_inner();
         let size = page_size(req.page_size)?;
-        let after = decode_token(PAGE_KIND, &req.page_token)?;
+        let after = decode_token(PAGE_KIND, "", &req.page_token)?;
         let mut packs = self
             .service
             .store
@@ -111,7 +112,7 @@ impl PackService for Packs {
         let more = packs.len() as u64 > size;
         packs.truncate(usize::try_from(size).unwrap_or(usize::MAX));
         let next_page_token = match (more, packs.last()) {
-            (true, Some(last)) => encode_token(PAGE_KIND, &last.manifest.pack_id),
+            (true, Some(last)) => encode_token(PAGE_KIND, "", &last.manifest.pack_id),
             _ => String::new(),
         };
         Ok(Response::new(pb::ListPacksResponse {
@@ -124,7 +125,9 @@ impl PackService for Packs {
         &self,
         req: Request<pb::DeletePackRequest>,
     ) -> Result<Response<pb::DeletePackResponse>, Status> {
-        self.service.delete_pack(&req.into_inner().pack_id).await?;
+        let svc = self.service.clone();
+        let pack_id = req.into_inner().pack_id;
+        detached(async move { svc.delete_pack(&pack_id).await }).await?;
         Ok(Response::new(pb::DeletePackResponse {}))
     }
 }

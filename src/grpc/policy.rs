@@ -5,12 +5,12 @@ use super::convert::{
     activation, binding, binding_state, binding_state_from, execute_state, grant, outcome, route,
     route_from,
 };
-use super::paging::{decode_token, encode_token, page_size, SEP};
+use super::paging::{decode_token, encode_token, fingerprint, page_size, SEP};
 use super::pb::{self, policy_service_server::PolicyService};
 use crate::domain::model::ExecuteState;
-use crate::domain::policy::{Activation, Route};
+use crate::domain::policy::Activation;
 use crate::error::Error;
-use crate::service::Service;
+use crate::service::{detached, Service};
 
 #[derive(Clone, Debug)]
 pub struct Policy {
@@ -30,7 +30,8 @@ impl PolicyService for Policy {
         req: Request<pb::GrantSenseEnableRequest>,
     ) -> Reply<pb::GrantSenseEnableResponse> {
         let r = req.into_inner();
-        let g = self.service.grant(&r.principal, &r.pack_id).await?;
+        let svc = self.service.clone();
+        let g = detached(async move { svc.grant(&r.principal, &r.pack_id).await }).await?;
         Ok(Response::new(pb::GrantSenseEnableResponse {
             grant: Some(grant(&g)),
         }))
@@ -41,7 +42,8 @@ impl PolicyService for Policy {
         req: Request<pb::RevokeSenseEnableRequest>,
     ) -> Reply<pb::RevokeSenseEnableResponse> {
         let r = req.into_inner();
-        let revoked = self.service.revoke(&r.principal, &r.pack_id).await?;
+        let svc = self.service.clone();
+        let revoked = detached(async move { svc.revoke(&r.principal, &r.pack_id).await }).await?;
         Ok(Response::new(pb::RevokeSenseEnableResponse { revoked }))
     }
 
@@ -52,7 +54,8 @@ impl PolicyService for Policy {
         const KIND: &str = "grants";
         let r = req.into_inner();
         let size = page_size(r.page_size)?;
-        let after = decode_token(KIND, &r.page_token)?;
+        let fp = fingerprint(&[&r.pack_id, &r.principal]);
+        let after = decode_token(KIND, &fp, &r.page_token)?;
         let after = match &after {
             Some(k) => Some(
                 k.split_once(SEP)
@@ -65,7 +68,7 @@ impl PolicyService for Policy {
             .list_grants(opt(&r.pack_id), opt(&r.principal), after, size + 1)
             .await?;
         let next_page_token = next_token(&mut grants, size, |g| {
-            encode_token(KIND, &format!("{}{SEP}{}", g.pack_id, g.principal))
+            encode_token(KIND, &fp, &format!("{}{SEP}{}", g.pack_id, g.principal))
         });
         Ok(Response::new(pb::ListGrantsResponse {
             grants: grants.iter().map(grant).collect(),
@@ -78,11 +81,13 @@ impl PolicyService for Policy {
         req: Request<pb::ActivateSenseRequest>,
     ) -> Reply<pb::ActivateSenseResponse> {
         let r = req.into_inner();
-        let route = route_from("route", r.route)?.unwrap_or(Route::Inbox);
-        let a = self
-            .service
-            .set_activation(&r.principal, &r.pack_id, Some(route))
-            .await?;
+        let route = route_from("route", r.route)?;
+        let svc = self.service.clone();
+        let a = detached(async move {
+            svc.set_activation(&r.principal, &r.pack_id, true, route)
+                .await
+        })
+        .await?;
         Ok(Response::new(pb::ActivateSenseResponse {
             activation: Some(activation(&a)),
         }))
@@ -93,10 +98,12 @@ impl PolicyService for Policy {
         req: Request<pb::DeactivateSenseRequest>,
     ) -> Reply<pb::DeactivateSenseResponse> {
         let r = req.into_inner();
-        let a = self
-            .service
-            .set_activation(&r.principal, &r.pack_id, None)
-            .await?;
+        let svc = self.service.clone();
+        let a = detached(async move {
+            svc.set_activation(&r.principal, &r.pack_id, false, None)
+                .await
+        })
+        .await?;
         Ok(Response::new(pb::DeactivateSenseResponse {
             activation: Some(activation(&a)),
         }))
@@ -151,10 +158,12 @@ impl PolicyService for Policy {
     ) -> Reply<pb::PutBindingResponse> {
         let r = req.into_inner();
         let state = binding_state_from("state", r.state)?;
-        let (b, degraded) = self
-            .service
-            .put_binding(&r.principal, &r.pack_id, &r.binding_id, state)
-            .await?;
+        let svc = self.service.clone();
+        let (b, degraded) = detached(async move {
+            svc.put_binding(&r.principal, &r.pack_id, &r.binding_id, state)
+                .await
+        })
+        .await?;
         Ok(Response::new(pb::PutBindingResponse {
             binding: Some(binding(&b)),
             binding_degraded: degraded.as_ref().map(outcome),
@@ -166,9 +175,8 @@ impl PolicyService for Policy {
         req: Request<pb::DeleteBindingRequest>,
     ) -> Reply<pb::DeleteBindingResponse> {
         let r = req.into_inner();
-        self.service
-            .delete_binding(&r.principal, &r.pack_id)
-            .await?;
+        let svc = self.service.clone();
+        detached(async move { svc.delete_binding(&r.principal, &r.pack_id).await }).await?;
         Ok(Response::new(pb::DeleteBindingResponse {}))
     }
 
@@ -183,10 +191,12 @@ impl PolicyService for Policy {
                 "is required: one of linked, stale, needs_reauth, pending, error",
             )
         })?;
-        let (b, previous, degraded) = self
-            .service
-            .report_binding_health(&r.principal, &r.pack_id, state)
-            .await?;
+        let svc = self.service.clone();
+        let (b, previous, degraded) = detached(async move {
+            svc.report_binding_health(&r.principal, &r.pack_id, state)
+                .await
+        })
+        .await?;
         Ok(Response::new(pb::ReportBindingHealthResponse {
             binding: Some(binding(&b)),
             previous_state: binding_state(previous) as i32,

@@ -1,10 +1,8 @@
 //! RecordService: ListRecords and ListDropReports with keyset pagination.
-use std::hash::{DefaultHasher, Hash, Hasher};
-
 use tonic::{Request, Response, Status};
 
 use super::convert::{drop_reason_from, drop_report, micros, record, route_from};
-use super::paging::{decode_token, encode_token, page_size, SEP};
+use super::paging::{decode_token, encode_token, fingerprint, page_size, SEP};
 use super::pb::{self, record_service_server::RecordService};
 use super::policy::next_token;
 use crate::domain::model::RecordFilter;
@@ -22,6 +20,23 @@ fn opt(s: String) -> Option<String> {
 
 fn bad_token(rule: &str) -> Error {
     Error::invalid("page_token", rule)
+}
+
+/// The fingerprint of a ListRecords listing: its filters and order.
+pub fn filter_fingerprint(f: &RecordFilter) -> String {
+    let opt = |s: &Option<String>| s.clone().unwrap_or_default();
+    let num = |n: Option<i64>| n.map(|n| n.to_string()).unwrap_or_default();
+    fingerprint(&[
+        &opt(&f.viewer),
+        &opt(&f.principal),
+        &opt(&f.pack_id),
+        &opt(&f.r#ref),
+        &opt(&f.land),
+        f.route.map_or("", |r| r.as_str()),
+        &num(f.start_time),
+        &num(f.end_time),
+        if f.descending { "desc" } else { "asc" },
+    ])
 }
 
 #[tonic::async_trait]
@@ -62,24 +77,14 @@ impl RecordService for Records {
                 .transpose()?,
             descending,
         };
-        // A token only continues the listing it came from.
-        let mut h = DefaultHasher::new();
-        filter.hash(&mut h);
-        let fingerprint = format!("{:016x}", h.finish());
+        let fp = filter_fingerprint(&filter);
         let size = page_size(r.page_size)?;
-        let after = match decode_token(KIND, &r.page_token)? {
+        let after = match decode_token(KIND, &fp, &r.page_token)? {
             None => None,
             Some(k) => {
-                let mut parts = k.splitn(3, SEP);
-                let (Some(fp), Some(t), Some(id)) = (parts.next(), parts.next(), parts.next())
-                else {
+                let Some((t, id)) = k.split_once(SEP) else {
                     return Err(bad_token("is malformed").into());
                 };
-                if fp != fingerprint {
-                    return Err(
-                        bad_token("was issued for a listing with other filters or order").into(),
-                    );
-                }
                 let t: i64 = t.parse().map_err(|_| bad_token("is malformed"))?;
                 Some((t, id.to_owned()))
             }
@@ -91,7 +96,8 @@ impl RecordService for Records {
         let next_page_token = next_token(&mut records, size, |r| {
             encode_token(
                 KIND,
-                &format!("{fingerprint}{SEP}{}{SEP}{}", r.received_time, r.record_id),
+                &fp,
+                &format!("{}{SEP}{}", r.received_time, r.record_id),
             )
         });
         Ok(Response::new(pb::ListRecordsResponse {
@@ -108,7 +114,8 @@ impl RecordService for Records {
         let r = req.into_inner();
         let size = page_size(r.page_size)?;
         let reason = drop_reason_from("reason", r.reason)?;
-        let token = decode_token(KIND, &r.page_token)?;
+        let fp = fingerprint(&[&r.pack_id, &r.reason.to_string()]);
+        let token = decode_token(KIND, &fp, &r.page_token)?;
         let after = match &token {
             None => None,
             Some(k) => {
@@ -127,6 +134,7 @@ impl RecordService for Records {
         let next_page_token = next_token(&mut reports, size, |d| {
             encode_token(
                 KIND,
+                &fp,
                 &format!("{}{SEP}{}{SEP}{}", d.pack_id, d.r#ref, d.reason.as_str()),
             )
         });

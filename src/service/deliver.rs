@@ -9,7 +9,7 @@ use crate::domain::model::{Binding, Record};
 use crate::domain::pack::BINDING_DEGRADED;
 use crate::domain::policy::{BindingState, PolicyView, Route};
 use crate::error::{Error, Result, Violation};
-use crate::store::{now_micros, Stored};
+use crate::store::Stored;
 
 /// The span of one decision, with the attributes dashboards read under the `hcp.` prefix.
 pub fn decision_span(t: &Trigger) -> Span {
@@ -35,9 +35,10 @@ fn note(span: &Span, o: &Outcome) {
     }
 }
 
+/// A record for a trigger; its id and receive time are stamped when it is written.
 fn new_record(t: &Trigger, route: Route, binding_id: String) -> Record {
     Record {
-        record_id: uuid::Uuid::now_v7().to_string(),
+        record_id: String::new(),
         principal: t.principal.clone(),
         binding_id,
         land: t.land.clone(),
@@ -47,7 +48,7 @@ fn new_record(t: &Trigger, route: Route, binding_id: String) -> Record {
         route,
         project: t.project.clone(),
         trigger_id: t.trigger_id.clone(),
-        received_time: now_micros(),
+        received_time: 0,
     }
 }
 
@@ -91,10 +92,13 @@ impl Service {
     /// Stores a record through group commit, answering a repeated trigger id with the first record.
     async fn record(&self, r: Record) -> Result<Outcome> {
         let route = r.route;
-        let id = r.record_id.clone();
+        let trigger_id = r.trigger_id.clone().unwrap_or_default();
         Ok(match self.sink.write(r).await? {
-            Stored::Inserted => Outcome::recorded(route, id, false),
+            Stored::Inserted { record_id } => Outcome::recorded(route, record_id, false),
             Stored::Duplicate { record_id, route } => Outcome::recorded(route, record_id, true),
+            Stored::Conflict => return Err(Error::AlreadyExists(format!(
+                "trigger_id `{trigger_id}` was already used for a different trigger of this pack"
+            ))),
         })
     }
 
@@ -148,8 +152,8 @@ impl Service {
                     Outcome::dropped(reason)
                 }
                 Decision::Record { route, binding_id } => {
-                    let r = new_record(&t, route, binding_id);
-                    self.store.put_binding(b, Some(&r)).await?;
+                    let mut r = new_record(&t, route, binding_id);
+                    self.store.put_binding(b, Some(&mut r)).await?;
                     Outcome::recorded(route, r.record_id, false)
                 }
             };

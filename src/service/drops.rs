@@ -10,9 +10,12 @@ use crate::store::{now_micros, Store};
 
 /// How often pending counts are written.
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
-/// Distinct (pack, ref, reason) keys held between flushes; beyond this, hostile
-/// producers inventing ids cannot grow memory, and the excess is only logged.
+/// Distinct (pack, ref, reason) keys held between flushes; beyond this, drops
+/// are counted under the pack and ref `*`, so producers inventing ids cannot
+/// grow memory.
 const MAX_PENDING_KEYS: usize = 10_000;
+/// The pack and ref of counts that overflowed the pending keys.
+pub const OVERFLOW: &str = "*";
 
 type Key = (String, String, DropReason);
 
@@ -58,12 +61,12 @@ impl DropLog {
         } else if pending.len() < MAX_PENDING_KEYS {
             pending.insert(key, (1, now, now));
         } else {
-            tracing::warn!(
-                pack_id,
-                r#ref,
-                reason = reason.as_str(),
-                "drop log full until the next flush"
-            );
+            // Still counted, under pack and ref `*`, so no drop goes uncounted.
+            let e = pending
+                .entry((OVERFLOW.to_owned(), OVERFLOW.to_owned(), reason))
+                .or_insert((0, now, now));
+            e.0 += 1;
+            e.2 = now;
         }
     }
 

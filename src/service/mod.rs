@@ -25,8 +25,6 @@ use crate::store::{Sink, Store};
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_payload_bytes: usize,
-    /// Concurrent batch writers on PostgreSQL (SQLite has one).
-    pub pg_writers: usize,
     /// Records older than this are deleted in the background; `None` keeps them.
     pub record_retention: Option<std::time::Duration>,
     /// How often the retention pruner runs.
@@ -37,7 +35,6 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_payload_bytes: 64 * 1024,
-            pg_writers: 3,
             record_retention: None,
             prune_every: std::time::Duration::from_secs(30),
         }
@@ -68,9 +65,14 @@ impl Service {
     pub async fn start(store: Store, limits: Limits) -> Result<Service> {
         let view = store.load_policy().await?;
         let drops = DropLog::start(store.clone());
-        let sink = Sink::start(store.clone(), limits.pg_writers);
+        let sink = Sink::start(store.clone());
         if let Some(age) = limits.record_retention {
-            retention::start(store.clone(), age, limits.prune_every, Arc::downgrade(&drops));
+            retention::start(
+                store.clone(),
+                age,
+                limits.prune_every,
+                Arc::downgrade(&drops),
+            );
         }
         Ok(Service {
             store,
@@ -93,6 +95,16 @@ impl Service {
     pub async fn flush_drops(&self) -> Result<()> {
         self.drops.flush().await
     }
+}
+
+/// Runs an admin operation to its end even if the caller goes away, so that a
+/// commit is never separated from the view update that follows it.
+pub async fn detached<T: Send + 'static>(
+    op: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    tokio::spawn(op)
+        .await
+        .map_err(|e| Error::Internal(format!("admin operation failed: {e}")))?
 }
 
 pub(crate) fn valid_pack_id(pack_id: &str) -> Result<()> {

@@ -1,8 +1,11 @@
 //! Pack registration: lint, store, then refresh the pack's policy in the view.
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use super::{unknown_pack, valid_pack_id, Service};
 use crate::domain::pack::{lint, LintReport, RegisteredPack};
+use crate::domain::policy::PackPolicy;
 use crate::error::{Error, Result, Violation};
 use crate::store::now_micros;
 
@@ -22,7 +25,20 @@ impl Service {
         };
         let _turn = self.policy.writer.lock().await;
         let (pack, created) = self.store.put_pack(m, now_micros()).await?;
-        self.refresh_pack(&m.pack_id).await?;
+        let view = self.policy.view.load_full();
+        match view.pack(&m.pack_id) {
+            // Known pack: its principals are unchanged, only the declaration is new.
+            Some(old) => {
+                let mut p = PackPolicy::from_manifest(m);
+                p.activation = old.activation;
+                p.principals = old.principals.clone();
+                self.policy
+                    .view
+                    .store(Arc::new(view.with_pack(&m.pack_id, Some(p))));
+            }
+            // New (or re-added) pack: Bindings may have outlived an earlier registration.
+            None => self.refresh_pack(&m.pack_id).await?,
+        }
         tracing::info!(pack_id = %pack.manifest.pack_id, generation = pack.generation, created, "pack registered");
         Ok(Registered {
             pack,
@@ -45,7 +61,8 @@ impl Service {
         if !self.store.delete_pack(pack_id).await? {
             return Err(unknown_pack(pack_id));
         }
-        self.refresh_pack(pack_id).await?;
+        let view = self.policy.view.load().with_pack(pack_id, None);
+        self.policy.view.store(Arc::new(view));
         tracing::info!(pack_id, "pack deleted");
         Ok(())
     }
@@ -54,7 +71,7 @@ impl Service {
     async fn refresh_pack(&self, pack_id: &str) -> Result<()> {
         let pack = self.store.load_pack_policy(pack_id).await?;
         let view = self.policy.view.load().with_pack(pack_id, pack);
-        self.policy.view.store(std::sync::Arc::new(view));
+        self.policy.view.store(Arc::new(view));
         Ok(())
     }
 }

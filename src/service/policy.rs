@@ -78,12 +78,14 @@ impl Service {
             .await
     }
 
-    /// Switches Sense on (`Some(route)`) or off (`None`) for a principal, or pack-wide
-    /// when the principal is empty. Never touches Execute state (§7.4.1).
+    /// Switches Sense on or off for a principal, or pack-wide when the principal
+    /// is empty. Without a route, the last one chosen is kept (`inbox` at
+    /// first). Never touches Execute state (§7.4.1).
     pub async fn set_activation(
         &self,
         principal: &str,
         pack_id: &str,
+        on: bool,
         route: Option<Route>,
     ) -> Result<ActivationRow> {
         if !principal.is_empty() {
@@ -92,7 +94,7 @@ impl Service {
         valid_pack_id(pack_id)?;
         let _turn = self.policy.writer.lock().await;
         let view = self.view_with_pack(pack_id)?;
-        // Switching off keeps the route last chosen, so switching on again without one restores it.
+
         let keep = match route {
             Some(r) => r,
             None => self
@@ -104,7 +106,7 @@ impl Service {
         let row = ActivationRow {
             principal: principal.to_owned(),
             pack_id: pack_id.to_owned(),
-            enabled: route.is_some(),
+            enabled: on,
             route: keep,
             update_time: now_micros(),
         };

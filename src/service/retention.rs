@@ -9,7 +9,12 @@ pub const PRUNE_BATCH: u64 = 500;
 
 /// Deletes records older than `max_age` every `every`, in batches of PRUNE_BATCH,
 /// yielding between batches. Stops when `alive` can no longer be upgraded.
-pub fn start<T: Send + Sync + 'static>(store: Store, max_age: Duration, every: Duration, alive: Weak<T>) {
+pub fn start<T: Send + Sync + 'static>(
+    store: Store,
+    max_age: Duration,
+    every: Duration,
+    alive: Weak<T>,
+) {
     tokio::spawn(async move {
         let age = i64::try_from(max_age.as_micros()).unwrap_or(i64::MAX);
         loop {

@@ -10,8 +10,8 @@ pub use sink::{Sink, Stored, MAX_BATCH};
 
 use sea_orm::sqlx;
 use sea_orm::{
-    ConnectOptions, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
-    RuntimeErr, SqlErr, TransactionTrait,
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
+    DbErr, RuntimeErr, SqlErr, TransactionTrait,
 };
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -142,6 +142,20 @@ impl Store {
         Ok(WriteTxn { txn, _turn: turn })
     }
 
+    /// Begins a write to the sink. On PostgreSQL sink writers also take a
+    /// transaction-scoped advisory lock, so that records commit in the order
+    /// they are stamped, across writers and replicas.
+    pub(crate) async fn begin_sink_write(&self) -> Result<WriteTxn, Error> {
+        let w = self.begin_write().await?;
+        if self.engine() == Engine::Postgres {
+            w.txn
+                .execute_unprepared(&format!("SELECT pg_advisory_xact_lock({SINK_LOCK})"))
+                .await
+                .map_err(classify)?;
+        }
+        Ok(w)
+    }
+
     pub fn connection(&self) -> &DatabaseConnection {
         &self.db
     }
@@ -157,6 +171,25 @@ impl WriteTxn {
     pub async fn commit(self) -> Result<(), Error> {
         self.txn.commit().await.map_err(classify)
     }
+}
+
+/// The advisory lock key of sink writes ("hcp_sens").
+const SINK_LOCK: i64 = 0x6863_705f_7365_6e73;
+
+/// Gives a record its receive time and id at the moment it is written. Times
+/// strictly increase within the process, so (time, id) keys follow write order.
+pub(crate) fn stamp(r: &mut crate::domain::model::Record) {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    static LAST: AtomicI64 = AtomicI64::new(0);
+    let now = now_micros();
+    let prev = LAST.fetch_max(now, Ordering::AcqRel);
+    let t = if prev >= now {
+        LAST.fetch_add(1, Ordering::AcqRel) + 1
+    } else {
+        now
+    };
+    r.received_time = t;
+    r.record_id = uuid::Uuid::now_v7().to_string();
 }
 
 /// Microseconds since the Unix epoch, the unit of every time column.

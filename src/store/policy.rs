@@ -336,8 +336,12 @@ impl Store {
 
     /// Creates or replaces a Binding, and in the same transaction stores the
     /// record its `binding.degraded` trigger produced, if any.
-    pub async fn put_binding(&self, b: &Binding, degraded: Option<&Record>) -> Result<()> {
-        let w = self.begin_write().await?;
+    pub async fn put_binding(&self, b: &Binding, degraded: Option<&mut Record>) -> Result<()> {
+        let w = if degraded.is_some() {
+            self.begin_sink_write().await?
+        } else {
+            self.begin_write().await?
+        };
         bindings::Entity::insert(bindings::ActiveModel {
             principal: Set(b.principal.clone()),
             pack_id: Set(b.pack_id.clone()),
@@ -360,6 +364,7 @@ impl Store {
         .await
         .map_err(classify)?;
         if let Some(r) = degraded {
+            super::stamp(r);
             super::records::insert_records(&w.txn, std::slice::from_ref(r)).await?;
         }
         w.commit().await

@@ -6,7 +6,7 @@ use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QuerySelect};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::entity::records;
-use super::{classify, Engine, Store};
+use super::{classify, Store};
 use crate::domain::model::Record;
 use crate::domain::policy::Route;
 use crate::error::{Error, Result};
@@ -14,9 +14,12 @@ use crate::error::{Error, Result};
 /// What became of one record in a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stored {
-    Inserted,
-    /// Its trigger id was already recorded for the pack: the first record.
+    /// Written under this id.
+    Inserted { record_id: String },
+    /// Its trigger id was already recorded for the pack, for the same principal, ref and land: the first record.
     Duplicate { record_id: String, route: Route },
+    /// Its trigger id was already used for the pack by a different trigger.
+    Conflict,
 }
 
 struct Job {
@@ -42,18 +45,13 @@ pub const MAX_BATCH: usize = 512;
 const QUEUE: usize = 16 * MAX_BATCH;
 
 impl Sink {
-    /// Starts the writers: one on SQLite (it has one writer), `pg_writers` on PostgreSQL.
-    pub fn start(store: Store, pg_writers: usize) -> Sink {
+    /// Starts the writer. There is one: records are stamped with their receive
+    /// time and id inside the write, so commit order is key order and a
+    /// ListRecords cursor never passes a record that commits later.
+    pub fn start(store: Store) -> Sink {
         let (tx, rx) = mpsc::channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
-        let writers = match store.engine() {
-            Engine::Sqlite => 1,
-            Engine::Postgres => pg_writers.max(1),
-        };
-        for _ in 0..writers {
-            let (store, rx) = (store.clone(), rx.clone());
-            tokio::spawn(async move { write_batches(store, rx).await });
-        }
+        tokio::spawn(async move { write_batches(store, rx).await });
         Sink { tx }
     }
 
@@ -64,9 +62,9 @@ impl Sink {
             .send(Job { record, done })
             .await
             .map_err(|_| Error::Unavailable("the sink is shutting down".into()))?;
-        answer
-            .await
-            .map_err(|_| Error::Unavailable("the sink stopped before the record was written".into()))?
+        answer.await.map_err(|_| {
+            Error::Unavailable("the sink stopped before the record was written".into())
+        })?
     }
 }
 
@@ -89,9 +87,9 @@ async fn write_batches(store: Store, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
                 }
             }
         }
-        let (records, answers): (Vec<Record>, Vec<_>) =
+        let (mut records, answers): (Vec<Record>, Vec<_>) =
             batch.into_iter().map(|j| (j.record, j.done)).unzip();
-        match store.insert_batch(&records).await {
+        match store.insert_batch(&mut records).await {
             Ok(stored) => {
                 for (answer, s) in answers.into_iter().zip(stored) {
                     let _ = answer.send(Ok(s));
@@ -111,12 +109,16 @@ async fn write_batches(store: Store, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
 }
 
 impl Store {
-    /// Inserts a batch in one transaction. Records whose (pack, trigger id) is
-    /// already stored, or repeated earlier in the batch, are not inserted and
-    /// come back as the first record.
-    pub async fn insert_batch(&self, rs: &[Record]) -> Result<Vec<Stored>> {
+    /// Inserts a batch in one transaction, stamping each record's receive time
+    /// and id inside it. Records whose (pack, trigger id) is already stored, or
+    /// repeated earlier in the batch, are not inserted and come back as the
+    /// first record (or as a conflict when that was a different trigger).
+    pub async fn insert_batch(&self, rs: &mut [Record]) -> Result<Vec<Stored>> {
         use records::Column as C;
-        let w = self.begin_write().await?;
+        let w = self.begin_sink_write().await?;
+        for r in rs.iter_mut() {
+            super::stamp(r);
+        }
         records::Entity::insert_many(rs.iter().map(super::records::active))
             .on_conflict(
                 OnConflict::columns([C::PackId, C::ProducerTriggerId])
@@ -130,7 +132,8 @@ impl Store {
             .iter()
             .filter_map(|r| r.trigger_id.as_deref().map(|t| (r.pack_id.as_str(), t)))
             .collect();
-        let mut firsts: Vec<(String, String, String, String)> = Vec::new();
+        type First = (String, String, String, String, String, String, String);
+        let mut firsts: Vec<First> = Vec::new();
         if !keyed.is_empty() {
             let mut any = Condition::any();
             for (pack, trigger) in &keyed {
@@ -142,7 +145,15 @@ impl Store {
             }
             firsts = records::Entity::find()
                 .select_only()
-                .columns([C::PackId, C::ProducerTriggerId, C::RecordId, C::Route])
+                .columns([
+                    C::PackId,
+                    C::ProducerTriggerId,
+                    C::RecordId,
+                    C::Route,
+                    C::Principal,
+                    C::Ref,
+                    C::Land,
+                ])
                 .filter(any)
                 .into_tuple()
                 .all(&w.txn)
@@ -152,14 +163,20 @@ impl Store {
         w.commit().await?;
         rs.iter()
             .map(|r| {
-                let Some(t) = r.trigger_id.as_deref() else {
-                    return Ok(Stored::Inserted);
+                let inserted = Stored::Inserted {
+                    record_id: r.record_id.clone(),
                 };
-                match firsts.iter().find(|(p, tid, _, _)| p == &r.pack_id && tid == t) {
-                    Some((_, _, id, _)) if *id == r.record_id => Ok(Stored::Inserted),
-                    Some((_, _, id, route)) => Ok(Stored::Duplicate {
-                        record_id: id.clone(),
-                        route: Route::parse(route)
+                let Some(t) = r.trigger_id.as_deref() else {
+                    return Ok(inserted);
+                };
+                match firsts.iter().find(|f| f.0 == r.pack_id && f.1 == t) {
+                    Some(f) if f.2 == r.record_id => Ok(inserted),
+                    Some(f) if f.4 != r.principal || f.5 != r.r#ref || f.6 != r.land => {
+                        Ok(Stored::Conflict)
+                    }
+                    Some(f) => Ok(Stored::Duplicate {
+                        record_id: f.2.clone(),
+                        route: Route::parse(&f.3)
                             .ok_or_else(|| Error::Internal("bad stored route".into()))?,
                     }),
                     None => Err(Error::Internal("a batched record is missing".into())),

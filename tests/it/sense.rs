@@ -278,10 +278,14 @@ both_stores! {
         }).await.expect("page").into_inner();
         assert_eq!(page.drop_reports.len(), 1);
         let next = app.records.list_drop_reports(ListDropReportsRequest {
-            pack_id: "github".into(), reason: DropReason::UndeclaredRef as i32, page_size: 1, page_token: page.next_page_token,
+            pack_id: "github".into(), reason: DropReason::UndeclaredRef as i32, page_size: 1, page_token: page.next_page_token.clone(),
         }).await.expect("page 2").into_inner();
         assert_eq!(next.drop_reports[0].r#ref, "repo.starred");
         assert!(next.next_page_token.is_empty());
+        let err = app.records.list_drop_reports(ListDropReportsRequest {
+            pack_id: "github".into(), reason: DropReason::NoGrant as i32, page_size: 1, page_token: page.next_page_token.clone(),
+        }).await.expect_err("token from another filter");
+        assert_eq!(err.code(), Code::InvalidArgument);
         let none = app.records.list_drop_reports(ListDropReportsRequest {
             pack_id: "github".into(), reason: DropReason::NoGrant as i32, ..Default::default()
         }).await.expect("none").into_inner();
@@ -375,7 +379,7 @@ both_stores! {
         deactivate(&mut app, "alice", "github").await;
         assert_eq!(dropped(&deliver(&mut app, opened("alice")).await), Some(DropReason::ActivationOff), "own off beats pack-wide on");
         // Switching on again without a route keeps the last one.
-        app.policy.activate_sense(ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: Route::Silent as i32 })
+        app.policy.activate_sense(ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 0 })
             .await.expect("activate");
         assert_eq!(deliver(&mut app, opened("alice")).await.disposition, Disposition::RecordedSilent as i32);
         let recs = list(&mut app, ListRecordsRequest { principal: "alice".into(), ..Default::default() }).await;
@@ -483,7 +487,11 @@ both_stores! {
             trig("alice", "issue.opened", "project"),
             { let mut t = opened("alice"); t.pack_id = "unknown".into(); t },
             { let mut t = trig("alice", "storm.warning", "user"); t.pack_id = "weather".into(); t },
-            trig("alice", "binding.degraded", "user"),
+            {
+                let mut t = trig("alice", "binding.degraded", "user");
+                t.payload_source = Some(PayloadSource::Payload(json_to_struct(&json!({ "state": "error" }))));
+                t
+            },
             { let mut t = opened("alice"); t.trigger_id = "dup-1".into(); t },
         ];
         let mut tasks = Vec::new();
@@ -671,6 +679,14 @@ both_stores! {
         assert_eq!(app.count("records").await, 1);
         t.trigger_id = "gh-2".into();
         assert_ne!(deliver(&mut app, t).await.record_id, first.record_id);
+        assert_eq!(app.count("records").await, 2);
+        // The same id for another principal's trigger is refused, not answered with alice's record.
+        ready(&mut app, "bob").await;
+        let mut other = opened("bob");
+        other.trigger_id = "gh-1".into();
+        let err = app.ingest.deliver_trigger(other).await.expect_err("reused trigger id");
+        assert_eq!(err.code(), Code::AlreadyExists);
+        assert!(!err.message().contains(&first.record_id));
         assert_eq!(app.count("records").await, 2);
     }
 
