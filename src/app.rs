@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use tonic_health::server::HealthReporter;
 
@@ -120,11 +120,15 @@ impl App {
                 self.bench_baseline
                     .then(|| BenchServiceServer::new(crate::grpc::bench::Baseline)),
             )
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), async move {
-                let _ = on_stop.wait_for(|s| *s).await;
-                tracing::info!("shutting down: no new calls accepted");
-                set_serving(&stop_health, false).await;
-            });
+            // TCP_NODELAY: without it a multi-frame answer waits for a delayed ACK (~40 ms).
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(self.listener).with_nodelay(Some(true)),
+                async move {
+                    let _ = on_stop.wait_for(|s| *s).await;
+                    tracing::info!("shutting down: no new calls accepted");
+                    set_serving(&stop_health, false).await;
+                },
+            );
         tracing::info!(addr = %self.addr, "hcp-sense listening");
 
         let grace = self.shutdown_grace;

@@ -121,7 +121,14 @@ impl Server {
                 "true",
             ])
             .args(extra)
-            .env("RUST_LOG", "warn,hcp_sense::app=info")
+            // The server's own RUST_LOG (default warn), plus the line that tells its address.
+            .env(
+                "RUST_LOG",
+                format!(
+                    "{},hcp_sense::app=info",
+                    std::env::var("HCP_SENSE_BENCH_SERVER_LOG").unwrap_or_else(|_| "warn".into())
+                ),
+            )
             .env_remove("DATABASE_URL")
             .stdout(Stdio::piped())
             .spawn()?;
@@ -132,8 +139,12 @@ impl Server {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(a) = line.split("addr=").nth(1) {
-                    let _ = tx.send(a.split_whitespace().next().unwrap_or("").to_owned());
+                match line.split("addr=").nth(1) {
+                    Some(a) => {
+                        let _ = tx.send(a.split_whitespace().next().unwrap_or("").to_owned());
+                    }
+                    // The server's own log lines go to stderr.
+                    None => eprintln!("{line}"),
                 }
             }
         });
@@ -567,6 +578,13 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
             let db = BenchDb::create("sqlite", &o, &format!("scale{n}")).await?;
             let store = open_store(&db.url).await?;
             seed_policy(&store, o.packs, *n).await?;
+            let view = store.load_policy().await?;
+            println!(
+                "sqlite    policy view of {} entries: {} bytes each (structure estimate)",
+                view.entries(),
+                view.approx_bytes() / view.entries().max(1)
+            );
+            drop(view);
             store.close().await;
             let server = Server::start(&db.url, &[])?;
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -595,7 +613,7 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
             );
             if hi.0 > lo.0 {
                 let per = (hi.1 as f64 - lo.1 as f64) * 1024.0 / (hi.0 - lo.0) as f64;
-                println!("policy memory: {per:.0} bytes per (principal, pack) entry (idle RSS {} KiB at {}, {} KiB at {})", lo.1, lo.0, hi.1, hi.0);
+                println!("server idle RSS grows by {per:.0} bytes per (principal, pack) entry ({} KiB at {}, {} KiB at {}; includes SQLite page caches and allocator slack)", lo.1, lo.0, hi.1, hi.0);
             }
         }
         println!();

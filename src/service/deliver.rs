@@ -96,9 +96,11 @@ impl Service {
         Ok(match self.sink.write(r).await? {
             Stored::Inserted { record_id } => Outcome::recorded(route, record_id, false),
             Stored::Duplicate { record_id, route } => Outcome::recorded(route, record_id, true),
-            Stored::Conflict => return Err(Error::AlreadyExists(format!(
+            Stored::Conflict => {
+                return Err(Error::AlreadyExists(format!(
                 "trigger_id `{trigger_id}` was already used for a different trigger of this pack"
-            ))),
+            )))
+            }
         })
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::store::{now_micros, Store};
 
 /// Rows deleted per transaction: small, so a batch of deliveries never waits long behind it.
-pub const PRUNE_BATCH: u64 = 500;
+pub const PRUNE_BATCH: u64 = 250;
 
 /// Deletes records older than `max_age` every `every`, in batches of PRUNE_BATCH,
 /// yielding between batches. Stops when `alive` can no longer be upgraded.
@@ -31,7 +31,7 @@ pub fn start<T: Send + Sync + 'static>(
                         if n < PRUNE_BATCH {
                             break;
                         }
-                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "pruning records failed; will retry");

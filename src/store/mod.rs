@@ -28,6 +28,7 @@ pub struct Store {
     /// fail with SQLITE_BUSY when another one wrote first. Writers take turns
     /// here instead. PostgreSQL uses row locks and leaves this unused.
     write_turn: Arc<tokio::sync::Mutex<()>>,
+    config: StoreConfig,
 }
 
 /// Which engine a URL names.
@@ -92,6 +93,7 @@ impl Store {
         Ok(Store {
             db,
             write_turn: Arc::default(),
+            config: cfg.clone(),
         })
     }
 
@@ -130,6 +132,18 @@ impl Store {
 
     pub async fn close(self) {
         let _ = self.db.close().await;
+    }
+
+    /// A store on a pool of its own with one connection, sharing this store's
+    /// writer turn: for a writer that runs on a runtime of its own.
+    pub async fn dedicated(&self) -> Result<Store, Error> {
+        let mut s = Store::connect(&StoreConfig {
+            url: self.config.url.clone(),
+            max_connections: Some(1),
+        })
+        .await?;
+        s.write_turn = self.write_turn.clone();
+        Ok(s)
     }
 
     /// Begins a write transaction; on SQLite it first waits its turn among writers.

@@ -16,6 +16,9 @@ use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, BindingRef, BindingState, PackPolicy, PolicyView, Route};
 use crate::error::{Error, Result};
 
+/// Rows read per query when loading a pack's policy.
+const LOAD_CHUNK: u64 = 5000;
+
 fn corrupt(what: &str) -> Error {
     Error::Internal(format!("bad stored {what}"))
 }
@@ -120,32 +123,42 @@ impl Store {
             activation: None,
             principals: HashMap::new(),
         };
-        for g in sense_grants::Entity::find()
-            .filter(sense_grants::Column::PackId.eq(pack_id))
-            .all(db)
-            .await
-            .map_err(classify)?
-        {
-            policy.principals.entry(g.principal).or_default().granted = true;
+        // Rows come in chunks, so loading a pack with many principals never holds
+        // more than a chunk of rows besides the policy itself.
+        macro_rules! each_row {
+            ($m:ident, |$row:ident| $body:block) => {{
+                let mut after: Option<String> = None;
+                loop {
+                    let mut q = $m::Entity::find()
+                        .filter($m::Column::PackId.eq(pack_id))
+                        .order_by_asc($m::Column::Principal)
+                        .limit(LOAD_CHUNK);
+                    if let Some(a) = &after {
+                        q = q.filter($m::Column::Principal.gt(a.as_str()));
+                    }
+                    let rows = q.all(db).await.map_err(classify)?;
+                    let n = rows.len() as u64;
+                    for $row in rows {
+                        after = Some($row.principal.clone());
+                        $body
+                    }
+                    if n < LOAD_CHUNK {
+                        break;
+                    }
+                }
+            }};
         }
-        for b in bindings::Entity::find()
-            .filter(bindings::Column::PackId.eq(pack_id))
-            .all(db)
-            .await
-            .map_err(classify)?
-        {
+        each_row!(sense_grants, |g| {
+            policy.principals.entry(g.principal).or_default().granted = true;
+        });
+        each_row!(bindings, |b| {
             let b = binding(b)?;
             policy.principals.entry(b.principal).or_default().binding = Some(BindingRef {
                 binding_id: b.binding_id,
                 state: b.state,
             });
-        }
-        for a in sense_activations::Entity::find()
-            .filter(sense_activations::Column::PackId.eq(pack_id))
-            .all(db)
-            .await
-            .map_err(classify)?
-        {
+        });
+        each_row!(sense_activations, |a| {
             let a = activation(a)?;
             if a.principal.is_empty() {
                 policy.activation = Some(a.activation());
@@ -153,7 +166,7 @@ impl Store {
                 let act = a.activation();
                 policy.principals.entry(a.principal).or_default().activation = Some(act);
             }
-        }
+        });
         Ok(Some(policy))
     }
 

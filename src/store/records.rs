@@ -135,16 +135,14 @@ impl Store {
         };
         q = q.filter(visible);
         if let Some((t, id)) = after {
-            let (time_past, id_past) = if f.descending {
-                (C::ReceivedTime.lt(*t), C::RecordId.lt(id.as_str()))
+            // A row-value comparison, which both engines answer with an index range scan.
+            let key = Expr::tuple([Expr::col(C::ReceivedTime), Expr::col(C::RecordId)]);
+            let cursor = Expr::tuple([Expr::val(*t), Expr::val(id.as_str())]);
+            q = q.filter(if f.descending {
+                key.lt(cursor)
             } else {
-                (C::ReceivedTime.gt(*t), C::RecordId.gt(id.as_str()))
-            };
-            q = q.filter(
-                Condition::any()
-                    .add(time_past)
-                    .add(Condition::all().add(C::ReceivedTime.eq(*t)).add(id_past)),
-            );
+                key.gt(cursor)
+            });
         }
         q = if f.descending {
             q.order_by_desc(C::ReceivedTime).order_by_desc(C::RecordId)

@@ -1,12 +1,13 @@
 //! Durable group commit of records: concurrent deliveries are written together, one multi-row INSERT per batch in one transaction, and each caller is answered only after its batch commits.
 use std::sync::Arc;
 
-use sea_orm::sea_query::OnConflict;
-use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QuerySelect};
+use sea_orm::{
+    ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter, QuerySelect, Statement,
+};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::entity::records;
-use super::{classify, Store};
+use super::{classify, Engine, Store};
 use crate::domain::model::Record;
 use crate::domain::policy::Route;
 use crate::error::{Error, Result};
@@ -39,6 +40,20 @@ impl std::fmt::Debug for Job {
     }
 }
 
+const INSERT_SQLITE: &str = "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time) \
+     SELECT json_extract(value, '$.record_id'), json_extract(value, '$.principal'), json_extract(value, '$.binding_id'), \
+            json_extract(value, '$.land'), json_extract(value, '$.pack_id'), json_extract(value, '$.ref'), \
+            json_extract(value, '$.payload'), json_extract(value, '$.route'), json_extract(value, '$.project'), \
+            json_extract(value, '$.producer_trigger_id'), json_extract(value, '$.received_time') \
+     FROM json_each(?) WHERE true \
+     ON CONFLICT (pack_id, producer_trigger_id) DO NOTHING";
+
+const INSERT_POSTGRES: &str = "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time) \
+     SELECT record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time \
+     FROM jsonb_to_recordset($1::jsonb) AS x(record_id text, principal text, binding_id text, land text, pack_id text, ref text, \
+          payload text, route text, project text, producer_trigger_id text, received_time bigint) \
+     ON CONFLICT (pack_id, producer_trigger_id) DO NOTHING";
+
 /// Most records in one batch.
 pub const MAX_BATCH: usize = 512;
 /// Records waiting for a writer before callers wait to enqueue.
@@ -47,11 +62,42 @@ const QUEUE: usize = 16 * MAX_BATCH;
 impl Sink {
     /// Starts the writer. There is one: records are stamped with their receive
     /// time and id inside the write, so commit order is key order and a
-    /// ListRecords cursor never passes a record that commits later.
+    /// ListRecords cursor never passes a record that commits later. It runs on
+    /// a thread and runtime of its own, with a connection of its own, so a
+    /// busy gRPC runtime never delays a commit that a whole batch waits for.
     pub fn start(store: Store) -> Sink {
         let (tx, rx) = mpsc::channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
-        tokio::spawn(async move { write_batches(store, rx).await });
+        let spawned = std::thread::Builder::new()
+            .name("hcp-sense-sink".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!(error = %e, "sink runtime did not start");
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let writer = loop {
+                        match store.dedicated().await {
+                            Ok(w) => break w,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "sink connection failed; retrying");
+                                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                            }
+                        }
+                    };
+                    write_batches(writer.clone(), rx).await;
+                    writer.close().await;
+                });
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "sink thread did not start");
+        }
         Sink { tx }
     }
 
@@ -89,7 +135,15 @@ async fn write_batches(store: Store, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
         }
         let (mut records, answers): (Vec<Record>, Vec<_>) =
             batch.into_iter().map(|j| (j.record, j.done)).unzip();
-        match store.insert_batch(&mut records).await {
+        let started = std::time::Instant::now();
+        let result = store.insert_batch(&mut records).await;
+        tracing::debug!(
+            records = records.len(),
+            micros = started.elapsed().as_micros() as u64,
+            ok = result.is_ok(),
+            "batch written"
+        );
+        match result {
             Ok(stored) => {
                 for (answer, s) in answers.into_iter().zip(stored) {
                     let _ = answer.send(Ok(s));
@@ -119,13 +173,34 @@ impl Store {
         for r in rs.iter_mut() {
             super::stamp(r);
         }
-        records::Entity::insert_many(rs.iter().map(super::records::active))
-            .on_conflict(
-                OnConflict::columns([C::PackId, C::ProducerTriggerId])
-                    .do_nothing()
-                    .to_owned(),
-            )
-            .exec_without_returning(&w.txn)
+        // The whole batch travels as one JSON parameter of one fixed statement:
+        // prepared once per connection, parsed by the database, one round trip.
+        let rows: Vec<serde_json::Value> = rs
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "record_id": r.record_id,
+                    "principal": r.principal,
+                    "binding_id": r.binding_id,
+                    "land": r.land,
+                    "pack_id": r.pack_id,
+                    "ref": r.r#ref,
+                    "payload": serde_json::Value::Object(r.payload.clone()).to_string(),
+                    "route": r.route.as_str(),
+                    "project": r.project,
+                    "producer_trigger_id": r.trigger_id,
+                    "received_time": r.received_time,
+                })
+            })
+            .collect();
+        let batch = serde_json::Value::Array(rows).to_string();
+        let backend = w.txn.get_database_backend();
+        let sql = match self.engine() {
+            Engine::Sqlite => INSERT_SQLITE,
+            Engine::Postgres => INSERT_POSTGRES,
+        };
+        w.txn
+            .execute_raw(Statement::from_sql_and_values(backend, sql, [batch.into()]))
             .await
             .map_err(classify)?;
         let keyed: Vec<(&str, &str)> = rs

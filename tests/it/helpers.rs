@@ -153,11 +153,16 @@ pub struct TestApp {
 }
 
 pub async fn spawn_app(kind: StoreKind) -> TestApp {
+    spawn_app_with(kind, |_| {}).await
+}
+
+/// A server whose configuration the test adjusts first.
+pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -> TestApp {
     crate::trace::install();
     let test_db = TestDb::create(kind).await;
-    let app = App::build(Config::for_database(test_db.url.clone()))
-        .await
-        .expect("build app");
+    let mut config = Config::for_database(test_db.url.clone());
+    adjust(&mut config);
+    let app = App::build(config).await.expect("build app");
     let addr = app.local_addr();
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {

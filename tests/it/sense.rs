@@ -10,6 +10,7 @@ use hcp_sense::grpc::pb::{
     PutExecuteStateRequest, RemoveProjectMemberRequest, ReportBindingHealthRequest,
     RevokeSenseEnableRequest, Route, TriggerSource,
 };
+use sea_orm::EntityTrait;
 use serde_json::{json, Value};
 use tonic::Code;
 
@@ -863,4 +864,120 @@ both_stores! {
         assert_eq!(deliver(&mut app, opened("alice")).await.disposition, Disposition::RecordedInbox as i32);
         assert_eq!(app.count("records").await, 1);
     }
+}
+
+/// PostgreSQL connections cut under load: every answer is an acknowledgement
+/// with a record, or UNAVAILABLE; no acknowledged record is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_loss_under_load_never_acknowledges_without_a_record_postgres() {
+    use sea_orm::ConnectionTrait;
+    let mut app = crate::helpers::spawn_app(crate::helpers::StoreKind::Postgres).await;
+    ready(&mut app, "alice").await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let mut ingest = app.ingest.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut acked, mut unavailable, mut i) = (Vec::new(), 0, 0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut t = opened("alice");
+                t.trigger_id = format!("w{w}-{i}");
+                i += 1;
+                match ingest.deliver_trigger(t).await {
+                    Ok(r) => acked.push(r.into_inner().record_id),
+                    Err(e) => {
+                        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+                        unavailable += 1;
+                    }
+                }
+            }
+            (acked, unavailable)
+        }));
+    }
+    let name = app
+        .test_db
+        .url
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let admin = sea_orm::Database::connect(crate::helpers::postgres_admin_url())
+        .await
+        .expect("admin");
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        admin
+            .execute_unprepared(&format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+            ))
+            .await
+            .expect("terminate");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut acked, mut unavailable) = (Vec::new(), 0);
+    for t in tasks {
+        let (a, u) = t.await.expect("task");
+        acked.extend(a);
+        unavailable += u;
+    }
+    let _ = admin.close().await;
+    assert!(!acked.is_empty());
+    // The test's own connection may have been cut too.
+    let db = app.test_db.connect().await;
+    let stored: Vec<String> = hcp_sense::store::entity::records::Entity::find()
+        .all(&db)
+        .await
+        .expect("records")
+        .into_iter()
+        .map(|r| r.record_id)
+        .collect();
+    for id in &acked {
+        assert_eq!(
+            stored.iter().filter(|s| *s == id).count(),
+            1,
+            "acknowledged {id} is stored exactly once"
+        );
+    }
+    eprintln!(
+        "acknowledged {}, unavailable {unavailable}, stored {}",
+        acked.len(),
+        stored.len()
+    );
+}
+
+async fn retention_prunes_expired_records(kind: crate::helpers::StoreKind) {
+    let mut app = crate::helpers::spawn_app_with(kind, |c| {
+        c.record_retention = Some(Duration::from_secs(1));
+        c.prune_interval = Duration::from_secs(1);
+    })
+    .await;
+    ready(&mut app, "alice").await;
+    for _ in 0..3 {
+        deliver(&mut app, opened("alice")).await;
+    }
+    assert_eq!(app.count("records").await, 3);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count("records").await > 0 {
+        assert!(Instant::now() < deadline, "expired records were not pruned");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let fresh = deliver(&mut app, opened("alice")).await;
+    let recs = list(&mut app, ListRecordsRequest::default()).await;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(
+        recs[0].record_id, fresh.record_id,
+        "records younger than the retention stay"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_prunes_expired_records_sqlite() {
+    retention_prunes_expired_records(crate::helpers::StoreKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_prunes_expired_records_postgres() {
+    retention_prunes_expired_records(crate::helpers::StoreKind::Postgres).await;
 }
