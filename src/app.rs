@@ -10,7 +10,11 @@ use tonic::transport::Server;
 use tonic_health::server::HealthReporter;
 
 use crate::config::Config;
+use std::future::IntoFuture;
+use std::sync::Arc;
+
 use crate::grpc::ingest::Ingest;
+use crate::grpc::layer::RpcLayer;
 use crate::grpc::packs::Packs;
 use crate::grpc::pb::{
     self, bench_service_server::BenchServiceServer, ingest_service_server::IngestServiceServer,
@@ -19,6 +23,7 @@ use crate::grpc::pb::{
 };
 use crate::grpc::policy::Policy;
 use crate::grpc::records::Records;
+use crate::metrics::Metrics;
 use crate::service::{Limits, Service};
 use crate::store::Store;
 
@@ -26,6 +31,8 @@ use crate::store::Store;
 pub struct App {
     listener: TcpListener,
     addr: SocketAddr,
+    metrics_listener: TcpListener,
+    metrics_addr: SocketAddr,
     service: Service,
     shutdown_grace: Duration,
     bench_baseline: bool,
@@ -56,16 +63,25 @@ impl App {
             .await
             .map_err(|e| anyhow::anyhow!("binding {}: {e}", config.listen))?;
         let addr = listener.local_addr()?;
+        let metrics_listener = TcpListener::bind(config.metrics_listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("binding {}: {e}", config.metrics_listen))?;
+        let metrics_addr = metrics_listener.local_addr()?;
+        let metrics = Arc::new(Metrics::new(config.metrics_max_packs));
         Ok(App {
             listener,
             addr,
+            metrics_listener,
+            metrics_addr,
             service: Service::start(
                 store,
                 Limits {
                     max_payload_bytes: config.max_payload_bytes,
                     record_retention: config.record_retention,
                     prune_every: config.prune_interval,
+                    hash_principals: config.hash_principals,
                 },
+                metrics,
             )
             .await?,
             shutdown_grace: config.shutdown_grace,
@@ -76,6 +92,11 @@ impl App {
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address of /metrics, /healthz and /readyz.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr
     }
 
     pub fn service(&self) -> &Service {
@@ -100,7 +121,21 @@ impl App {
         });
         let mut on_stop = stop_rx.clone();
         let stop_health = health.clone();
+        let http = axum::serve(self.metrics_listener, http_routes(self.service.clone()))
+            .with_graceful_shutdown({
+                let mut rx = stop_rx.clone();
+                async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                }
+            })
+            .into_future();
+        tokio::spawn(async move {
+            if let Err(e) = http.await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        });
         let serve = Server::builder()
+            .layer(RpcLayer::new(self.service.metrics.clone()))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
@@ -129,7 +164,7 @@ impl App {
                     set_serving(&stop_health, false).await;
                 },
             );
-        tracing::info!(addr = %self.addr, "hcp-sense listening");
+        tracing::info!(addr = %self.addr, metrics_addr = %self.metrics_addr, "hcp-sense listening");
 
         let grace = self.shutdown_grace;
         let mut grace_rx = stop_rx;
@@ -150,6 +185,56 @@ impl App {
         tracing::info!("stopped");
         result
     }
+}
+
+/// /metrics (Prometheus text), /healthz (the process answers) and /readyz (the store answers).
+fn http_routes(service: Service) -> axum::Router {
+    use axum::http::{header, StatusCode};
+    use axum::routing::get;
+    let metrics = {
+        let service = service.clone();
+        move |headers: axum::http::HeaderMap| {
+            let service = service.clone();
+            async move {
+                service.metrics.set_bindings(&service.binding_states());
+                let openmetrics = headers
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.contains("application/openmetrics-text"));
+                if openmetrics {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        service.metrics.encode(),
+                    )
+                } else {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        service.metrics.encode_text(),
+                    )
+                }
+            }
+        }
+    };
+    let ready = move || {
+        let service = service.clone();
+        async move {
+            if service.ready().await {
+                (StatusCode::OK, "ready\n")
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
+            }
+        }
+    };
+    axum::Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
 }
 
 /// Every service whose health is reported; "" is the server as a whole.

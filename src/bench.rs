@@ -115,6 +115,8 @@ impl Server {
                 "serve",
                 "--listen",
                 "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
                 "--database-url",
                 url,
                 "--bench-baseline",

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://hcp-sense.db?mode=rwc";
 
 /// Options of `hcp-sense serve`. Every option may also be set in the TOML file
@@ -48,6 +49,22 @@ pub struct ServeOptions {
     #[arg(long, env = "HCP_SENSE_BENCH_BASELINE", value_name = "BOOL")]
     pub bench_baseline: Option<bool>,
 
+    /// Address of the HTTP server for /metrics (Prometheus text), /healthz and /readyz [default: 127.0.0.1:9464].
+    #[arg(long, env = "HCP_SENSE_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Most distinct `pack` label values on delivery metrics; the rest are `other` [default: 100].
+    #[arg(long, env = "HCP_SENSE_METRICS_MAX_PACKS", value_name = "N")]
+    pub metrics_max_packs: Option<usize>,
+
+    /// Put a SHA-256 prefix of the principal, not the principal, on decision spans [default: false].
+    #[arg(long, env = "HCP_SENSE_HASH_PRINCIPALS", value_name = "BOOL")]
+    pub hash_principals: Option<bool>,
+
+    /// Let OTEL_TRACES_SAMPLER sample away decision spans of dropped triggers too [default: false: always kept].
+    #[arg(long, env = "HCP_SENSE_SAMPLE_DROP_DECISIONS", value_name = "BOOL")]
+    pub sample_drop_decisions: Option<bool>,
+
     /// Seconds to wait for in-flight calls after SIGINT/SIGTERM before exiting [default: 30].
     #[arg(long, env = "HCP_SENSE_SHUTDOWN_GRACE_SECS", value_name = "SECS")]
     pub shutdown_grace_secs: Option<u64>,
@@ -87,6 +104,10 @@ pub struct Config {
     pub record_retention: Option<Duration>,
     pub prune_interval: Duration,
     pub bench_baseline: bool,
+    pub metrics_listen: SocketAddr,
+    pub metrics_max_packs: usize,
+    pub hash_principals: bool,
+    pub sample_drop_decisions: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -162,6 +183,22 @@ impl ServeOptions {
                     .max(1),
             ),
             bench_baseline: self.bench_baseline.or(file.bench_baseline).unwrap_or(false),
+            metrics_listen: match self.metrics_listen.or(file.metrics_listen) {
+                Some(a) => a,
+                None => DEFAULT_METRICS_LISTEN.parse()?,
+            },
+            metrics_max_packs: self
+                .metrics_max_packs
+                .or(file.metrics_max_packs)
+                .unwrap_or(100),
+            hash_principals: self
+                .hash_principals
+                .or(file.hash_principals)
+                .unwrap_or(false),
+            sample_drop_decisions: self
+                .sample_drop_decisions
+                .or(file.sample_drop_decisions)
+                .unwrap_or(false),
         })
     }
 }
@@ -180,6 +217,10 @@ struct FileConfig {
     record_retention_secs: Option<u64>,
     prune_interval_secs: Option<u64>,
     bench_baseline: Option<bool>,
+    metrics_listen: Option<SocketAddr>,
+    metrics_max_packs: Option<usize>,
+    hash_principals: Option<bool>,
+    sample_drop_decisions: Option<bool>,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
@@ -204,6 +245,10 @@ impl Config {
             record_retention: None,
             prune_interval: Duration::from_secs(30),
             bench_baseline: false,
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_max_packs: 100,
+            hash_principals: false,
+            sample_drop_decisions: false,
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod config;
 pub mod domain;
 pub mod error;
 pub mod grpc;
+pub mod metrics;
 pub mod service;
 pub mod store;
 pub mod telemetry;

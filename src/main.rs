@@ -84,7 +84,7 @@ fn run(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
 
 async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let config = opts.resolve()?;
-    init_logging(config.log_format);
+    let telemetry = hcp_sense::telemetry::init(config.log_format, config.sample_drop_decisions);
     tracing::info!(
         listen = %config.listen,
         store = ?hcp_sense::store::Engine::of_url(&config.database.url),
@@ -92,7 +92,10 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION")
     );
     let app = App::build(config).await?;
-    app.run_until(shutdown_signal()).await
+    let result = app.run_until(shutdown_signal()).await;
+    // Export the spans still buffered before the process ends.
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
+    result
 }
 
 async fn migrate(action: MigrateAction, database: DatabaseOptions) -> anyhow::Result<()> {

@@ -1,18 +1,165 @@
-//! Logging: tracing to stdout, formatted by configuration, filtered by RUST_LOG.
+//! Telemetry setup: tracing to stdout (JSON or text, level by RUST_LOG) and, when the standard
+//! `OTEL_*` variables name an endpoint, spans exported over OTLP/gRPC.
 use std::io::IsTerminal;
-use tracing_subscriber::EnvFilter;
+
+use opentelemetry::trace::{Link, SpanKind, TraceId, TracerProvider as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::{Sampler, SamplingResult, SdkTracerProvider, ShouldSample};
+use opentelemetry_sdk::Resource;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber. Safe to call more than once; later calls do nothing.
-pub fn init_logging(format: LogFormat) {
+/// The name of every decision span; its attributes carry the `hcp.` prefix.
+pub const DECISION_SPAN: &str = "sense.decision";
+
+/// Holds the exporter; flushes it when shut down.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Exports the spans still buffered, then stops the exporter.
+    pub fn shutdown(self) {
+        if let Some(p) = self.provider {
+            let _ = p.force_flush();
+            let _ = p.shutdown();
+        }
+    }
+
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+}
+
+/// Whether the standard environment asks for OTLP trace export.
+pub fn otlp_requested() -> bool {
+    let set = |k: &str| std::env::var(k).is_ok_and(|v| !v.trim().is_empty());
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
+        || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.eq_ignore_ascii_case("none"));
+    !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+}
+
+/// Samples as `OTEL_TRACES_SAMPLER` says, except that a decision span that
+/// drops a trigger is always kept, unless the operator opted in to sampling them.
+#[derive(Debug, Clone)]
+struct KeepDrops {
+    inner: Sampler,
+    sample_drops: bool,
+}
+
+impl ShouldSample for KeepDrops {
+    fn should_sample(
+        &self,
+        parent: Option<&Context>,
+        trace_id: TraceId,
+        name: &str,
+        kind: &SpanKind,
+        attributes: &[KeyValue],
+        links: &[Link],
+    ) -> SamplingResult {
+        if !self.sample_drops && name == DECISION_SPAN {
+            let is_drop = attributes
+                .iter()
+                .any(|kv| kv.key.as_str() == "hcp.disposition" && kv.value.as_str() == "dropped");
+            if is_drop {
+                return Sampler::AlwaysOn
+                    .should_sample(parent, trace_id, name, kind, attributes, links);
+            }
+        }
+        self.inner
+            .should_sample(parent, trace_id, name, kind, attributes, links)
+    }
+}
+
+/// The sampler `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` name (default parentbased_always_on).
+fn env_sampler() -> Sampler {
+    let arg = std::env::var("OTEL_TRACES_SAMPLER_ARG")
+        .ok()
+        .and_then(|a| a.parse::<f64>().ok())
+        .unwrap_or(1.0);
+    match std::env::var("OTEL_TRACES_SAMPLER")
+        .unwrap_or_default()
+        .as_str()
+    {
+        "always_on" => Sampler::AlwaysOn,
+        "always_off" => Sampler::AlwaysOff,
+        "traceidratio" => Sampler::TraceIdRatioBased(arg),
+        "parentbased_always_off" => Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
+        "parentbased_traceidratio" => {
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(arg)))
+        }
+        _ => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+    }
+}
+
+/// Installs the global subscriber. `sample_drops` lets the sampler drop
+/// decision spans of dropped triggers like any other span.
+pub fn init(format: LogFormat, sample_drops: bool) -> Telemetry {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stdout().is_terminal());
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Pretty => builder.pretty().try_init(),
-        LogFormat::Compact => builder.compact().try_init(),
+    let ansi = std::io::stdout().is_terminal();
+    let fmt = match format {
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_ansi(false)
+            .boxed(),
+        LogFormat::Pretty => tracing_subscriber::fmt::layer()
+            .pretty()
+            .with_ansi(ansi)
+            .boxed(),
+        LogFormat::Compact => tracing_subscriber::fmt::layer()
+            .compact()
+            .with_ansi(ansi)
+            .boxed(),
+    }
+    .with_filter(filter);
+
+    let mut telemetry = Telemetry::default();
+    let otel = if otlp_requested() {
+        match opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build()
+        {
+            Ok(exporter) => {
+                let provider = SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_sampler(KeepDrops {
+                        inner: env_sampler(),
+                        sample_drops,
+                    })
+                    .with_resource(Resource::builder().build())
+                    .build();
+                let tracer = provider.tracer("hcp-sense");
+                telemetry.provider = Some(provider);
+                // The service's own spans, whatever RUST_LOG says about logs.
+                let targets = Targets::new().with_target("hcp_sense", LevelFilter::INFO);
+                Some(
+                    tracing_opentelemetry::layer()
+                        .with_tracer(tracer)
+                        .with_filter(targets),
+                )
+            }
+            Err(e) => {
+                eprintln!("OTLP trace export not started: {e}");
+                None
+            }
+        }
+    } else {
+        None
     };
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel)
+        .try_init();
+    telemetry
+}
+
+/// Logging only, for the short-lived subcommands.
+pub fn init_logging(format: LogFormat) {
+    let _ = init(format, true);
 }

@@ -2,6 +2,7 @@
 pub mod bench;
 pub mod convert;
 pub mod ingest;
+pub mod layer;
 pub mod packs;
 pub mod paging;
 pub mod policy;

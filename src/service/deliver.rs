@@ -1,5 +1,8 @@
 //! DeliverTrigger: validate, decide on the policy view, then record or drop — traced and counted.
+use std::time::Instant;
+
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
@@ -11,25 +14,47 @@ use crate::domain::policy::{BindingState, PolicyView, Route};
 use crate::error::{Error, Result, Violation};
 use crate::store::Stored;
 
-/// The span of one decision, with the attributes dashboards read under the `hcp.` prefix.
-pub fn decision_span(t: &Trigger) -> Span {
-    tracing::info_span!(
+/// The span of one decision, made once the decision is known so that a sampler
+/// can see a drop, with the attributes dashboards read under the `hcp.` prefix.
+pub fn decision_span(t: &Trigger, d: &Decision, hash_principal: bool) -> Span {
+    let principal = if hash_principal {
+        let digest = Sha256::digest(t.principal.as_bytes());
+        digest
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    } else {
+        t.principal.clone()
+    };
+    let (disposition, reason) = match d {
+        Decision::Drop(r) => ("dropped", r.as_str()),
+        Decision::Record {
+            route: Route::Inbox,
+            ..
+        } => ("recorded_inbox", ""),
+        Decision::Record {
+            route: Route::Silent,
+            ..
+        } => ("recorded_silent", ""),
+    };
+    let span = tracing::info_span!(
         "sense.decision",
         hcp.pack_id = %t.pack_id,
         hcp.r#ref = %t.r#ref,
-        hcp.principal = %t.principal,
+        hcp.principal = %principal,
         hcp.land = %t.land,
-        hcp.disposition = Empty,
+        hcp.disposition = disposition,
         hcp.drop_reason = Empty,
         hcp.record_id = Empty,
-    )
+    );
+    if !reason.is_empty() {
+        span.record("hcp.drop_reason", reason);
+    }
+    span
 }
 
 fn note(span: &Span, o: &Outcome) {
-    span.record("hcp.disposition", o.disposition());
-    if let Some(r) = o.drop_reason {
-        span.record("hcp.drop_reason", r.as_str());
-    }
     if let Some(id) = &o.record_id {
         span.record("hcp.record_id", id.as_str());
     }
@@ -67,9 +92,11 @@ impl Service {
                     .collect(),
             )
         })?;
-        let span = decision_span(&t);
+        let started = Instant::now();
+        let decision = decide(&self.policy.view.load(), &t);
+        let decided = started.elapsed();
+        let span = decision_span(&t, &decision, self.limits.hash_principals);
         async {
-            let decision = decide(&self.policy.view.load(), &t);
             let outcome = match decision {
                 Decision::Drop(reason) => {
                     self.drops.count(&t.pack_id, &t.r#ref, reason);
@@ -80,6 +107,7 @@ impl Service {
                 }
             };
             note(&Span::current(), &outcome);
+            self.metrics.delivered(&t.pack_id, &outcome, decided);
             if let Some(reason) = outcome.drop_reason {
                 tracing::debug!(reason = reason.as_str(), "trigger dropped");
             }
@@ -145,9 +173,12 @@ impl Service {
             self.store.put_binding(b, None).await?;
             return Ok(None);
         };
-        let span = decision_span(&t);
+        let started = Instant::now();
+        let decision = decide(view, &t);
+        let decided = started.elapsed();
+        let span = decision_span(&t, &decision, self.limits.hash_principals);
         async {
-            let outcome = match decide(view, &t) {
+            let outcome = match decision {
                 Decision::Drop(reason) => {
                     self.store.put_binding(b, None).await?;
                     self.drops.count(&t.pack_id, &t.r#ref, reason);
@@ -160,6 +191,7 @@ impl Service {
                 }
             };
             note(&Span::current(), &outcome);
+            self.metrics.delivered(&t.pack_id, &outcome, decided);
             Ok(Some(outcome))
         }
         .instrument(span)

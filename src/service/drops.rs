@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::domain::decide::DropReason;
 use crate::domain::model::DropReport;
 use crate::error::Result;
+use crate::metrics::Metrics;
 use crate::store::{now_micros, Store};
 
 /// How often pending counts are written.
@@ -22,6 +23,7 @@ type Key = (String, String, DropReason);
 #[derive(Debug)]
 pub struct DropLog {
     store: Store,
+    metrics: Arc<Metrics>,
     pending: Mutex<HashMap<Key, (i64, i64, i64)>>,
     /// One flush at a time, so counts are added exactly once.
     flushing: tokio::sync::Mutex<()>,
@@ -29,9 +31,10 @@ pub struct DropLog {
 
 impl DropLog {
     /// A drop log with a background flusher that stops when the log is dropped.
-    pub fn start(store: Store) -> Arc<DropLog> {
+    pub fn start(store: Store, metrics: Arc<Metrics>) -> Arc<DropLog> {
         let log = Arc::new(DropLog {
             store,
+            metrics,
             pending: Mutex::new(HashMap::new()),
             flushing: tokio::sync::Mutex::new(()),
         });
@@ -100,6 +103,8 @@ impl DropLog {
             }
             return Err(e);
         }
+        self.metrics
+            .drop_counts_written(deltas.iter().map(|d| d.count.unsigned_abs()).sum());
         Ok(())
     }
 }

@@ -19,6 +19,7 @@ use crate::domain::decide::check_id;
 use crate::domain::names::check_pack_id;
 use crate::domain::policy::PolicyView;
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::store::{Sink, Store};
 
 /// Limits on what a caller may send.
@@ -29,6 +30,8 @@ pub struct Limits {
     pub record_retention: Option<std::time::Duration>,
     /// How often the retention pruner runs.
     pub prune_every: std::time::Duration,
+    /// Decision spans carry a hash of the principal instead of the principal.
+    pub hash_principals: bool,
 }
 
 impl Default for Limits {
@@ -37,6 +40,7 @@ impl Default for Limits {
             max_payload_bytes: 64 * 1024,
             record_retention: None,
             prune_every: std::time::Duration::from_secs(30),
+            hash_principals: false,
         }
     }
 }
@@ -58,14 +62,15 @@ pub struct Service {
     drops: Arc<DropLog>,
     sink: Sink,
     limits: Limits,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Service {
     /// Loads the policy view from the store and starts the drop log's flusher.
-    pub async fn start(store: Store, limits: Limits) -> Result<Service> {
+    pub async fn start(store: Store, limits: Limits, metrics: Arc<Metrics>) -> Result<Service> {
         let view = store.load_policy().await?;
-        let drops = DropLog::start(store.clone());
-        let sink = Sink::start(store.clone());
+        let drops = DropLog::start(store.clone(), metrics.clone());
+        let sink = Sink::start(store.clone(), metrics.clone());
         if let Some(age) = limits.record_retention {
             retention::start(
                 store.clone(),
@@ -83,12 +88,39 @@ impl Service {
             drops,
             sink,
             limits,
+            metrics,
         })
     }
 
     /// The current policy view.
     pub fn view(&self) -> Arc<PolicyView> {
         self.policy.view.load_full()
+    }
+
+    /// Counts Bindings of registered packs by state, for the gauges.
+    pub fn binding_states(&self) -> Vec<(&'static str, i64)> {
+        use crate::domain::policy::BindingState;
+        let view = self.policy.view.load();
+        let mut counts: Vec<(&'static str, i64)> =
+            BindingState::NAMES.iter().map(|n| (*n, 0)).collect();
+        for id in view.pack_ids() {
+            if let Some(p) = view.pack(id) {
+                for b in p.principals.values().filter_map(|p| p.binding.as_ref()) {
+                    if let Some(c) = counts.iter_mut().find(|(n, _)| *n == b.state.as_str()) {
+                        c.1 += 1;
+                    }
+                }
+            }
+        }
+        counts
+    }
+
+    /// Whether the store answers.
+    pub async fn ready(&self) -> bool {
+        matches!(
+            tokio::time::timeout(std::time::Duration::from_secs(2), self.store.ping()).await,
+            Ok(Ok(()))
+        )
     }
 
     /// Writes pending drop counts to the store.

@@ -11,6 +11,7 @@ use super::{classify, Engine, Store};
 use crate::domain::model::Record;
 use crate::domain::policy::Route;
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 
 /// What became of one record in a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +66,7 @@ impl Sink {
     /// ListRecords cursor never passes a record that commits later. It runs on
     /// a thread and runtime of its own, with a connection of its own, so a
     /// busy gRPC runtime never delays a commit that a whole batch waits for.
-    pub fn start(store: Store) -> Sink {
+    pub fn start(store: Store, metrics: Arc<Metrics>) -> Sink {
         let (tx, rx) = mpsc::channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         let spawned = std::thread::Builder::new()
@@ -91,7 +92,7 @@ impl Sink {
                             }
                         }
                     };
-                    write_batches(writer.clone(), rx).await;
+                    write_batches(writer.clone(), rx, metrics).await;
                     writer.close().await;
                 });
             });
@@ -117,7 +118,7 @@ impl Sink {
 /// Takes whatever is queued (at least one record, at most MAX_BATCH) and writes it.
 /// No wait is added: an idle sink writes a batch of one at once, and under load the
 /// queue that builds up while a batch commits becomes the next batch.
-async fn write_batches(store: Store, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
+async fn write_batches(store: Store, rx: Arc<Mutex<mpsc::Receiver<Job>>>, metrics: Arc<Metrics>) {
     loop {
         let mut batch = Vec::new();
         {
@@ -137,9 +138,11 @@ async fn write_batches(store: Store, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
             batch.into_iter().map(|j| (j.record, j.done)).unzip();
         let started = std::time::Instant::now();
         let result = store.insert_batch(&mut records).await;
+        let took = started.elapsed();
+        metrics.batch(records.len(), took, result.is_ok());
         tracing::debug!(
             records = records.len(),
-            micros = started.elapsed().as_micros() as u64,
+            micros = took.as_micros() as u64,
             ok = result.is_ok(),
             "batch written"
         );

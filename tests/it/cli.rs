@@ -5,24 +5,33 @@ use std::time::{Duration, Instant};
 
 use crate::helpers::{repo_path, StoreKind, TestDb};
 
-const BIN: &str = env!("CARGO_BIN_EXE_hcp-sense");
+pub const BIN: &str = env!("CARGO_BIN_EXE_hcp-sense");
 
 /// A `hcp-sense serve` process on an ephemeral port; killed when dropped.
-struct Served {
+pub struct Served {
     child: Child,
-    addr: String,
+    pub addr: String,
+    pub metrics_addr: String,
 }
 
 impl Served {
     fn start(url: &str, extra: &[&str]) -> Served {
         let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--database-url", url])
-            .args(extra);
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--database-url",
+            url,
+        ])
+        .args(extra);
         Served::spawn(cmd)
     }
 
     /// Starts the command and waits for the address it reports.
-    fn spawn(mut cmd: Command) -> Served {
+    pub fn spawn(mut cmd: Command) -> Served {
         let mut child = cmd
             .env("RUST_LOG", "info")
             .env_remove("DATABASE_URL")
@@ -35,20 +44,29 @@ impl Served {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if line.contains("hcp-sense listening") {
-                    if let Some(addr) = line.split("addr=").nth(1) {
-                        let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_owned());
-                    }
+                    let field = |name: &str| {
+                        line.split(name)
+                            .nth(1)
+                            .and_then(|v| v.split_whitespace().next())
+                            .unwrap_or("")
+                            .to_owned()
+                    };
+                    let _ = tx.send((field(" addr="), field("metrics_addr=")));
                 }
             }
         });
-        let addr = rx
+        let (addr, metrics_addr) = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("server reports its address");
-        Served { child, addr }
+        Served {
+            child,
+            addr,
+            metrics_addr,
+        }
     }
 
     /// Sends SIGTERM and returns whether the process exited 0 within the timeout.
-    fn terminate(mut self) -> bool {
+    pub fn terminate(mut self) -> bool {
         let pid = self.child.id().to_string();
         Command::new("kill")
             .args(["-TERM", &pid])
@@ -161,6 +179,10 @@ async fn grpcurl_session(kind: StoreKind) {
         ok && out.contains("\"github\"") && !out.contains("broken"),
         "{out}"
     );
+    assert_eq!(
+        crate::helpers::http_get(&format!("http://{}/readyz", served.metrics_addr)).trim(),
+        "ready"
+    );
     let (ok, out) = grpcurl(&[&addr, "grpc.health.v1.Health/Check"]);
     assert!(ok && out.contains("SERVING"), "{out}");
 
@@ -249,6 +271,8 @@ async fn config_file_env_and_flags_layer() {
             "--config",
             cfg.to_str().expect("path"),
             "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
             "127.0.0.1:0",
         ])
         .env("HCP_SENSE_DATABASE_URL", &db.url)

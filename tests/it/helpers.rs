@@ -140,6 +140,7 @@ impl Drop for TestDb {
 #[allow(dead_code)]
 pub struct TestApp {
     pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
     pub packs: PackServiceClient<Channel>,
     pub policy: PolicyServiceClient<Channel>,
     pub ingest: IngestServiceClient<Channel>,
@@ -164,6 +165,7 @@ pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -
     adjust(&mut config);
     let app = App::build(config).await.expect("build app");
     let addr = app.local_addr();
+    let metrics_addr = app.metrics_addr();
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {
         let _ = stopped.await;
@@ -176,6 +178,7 @@ pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -
     let db = test_db.connect().await;
     TestApp {
         addr,
+        metrics_addr,
         packs: PackServiceClient::new(channel.clone()),
         policy: PolicyServiceClient::new(channel.clone()),
         ingest: IngestServiceClient::new(channel.clone()),
@@ -285,4 +288,18 @@ pub fn violations(status: &tonic::Status) -> Vec<(String, String)> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The body of an HTTP GET, by the real curl; panics unless it answers 2xx.
+pub fn http_get(url: &str) -> String {
+    let o = std::process::Command::new("curl")
+        .args(["-sf", "--max-time", "10", url])
+        .output()
+        .expect("curl must be installed (see .ci/run)");
+    assert!(
+        o.status.success(),
+        "GET {url}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
 }

@@ -6,4 +6,5 @@ mod cli;
 mod migrations;
 mod packs;
 mod sense;
+mod telemetry;
 mod trace;

@@ -1,0 +1,229 @@
+//! Metrics: the counters and histograms of the service, exposed as Prometheus text on /metrics.
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::domain::decide::{DropReason, Outcome};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeliveryLabels {
+    disposition: &'static str,
+    drop_reason: &'static str,
+    pack: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+}
+
+/// The label used for packs past the cardinality cap, and for unknown packs.
+pub const OTHER_PACK: &str = "other";
+
+/// Every metric the service keeps.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    deliveries: Family<DeliveryLabels, Counter>,
+    decision_seconds: Histogram,
+    rpc_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
+    batch_records: Histogram,
+    commit_seconds: Histogram,
+    records_written: Counter,
+    drop_counts_written: Counter,
+    bindings: Family<StateLabels, Gauge>,
+    /// Packs given a label of their own, at most `max_packs`.
+    labelled_packs: Mutex<HashSet<String>>,
+    max_packs: usize,
+}
+
+fn seconds() -> Histogram {
+    // 1 µs to about 16 s.
+    Histogram::new(exponential_buckets(1e-6, 2.5, 19))
+}
+
+impl Metrics {
+    /// Metrics with at most `max_packs` distinct pack labels.
+    pub fn new(max_packs: usize) -> Metrics {
+        let mut registry = Registry::with_prefix("hcp_sense");
+        let deliveries = Family::<DeliveryLabels, Counter>::default();
+        registry.register(
+            "deliveries",
+            "Triggers decided, by disposition, drop reason and pack",
+            deliveries.clone(),
+        );
+        let decision_seconds = seconds();
+        registry.register(
+            "decision_duration_seconds",
+            "Time to validate and decide one trigger, recording excluded",
+            decision_seconds.clone(),
+        );
+        let rpc_seconds =
+            Family::<MethodLabels, Histogram, fn() -> Histogram>::new_with_constructor(seconds);
+        registry.register(
+            "rpc_duration_seconds",
+            "gRPC call latency, by method",
+            rpc_seconds.clone(),
+        );
+        let batch_records = Histogram::new(exponential_buckets(1.0, 2.0, 11));
+        registry.register(
+            "sink_batch_records",
+            "Records per group-commit batch",
+            batch_records.clone(),
+        );
+        let commit_seconds = seconds();
+        registry.register(
+            "sink_commit_duration_seconds",
+            "Time to write and commit one batch of records",
+            commit_seconds.clone(),
+        );
+        let records_written = Counter::default();
+        registry.register(
+            "records_written",
+            "Records committed to the sink",
+            records_written.clone(),
+        );
+        let drop_counts_written = Counter::default();
+        registry.register(
+            "drop_counts_written",
+            "Drops added to the drop_reports table",
+            drop_counts_written.clone(),
+        );
+        let bindings = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "bindings",
+            "Bindings of registered packs, by health state",
+            bindings.clone(),
+        );
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register("build_info", "The running build", build);
+        Metrics {
+            registry,
+            deliveries,
+            decision_seconds,
+            rpc_seconds,
+            batch_records,
+            commit_seconds,
+            records_written,
+            drop_counts_written,
+            bindings,
+            labelled_packs: Mutex::new(HashSet::new()),
+            max_packs,
+        }
+    }
+
+    /// A pack's label: its id while under the cap, else `other`. Unknown packs are
+    /// always `other`, so producers cannot create labels.
+    fn pack_label(&self, pack_id: &str, known: bool) -> String {
+        if !known {
+            return OTHER_PACK.to_owned();
+        }
+        let Ok(mut packs) = self.labelled_packs.lock() else {
+            return OTHER_PACK.to_owned();
+        };
+        if packs.contains(pack_id)
+            || (packs.len() < self.max_packs && packs.insert(pack_id.to_owned()))
+        {
+            pack_id.to_owned()
+        } else {
+            OTHER_PACK.to_owned()
+        }
+    }
+
+    pub fn delivered(&self, pack_id: &str, o: &Outcome, decide_time: Duration) {
+        let known = o.drop_reason != Some(DropReason::UnknownPack);
+        self.deliveries
+            .get_or_create(&DeliveryLabels {
+                disposition: o.disposition(),
+                drop_reason: o.drop_reason.map_or("", DropReason::as_str),
+                pack: self.pack_label(pack_id, known),
+            })
+            .inc();
+        self.decision_seconds.observe(decide_time.as_secs_f64());
+    }
+
+    pub fn rpc(&self, method: &str, took: Duration) {
+        self.rpc_seconds
+            .get_or_create(&MethodLabels {
+                method: method.to_owned(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn batch(&self, records: usize, took: Duration, committed: bool) {
+        self.batch_records.observe(records as f64);
+        self.commit_seconds.observe(took.as_secs_f64());
+        if committed {
+            self.records_written.inc_by(records as u64);
+        }
+    }
+
+    pub fn drop_counts_written(&self, n: u64) {
+        self.drop_counts_written.inc_by(n);
+    }
+
+    /// Sets the Binding gauges: `(state, count)` for every state.
+    pub fn set_bindings(&self, counts: &[(&'static str, i64)]) {
+        for (state, n) in counts {
+            self.bindings.get_or_create(&StateLabels { state }).set(*n);
+        }
+    }
+
+    /// The classic Prometheus text format (0.0.4), for clients that do not ask
+    /// for OpenMetrics: counter families are named with their `_total` suffix
+    /// and the OpenMetrics-only lines are left out.
+    pub fn encode_text(&self) -> String {
+        let om = self.encode();
+        let counters: HashSet<&str> = om
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+            .collect();
+        let mut out = String::with_capacity(om.len());
+        for line in om.lines() {
+            if line == "# EOF" || line.starts_with("# UNIT ") {
+                continue;
+            }
+            let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+                let rest = line.strip_prefix(prefix)?;
+                let (name, tail) = rest.split_once(' ')?;
+                counters
+                    .contains(name)
+                    .then(|| format!("{prefix}{name}_total {tail}"))
+            });
+            out.push_str(renamed.as_deref().unwrap_or(line));
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The OpenMetrics exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
