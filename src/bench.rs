@@ -52,6 +52,9 @@ pub struct BenchOptions {
     /// Principal counts compared for throughput and policy memory (SQLite; 0 skips).
     #[arg(long, value_delimiter = ',', default_value = "10,100000")]
     pub scaling: Vec<usize>,
+    /// Measure DeliverTrigger with OTLP export on (to a local receiver) against off.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub telemetry: bool,
     /// Records seeded for the ListRecords benchmark (0 skips).
     #[arg(long, default_value_t = 1_000_000)]
     pub list_records: usize,
@@ -109,8 +112,13 @@ struct Server {
 
 impl Server {
     fn start(url: &str, extra: &[&str]) -> anyhow::Result<Server> {
+        Server::start_env(url, extra, &[])
+    }
+
+    fn start_env(url: &str, extra: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Server> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
+            .envs(env.iter().copied())
             .args([
                 "serve",
                 "--listen",
@@ -621,6 +629,10 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
         println!();
     }
 
+    if o.telemetry {
+        telemetry_cost(&o).await?;
+    }
+
     if o.list_records > 0 {
         println!("ListRecords: a page of 100 from {} records", o.list_records);
         header();
@@ -730,5 +742,93 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
         store.close().await;
         db.drop_db().await;
     }
+    Ok(())
+}
+
+/// An OTLP/gRPC receiver that counts the spans it is sent.
+#[derive(Clone, Default)]
+struct SpanCounter(Arc<std::sync::atomic::AtomicUsize>);
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+    for SpanCounter
+{
+    async fn export(
+        &self,
+        req: tonic::Request<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        let n: usize = req
+            .get_ref()
+            .resource_spans
+            .iter()
+            .flat_map(|r| &r.scope_spans)
+            .map(|s| s.spans.len())
+            .sum();
+        self.0.fetch_add(n, Ordering::Relaxed);
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+/// DeliverTrigger with telemetry fully on (every span exported over OTLP to a
+/// local receiver) against off, on one database, in one run.
+async fn telemetry_cost(o: &BenchOptions) -> anyhow::Result<()> {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+    println!("telemetry (sqlite): OTLP export of every span to a local receiver, against none");
+    header();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let endpoint = format!("http://{}", listener.local_addr()?);
+    let counter = SpanCounter::default();
+    let svc = TraceServiceServer::new(counter.clone());
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await;
+    });
+    let db = BenchDb::create("sqlite", o, "telemetry").await?;
+    let store = open_store(&db.url).await?;
+    seed_policy(&store, o.packs, o.principals).await?;
+    store.close().await;
+    let mut rates = Vec::new();
+    for (name, env) in [
+        ("off", vec![]),
+        (
+            "on",
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+                ("OTEL_TRACES_SAMPLER", "always_on"),
+            ],
+        ),
+    ] {
+        let server = Server::start_env(&db.url, &[], &env)?;
+        let chs = server.channels(o.channels).await?;
+        let rec = closed(&chs, o, o.principals, Load::Recorded).await;
+        row("sqlite", &format!("recorded, telemetry {name}"), &rec, None);
+        let dropped = closed(&chs, o, o.principals, Load::Dropped).await;
+        row(
+            "sqlite",
+            &format!("dropped, telemetry {name}"),
+            &dropped,
+            None,
+        );
+        rates.push((rec.rate(), dropped.rate()));
+        server.stop();
+    }
+    if let [off, on] = rates[..] {
+        println!(
+            "telemetry on / off: recorded {:.2}, dropped {:.2}; spans received {}\n",
+            on.0 / off.0,
+            on.1 / off.1,
+            counter.0.load(Ordering::Relaxed)
+        );
+    }
+    db.drop_db().await;
     Ok(())
 }
