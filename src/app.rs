@@ -109,6 +109,16 @@ impl App {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        // Binding health for OTLP metrics (a no-op without a meter provider).
+        let gauge_service = self.service.clone();
+        let _bindings = opentelemetry::global::meter("hcp-sense")
+            .i64_observable_gauge("hcp_sense.bindings")
+            .with_callback(move |g| {
+                for (state, n) in gauge_service.binding_states() {
+                    g.observe(n, &[opentelemetry::KeyValue::new("state", state)]);
+                }
+            })
+            .build();
         let (health, health_service) = tonic_health::server::health_reporter();
         set_serving(&health, true).await;
         let reflection_v1 = reflection().build_v1()?;

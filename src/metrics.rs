@@ -10,6 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use opentelemetry::KeyValue;
+
 use crate::domain::decide::{DropReason, Outcome};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -34,6 +36,46 @@ struct BuildLabels {
     version: &'static str,
 }
 
+/// The same measurements as OTel instruments, exported over OTLP when the
+/// telemetry setup installed a meter provider (no-ops otherwise).
+#[derive(Debug)]
+struct Otel {
+    deliveries: opentelemetry::metrics::Counter<u64>,
+    decision_seconds: opentelemetry::metrics::Histogram<f64>,
+    rpc_seconds: opentelemetry::metrics::Histogram<f64>,
+    batch_records: opentelemetry::metrics::Histogram<u64>,
+    commit_seconds: opentelemetry::metrics::Histogram<f64>,
+    records_written: opentelemetry::metrics::Counter<u64>,
+    drop_counts_written: opentelemetry::metrics::Counter<u64>,
+}
+
+impl Otel {
+    fn new() -> Otel {
+        let m = opentelemetry::global::meter("hcp-sense");
+        Otel {
+            deliveries: m
+                .u64_counter("hcp_sense.deliveries")
+                .with_description("Triggers decided")
+                .build(),
+            decision_seconds: m
+                .f64_histogram("hcp_sense.decision.duration")
+                .with_unit("s")
+                .build(),
+            rpc_seconds: m
+                .f64_histogram("hcp_sense.rpc.duration")
+                .with_unit("s")
+                .build(),
+            batch_records: m.u64_histogram("hcp_sense.sink.batch.records").build(),
+            commit_seconds: m
+                .f64_histogram("hcp_sense.sink.commit.duration")
+                .with_unit("s")
+                .build(),
+            records_written: m.u64_counter("hcp_sense.records.written").build(),
+            drop_counts_written: m.u64_counter("hcp_sense.drop_counts.written").build(),
+        }
+    }
+}
+
 /// The label used for packs past the cardinality cap, and for unknown packs.
 pub const OTHER_PACK: &str = "other";
 
@@ -52,6 +94,7 @@ pub struct Metrics {
     /// Packs given a label of their own, at most `max_packs`.
     labelled_packs: Mutex<HashSet<String>>,
     max_packs: usize,
+    otel: Otel,
 }
 
 fn seconds() -> Histogram {
@@ -131,6 +174,7 @@ impl Metrics {
             bindings,
             labelled_packs: Mutex::new(HashSet::new()),
             max_packs,
+            otel: Otel::new(),
         }
     }
 
@@ -154,17 +198,31 @@ impl Metrics {
 
     pub fn delivered(&self, pack_id: &str, o: &Outcome, decide_time: Duration) {
         let known = o.drop_reason != Some(DropReason::UnknownPack);
-        self.deliveries
-            .get_or_create(&DeliveryLabels {
-                disposition: o.disposition(),
-                drop_reason: o.drop_reason.map_or("", DropReason::as_str),
-                pack: self.pack_label(pack_id, known),
-            })
-            .inc();
+        let labels = DeliveryLabels {
+            disposition: o.disposition(),
+            drop_reason: o.drop_reason.map_or("", DropReason::as_str),
+            pack: self.pack_label(pack_id, known),
+        };
+        self.otel.deliveries.add(
+            1,
+            &[
+                KeyValue::new("disposition", labels.disposition),
+                KeyValue::new("drop_reason", labels.drop_reason),
+                KeyValue::new("pack", labels.pack.clone()),
+            ],
+        );
+        self.deliveries.get_or_create(&labels).inc();
         self.decision_seconds.observe(decide_time.as_secs_f64());
+        self.otel
+            .decision_seconds
+            .record(decide_time.as_secs_f64(), &[]);
     }
 
     pub fn rpc(&self, method: &str, took: Duration) {
+        self.otel.rpc_seconds.record(
+            took.as_secs_f64(),
+            &[KeyValue::new("method", method.to_owned())],
+        );
         self.rpc_seconds
             .get_or_create(&MethodLabels {
                 method: method.to_owned(),
@@ -175,13 +233,17 @@ impl Metrics {
     pub fn batch(&self, records: usize, took: Duration, committed: bool) {
         self.batch_records.observe(records as f64);
         self.commit_seconds.observe(took.as_secs_f64());
+        self.otel.batch_records.record(records as u64, &[]);
+        self.otel.commit_seconds.record(took.as_secs_f64(), &[]);
         if committed {
             self.records_written.inc_by(records as u64);
+            self.otel.records_written.add(records as u64, &[]);
         }
     }
 
     pub fn drop_counts_written(&self, n: u64) {
         self.drop_counts_written.inc_by(n);
+        self.otel.drop_counts_written.add(n, &[]);
     }
 
     /// Sets the Binding gauges: `(state, count)` for every state.

@@ -4,6 +4,7 @@ use std::io::IsTerminal;
 
 use opentelemetry::trace::{Link, SpanKind, TraceId, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::{Sampler, SamplingResult, SdkTracerProvider, ShouldSample};
 use opentelemetry_sdk::Resource;
 use tracing_subscriber::filter::{LevelFilter, Targets};
@@ -20,6 +21,7 @@ pub const DECISION_SPAN: &str = "sense.decision";
 #[derive(Debug, Default)]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
+    meters: Option<SdkMeterProvider>,
 }
 
 impl Telemetry {
@@ -28,6 +30,10 @@ impl Telemetry {
         if let Some(p) = self.provider {
             let _ = p.force_flush();
             let _ = p.shutdown();
+        }
+        if let Some(m) = self.meters {
+            let _ = m.force_flush();
+            let _ = m.shutdown();
         }
     }
 
@@ -152,6 +158,24 @@ pub fn init(format: LogFormat, sample_drops: bool) -> Telemetry {
     } else {
         None
     };
+    let metrics_off =
+        std::env::var("OTEL_METRICS_EXPORTER").is_ok_and(|v| v.eq_ignore_ascii_case("none"));
+    if otlp_requested() && !metrics_off {
+        match opentelemetry_otlp::MetricExporter::builder()
+            .with_tonic()
+            .build()
+        {
+            Ok(exporter) => {
+                let meters = SdkMeterProvider::builder()
+                    .with_periodic_exporter(exporter)
+                    .with_resource(Resource::builder().build())
+                    .build();
+                opentelemetry::global::set_meter_provider(meters.clone());
+                telemetry.meters = Some(meters);
+            }
+            Err(e) => eprintln!("OTLP metric export not started: {e}"),
+        }
+    }
     let _ = tracing_subscriber::registry()
         .with(fmt)
         .with(otel)

@@ -13,6 +13,12 @@ use hcp_sense::grpc::pb::{
     BindingState, DeliverTriggerRequest, GrantSenseEnableRequest, PutBindingRequest,
     RegisterPackRequest, Route,
 };
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -26,9 +32,29 @@ use tonic::transport::Channel;
 use crate::cli::{Served, BIN};
 use crate::helpers::{example, http_get, repo_path, spawn_app, StoreKind, TestDb};
 
-/// An OTLP/gRPC trace receiver keeping every span it is sent.
+/// An OTLP/gRPC receiver keeping every span it is sent, and the names of the metrics.
 #[derive(Clone, Default)]
-struct Receiver(Arc<Mutex<Vec<Span>>>);
+struct Receiver(Arc<Mutex<Vec<Span>>>, Arc<Mutex<Vec<String>>>);
+
+#[tonic::async_trait]
+impl MetricsService for Receiver {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let names = req
+            .into_inner()
+            .resource_metrics
+            .into_iter()
+            .flat_map(|r| r.scope_metrics)
+            .flat_map(|s| s.metrics)
+            .map(|m| m.name);
+        if let Ok(mut v) = self.1.lock() {
+            v.extend(names);
+        }
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+    }
+}
 
 #[tonic::async_trait]
 impl TraceService for Receiver {
@@ -56,9 +82,11 @@ async fn start_receiver() -> (Receiver, String) {
     let addr = listener.local_addr().expect("addr");
     let r = Receiver::default();
     let svc = TraceServiceServer::new(r.clone());
+    let metrics = MetricsServiceServer::new(r.clone());
     tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
             .add_service(svc)
+            .add_service(metrics)
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await;
     });
@@ -190,7 +218,8 @@ async fn served_with_otlp(endpoint: &str, extra_env: &[(&str, &str)]) -> (Served
     ])
     .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
     .env("OTEL_SERVICE_NAME", "hcp-sense-test")
-    .env("OTEL_BSP_SCHEDULE_DELAY", "100");
+    .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+    .env("OTEL_METRIC_EXPORT_INTERVAL", "200");
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
@@ -293,6 +322,19 @@ async fn otlp_exports_one_decision_span_per_reason_and_route_and_continues_trace
         parent_id,
         "the RPC span's parent is the caller's span"
     );
+    // Metrics went over OTLP too.
+    let metrics = receiver.1.lock().map(|v| v.clone()).unwrap_or_default();
+    for name in [
+        "hcp_sense.deliveries",
+        "hcp_sense.rpc.duration",
+        "hcp_sense.records.written",
+        "hcp_sense.bindings",
+    ] {
+        assert!(
+            metrics.iter().any(|m| m == name),
+            "{name} not exported over OTLP: {metrics:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
