@@ -14,6 +14,8 @@ use std::future::IntoFuture;
 use std::sync::Arc;
 
 use crate::grpc::ingest::Ingest;
+use crate::auth::Authenticator;
+use crate::grpc::guard::GuardLayer;
 use crate::grpc::layer::RpcLayer;
 use crate::grpc::packs::Packs;
 use crate::grpc::pb::{
@@ -36,6 +38,17 @@ pub struct App {
     service: Service,
     shutdown_grace: Duration,
     bench_baseline: bool,
+    auth: Arc<Authenticator>,
+    limits: ServerLimits,
+}
+
+/// Transport limits of the gRPC server.
+#[derive(Debug, Clone, Copy)]
+struct ServerLimits {
+    rate_per_sec: f64,
+    max_request_bytes: usize,
+    max_concurrent_streams: u32,
+    request_timeout: Duration,
 }
 
 impl App {
@@ -59,6 +72,16 @@ impl App {
                 );
             }
         }
+        let auth = Arc::new(Authenticator::from_config(&config.auth)?);
+        if !auth.is_enabled() {
+            if !config.listen.ip().is_loopback() && !config.insecure_no_auth {
+                anyhow::bail!(
+                    "refusing to serve {} without authentication: configure [auth] in the config file, or pass --insecure-no-auth",
+                    config.listen
+                );
+            }
+            tracing::warn!(listen = %config.listen, "authentication is not configured: every caller may call every RPC");
+        }
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|e| anyhow::anyhow!("binding {}: {e}", config.listen))?;
@@ -80,12 +103,20 @@ impl App {
                     record_retention: config.record_retention,
                     prune_every: config.prune_interval,
                     hash_principals: config.hash_principals,
+                    max_json_depth: config.max_json_depth,
                 },
                 metrics,
             )
             .await?,
             shutdown_grace: config.shutdown_grace,
             bench_baseline: config.bench_baseline,
+            auth,
+            limits: ServerLimits {
+                rate_per_sec: config.rate_limit_per_sec,
+                max_request_bytes: config.max_request_bytes,
+                max_concurrent_streams: config.max_concurrent_streams,
+                request_timeout: config.request_timeout,
+            },
         })
     }
 
@@ -144,23 +175,27 @@ impl App {
                 tracing::error!(error = %e, "metrics server failed");
             }
         });
+        let max = self.limits.max_request_bytes;
         let serve = Server::builder()
+            .max_concurrent_streams(self.limits.max_concurrent_streams)
+            .timeout(self.limits.request_timeout)
             .layer(RpcLayer::new(self.service.metrics.clone()))
+            .layer(GuardLayer::new(self.auth.clone(), self.limits.rate_per_sec))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(PackServiceServer::new(Packs {
                 service: self.service.clone(),
-            }))
+            }).max_decoding_message_size(max))
             .add_service(PolicyServiceServer::new(Policy {
                 service: self.service.clone(),
-            }))
+            }).max_decoding_message_size(max))
             .add_service(IngestServiceServer::new(Ingest {
                 service: self.service.clone(),
-            }))
+            }).max_decoding_message_size(max))
             .add_service(RecordServiceServer::new(Records {
                 service: self.service.clone(),
-            }))
+            }).max_decoding_message_size(max))
             .add_optional_service(
                 self.bench_baseline
                     .then(|| BenchServiceServer::new(crate::grpc::bench::Baseline)),

@@ -65,6 +65,31 @@ pub struct ServeOptions {
     #[arg(long, env = "HCP_SENSE_SAMPLE_DROP_DECISIONS", value_name = "BOOL")]
     pub sample_drop_decisions: Option<bool>,
 
+    /// Serve without authentication on a non-loopback address. Without `[auth]` in the
+    /// configuration file the server otherwise refuses to bind anything but loopback.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+
+    /// Calls a second each caller may make, bursts of twice that; 0 for no limit [default: 0].
+    #[arg(long, env = "HCP_SENSE_RATE_LIMIT_PER_SEC", value_name = "N")]
+    pub rate_limit_per_sec: Option<f64>,
+
+    /// Largest gRPC request message accepted, in bytes [default: 1048576].
+    #[arg(long, env = "HCP_SENSE_MAX_REQUEST_BYTES", value_name = "BYTES")]
+    pub max_request_bytes: Option<usize>,
+
+    /// Deepest JSON nesting accepted in a payload or manifest [default: 32].
+    #[arg(long, env = "HCP_SENSE_MAX_JSON_DEPTH", value_name = "N")]
+    pub max_json_depth: Option<usize>,
+
+    /// Concurrent HTTP/2 streams per connection [default: 256].
+    #[arg(long, env = "HCP_SENSE_MAX_CONCURRENT_STREAMS", value_name = "N")]
+    pub max_concurrent_streams: Option<u32>,
+
+    /// Longest a call may run before it is answered DEADLINE_EXCEEDED, in seconds [default: 30].
+    #[arg(long, env = "HCP_SENSE_REQUEST_TIMEOUT_SECS", value_name = "SECS")]
+    pub request_timeout_secs: Option<u64>,
+
     /// Seconds to wait for in-flight calls after SIGINT/SIGTERM before exiting [default: 30].
     #[arg(long, env = "HCP_SENSE_SHUTDOWN_GRACE_SECS", value_name = "SECS")]
     pub shutdown_grace_secs: Option<u64>,
@@ -108,6 +133,13 @@ pub struct Config {
     pub metrics_max_packs: usize,
     pub hash_principals: bool,
     pub sample_drop_decisions: bool,
+    pub auth: crate::auth::AuthConfig,
+    pub insecure_no_auth: bool,
+    pub rate_limit_per_sec: f64,
+    pub max_request_bytes: usize,
+    pub max_json_depth: usize,
+    pub max_concurrent_streams: u32,
+    pub request_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -199,6 +231,18 @@ impl ServeOptions {
                 .sample_drop_decisions
                 .or(file.sample_drop_decisions)
                 .unwrap_or(false),
+            auth: file.auth.unwrap_or_default(),
+            insecure_no_auth: self.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
+            rate_limit_per_sec: self.rate_limit_per_sec.or(file.rate_limit_per_sec).unwrap_or(0.0),
+            max_request_bytes: self.max_request_bytes.or(file.max_request_bytes).unwrap_or(1 << 20),
+            max_json_depth: self.max_json_depth.or(file.max_json_depth).unwrap_or(32),
+            max_concurrent_streams: self
+                .max_concurrent_streams
+                .or(file.max_concurrent_streams)
+                .unwrap_or(256),
+            request_timeout: Duration::from_secs(
+                self.request_timeout_secs.or(file.request_timeout_secs).unwrap_or(30),
+            ),
         })
     }
 }
@@ -221,6 +265,13 @@ struct FileConfig {
     metrics_max_packs: Option<usize>,
     hash_principals: Option<bool>,
     sample_drop_decisions: Option<bool>,
+    auth: Option<crate::auth::AuthConfig>,
+    insecure_no_auth: Option<bool>,
+    rate_limit_per_sec: Option<f64>,
+    max_request_bytes: Option<usize>,
+    max_json_depth: Option<usize>,
+    max_concurrent_streams: Option<u32>,
+    request_timeout_secs: Option<u64>,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
@@ -249,6 +300,13 @@ impl Config {
             metrics_max_packs: 100,
             hash_principals: false,
             sample_drop_decisions: false,
+            auth: crate::auth::AuthConfig::default(),
+            insecure_no_auth: false,
+            rate_limit_per_sec: 0.0,
+            max_request_bytes: 1 << 20,
+            max_json_depth: 32,
+            max_concurrent_streams: 256,
+            request_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -172,7 +172,7 @@ pub type Violations = Vec<(&'static str, String)>;
 
 /// Checks a received trigger and turns it into a `Trigger`, or lists every
 /// field that is malformed. `max_payload_bytes` bounds the payload's JSON text.
-pub fn validate(raw: RawTrigger, max_payload_bytes: usize) -> Result<Trigger, Violations> {
+pub fn validate(raw: RawTrigger, max_payload_bytes: usize, max_depth: usize) -> Result<Trigger, Violations> {
     let mut v: Violations = Vec::new();
     if let Err(e) = check_pack_id(&raw.pack_id) {
         v.push(("pack_id", e));
@@ -222,6 +222,9 @@ pub fn validate(raw: RawTrigger, max_payload_bytes: usize) -> Result<Trigger, Vi
             Map::new()
         }
     };
+    if payload.values().map(depth).max().unwrap_or(0) + 1 > max_depth {
+        v.push(("payload", format!("nests deeper than {max_depth} levels")));
+    }
     let size = serde_json::to_vec(&payload).map_or(usize::MAX, |b| b.len());
     if size > max_payload_bytes {
         v.push((
@@ -256,6 +259,15 @@ pub fn validate(raw: RawTrigger, max_payload_bytes: usize) -> Result<Trigger, Vi
         project,
         trigger_id,
     })
+}
+
+/// How deeply a JSON value nests (a scalar is 0).
+pub fn depth(v: &Value) -> usize {
+    match v {
+        Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+        Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
 }
 
 /// A principal, project or trigger id: 1 to 256 bytes, no control characters.
@@ -525,7 +537,7 @@ mod tests {
 
     #[test]
     fn validation_names_every_malformed_field() {
-        assert!(validate(raw(), 1024).is_ok());
+        assert!(validate(raw(), 1024, 32).is_ok());
         let all_bad = RawTrigger {
             pack_id: String::new(),
             r#ref: "Bad..Ref".into(),
@@ -537,7 +549,7 @@ mod tests {
             source: Some(Err(42)),
         };
         assert_eq!(
-            fields(validate(all_bad, 1024)),
+            fields(validate(all_bad, 1024, 32)),
             [
                 "pack_id",
                 "ref",
@@ -552,17 +564,17 @@ mod tests {
             payload: Some(json!({ "s": "x".repeat(2000) })),
             ..raw()
         };
-        assert_eq!(fields(validate(big, 1024)), ["payload"]);
+        assert_eq!(fields(validate(big, 1024, 32)), ["payload"]);
         let brain = RawTrigger {
             land: "brain".into(),
             ..raw()
         };
-        assert_eq!(fields(validate(brain, 1024)), ["project"]);
+        assert_eq!(fields(validate(brain, 1024, 32)), ["project"]);
         let none = RawTrigger {
             payload: None,
             ..raw()
         };
-        assert!(validate(none, 1024).is_ok_and(|t| t.payload.is_empty()));
+        assert!(validate(none, 1024, 32).is_ok_and(|t| t.payload.is_empty()));
     }
 
     #[test]
@@ -576,13 +588,13 @@ mod tests {
                 source: Some(Ok(s)),
                 ..raw()
             };
-            assert_eq!(fields(validate(r, 1024)), ["source"]);
+            assert_eq!(fields(validate(r, 1024, 32)), ["source"]);
         }
         let r = RawTrigger {
             source: Some(Ok(TriggerSource::Push)),
             ..raw()
         };
-        assert!(validate(r, 1024).is_ok());
+        assert!(validate(r, 1024, 32).is_ok());
     }
 
     #[test]
@@ -593,7 +605,7 @@ mod tests {
                 payload: Some(json!({ "state": ok })),
                 ..raw()
             };
-            assert!(validate(r, 1024).is_ok(), "{ok}");
+            assert!(validate(r, 1024, 32).is_ok(), "{ok}");
         }
         for bad in [json!("broken"), json!("LINKED"), json!(3), json!(null)] {
             let r = RawTrigger {
@@ -601,7 +613,7 @@ mod tests {
                 payload: Some(json!({ "state": bad })),
                 ..raw()
             };
-            assert_eq!(fields(validate(r, 1024)), ["payload.state"]);
+            assert_eq!(fields(validate(r, 1024, 32)), ["payload.state"]);
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The gRPC edge: generated types, thin services that translate and delegate, and error mapping.
 pub mod bench;
 pub mod convert;
+pub mod guard;
 pub mod ingest;
 pub mod layer;
 pub mod packs;

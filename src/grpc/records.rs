@@ -5,6 +5,7 @@ use super::convert::{drop_reason_from, drop_report, micros, record, route_from};
 use super::paging::{decode_token, encode_token, fingerprint, page_size, SEP};
 use super::pb::{self, record_service_server::RecordService};
 use super::policy::next_token;
+use crate::auth::{Caller, Role};
 use crate::domain::model::RecordFilter;
 use crate::error::Error;
 use crate::service::Service;
@@ -46,7 +47,23 @@ impl RecordService for Records {
         req: Request<pb::ListRecordsRequest>,
     ) -> Result<Response<pb::ListRecordsResponse>, Status> {
         const KIND: &str = "records";
-        let r = req.into_inner();
+        let caller = req.extensions().get::<Caller>().cloned();
+        let mut r = req.into_inner();
+        // A reader reads as its own principal: the authenticated identity
+        // replaces `viewer`, and other principals' records are not its to list.
+        if let Some(Caller::Known(id)) = &caller {
+            if id.role == Role::Reader {
+                let own = id.principal.clone().unwrap_or_default();
+                if !r.principal.is_empty() && r.principal != own {
+                    return Err(Status::permission_denied(format!(
+                        "a reader lists only its own principal's records, not `{}`",
+                        r.principal
+                    )));
+                }
+                r.principal = own.clone();
+                r.viewer = own;
+            }
+        }
         let descending = match r.order_by.trim().to_ascii_lowercase().as_str() {
             "" | "receive_time" | "receive_time asc" => false,
             "receive_time desc" => true,

@@ -32,6 +32,8 @@ pub struct Limits {
     pub prune_every: std::time::Duration,
     /// Decision spans carry a hash of the principal instead of the principal.
     pub hash_principals: bool,
+    /// Deepest JSON nesting accepted in a payload.
+    pub max_json_depth: usize,
 }
 
 impl Default for Limits {
@@ -41,6 +43,7 @@ impl Default for Limits {
             record_retention: None,
             prune_every: std::time::Duration::from_secs(30),
             hash_principals: false,
+            max_json_depth: 32,
         }
     }
 }
