@@ -13,9 +13,9 @@ use crate::config::Config;
 use std::future::IntoFuture;
 use std::sync::Arc;
 
-use crate::grpc::ingest::Ingest;
 use crate::auth::Authenticator;
 use crate::grpc::guard::GuardLayer;
+use crate::grpc::ingest::Ingest;
 use crate::grpc::layer::RpcLayer;
 use crate::grpc::packs::Packs;
 use crate::grpc::pb::{
@@ -184,18 +184,30 @@ impl App {
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(PackServiceServer::new(Packs {
-                service: self.service.clone(),
-            }).max_decoding_message_size(max))
-            .add_service(PolicyServiceServer::new(Policy {
-                service: self.service.clone(),
-            }).max_decoding_message_size(max))
-            .add_service(IngestServiceServer::new(Ingest {
-                service: self.service.clone(),
-            }).max_decoding_message_size(max))
-            .add_service(RecordServiceServer::new(Records {
-                service: self.service.clone(),
-            }).max_decoding_message_size(max))
+            .add_service(
+                PackServiceServer::new(Packs {
+                    service: self.service.clone(),
+                })
+                .max_decoding_message_size(max),
+            )
+            .add_service(
+                PolicyServiceServer::new(Policy {
+                    service: self.service.clone(),
+                })
+                .max_decoding_message_size(max),
+            )
+            .add_service(
+                IngestServiceServer::new(Ingest {
+                    service: self.service.clone(),
+                })
+                .max_decoding_message_size(max),
+            )
+            .add_service(
+                RecordServiceServer::new(Records {
+                    service: self.service.clone(),
+                })
+                .max_decoding_message_size(max),
+            )
             .add_optional_service(
                 self.bench_baseline
                     .then(|| BenchServiceServer::new(crate::grpc::bench::Baseline)),

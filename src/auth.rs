@@ -149,8 +149,13 @@ impl Authenticator {
                     for k in &set.keys {
                         let alg = match &k.algorithm {
                             jsonwebtoken::jwk::AlgorithmParameters::RSA(_) => Algorithm::RS256,
-                            jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => Algorithm::ES256,
-                            _ => anyhow::bail!("{}: only RSA (RS256) and EC (ES256) keys are supported", path.display()),
+                            jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => {
+                                Algorithm::ES256
+                            }
+                            _ => anyhow::bail!(
+                                "{}: only RSA (RS256) and EC (ES256) keys are supported",
+                                path.display()
+                            ),
                         };
                         keys.push((k.common.key_id.clone(), DecodingKey::from_jwk(k)?, alg));
                     }
@@ -164,9 +169,8 @@ impl Authenticator {
                     v.validate_nbf = true;
                     v.leeway = 5;
                     v.set_required_spec_claims(&["exp"]);
-                    match &j.issuer {
-                        Some(iss) => v.set_issuer(&[iss]),
-                        None => {}
+                    if let Some(iss) = &j.issuer {
+                        v.set_issuer(&[iss]);
                     }
                     match &j.audience {
                         Some(aud) => v.set_audience(&[aud]),
@@ -226,7 +230,9 @@ impl Jwt {
             if *alg != header.alg || (header.kid.is_some() && kid.is_some() && *kid != header.kid) {
                 continue;
             }
-            let Some(v) = self.validation_by_alg.get(alg) else { continue };
+            let Some(v) = self.validation_by_alg.get(alg) else {
+                continue;
+            };
             match jsonwebtoken::decode::<serde_json::Value>(token, key, v) {
                 Ok(data) => {
                     let claims = data.claims;
@@ -234,20 +240,32 @@ impl Jwt {
                         .get(&self.role_claim)
                         .and_then(serde_json::Value::as_str)
                         .and_then(Role::parse)
-                        .ok_or_else(|| format!("the JWT's `{}` claim is not admin, runtime or reader", self.role_claim))?;
+                        .ok_or_else(|| {
+                            format!(
+                                "the JWT's `{}` claim is not admin, runtime or reader",
+                                self.role_claim
+                            )
+                        })?;
                     let principal = claims
                         .get(&self.principal_claim)
                         .and_then(serde_json::Value::as_str)
                         .map(str::to_owned);
                     if role == Role::Reader && principal.is_none() {
-                        return Err(format!("a reader's JWT needs a `{}` claim", self.principal_claim));
+                        return Err(format!(
+                            "a reader's JWT needs a `{}` claim",
+                            self.principal_claim
+                        ));
                     }
                     let subject = claims
                         .get("sub")
                         .and_then(serde_json::Value::as_str)
                         .unwrap_or("jwt")
                         .to_owned();
-                    return Ok(Identity { subject, role, principal });
+                    return Ok(Identity {
+                        subject,
+                        role,
+                        principal,
+                    });
                 }
                 Err(e) => {
                     use jsonwebtoken::errors::ErrorKind as K;
@@ -280,7 +298,14 @@ pub fn allowed(method: &str, role: Role) -> bool {
         ("hcp.sense.v1.PolicyService", "ReportBindingHealth", Role::Runtime | Role::Admin) => true,
         ("hcp.sense.v1.RecordService", "ListRecords", Role::Reader) => true,
         ("hcp.sense.v1.RecordService", "ListDropReports", Role::Admin) => true,
-        ("hcp.sense.v1.PackService" | "hcp.sense.v1.PolicyService" | "hcp.sense.v1.AuditService" | "hcp.sense.v1.BenchService", _, Role::Admin) => true,
+        (
+            "hcp.sense.v1.PackService"
+            | "hcp.sense.v1.PolicyService"
+            | "hcp.sense.v1.AuditService"
+            | "hcp.sense.v1.BenchService",
+            _,
+            Role::Admin,
+        ) => true,
         _ => false,
     }
 }
@@ -302,16 +327,37 @@ mod tests {
             jwt: None,
         };
         let a = Authenticator::from_config(&cfg).expect("config");
-        assert!(matches!(a.check(Some("Bearer s3cret-admin")), Caller::Known(Identity { role: Role::Admin, .. })));
+        assert!(matches!(
+            a.check(Some("Bearer s3cret-admin")),
+            Caller::Known(Identity {
+                role: Role::Admin,
+                ..
+            })
+        ));
         assert!(matches!(a.check(Some("Bearer nope")), Caller::Refused(_)));
         assert!(matches!(a.check(None), Caller::Refused(_)));
         assert!(matches!(a.check(Some("Basic abc")), Caller::Refused(_)));
         assert_eq!(Authenticator::default().check(None), Caller::Open);
-        assert!(allowed("/hcp.sense.v1.PolicyService/GrantSenseEnable", Role::Admin));
-        assert!(!allowed("/hcp.sense.v1.PolicyService/GrantSenseEnable", Role::Reader));
-        assert!(!allowed("/hcp.sense.v1.RecordService/ListRecords", Role::Runtime));
-        assert!(allowed("/hcp.sense.v1.IngestService/DeliverTrigger", Role::Runtime));
-        assert!(!allowed("/hcp.sense.v1.IngestService/DeliverTrigger", Role::Admin));
+        assert!(allowed(
+            "/hcp.sense.v1.PolicyService/GrantSenseEnable",
+            Role::Admin
+        ));
+        assert!(!allowed(
+            "/hcp.sense.v1.PolicyService/GrantSenseEnable",
+            Role::Reader
+        ));
+        assert!(!allowed(
+            "/hcp.sense.v1.RecordService/ListRecords",
+            Role::Runtime
+        ));
+        assert!(allowed(
+            "/hcp.sense.v1.IngestService/DeliverTrigger",
+            Role::Runtime
+        ));
+        assert!(!allowed(
+            "/hcp.sense.v1.IngestService/DeliverTrigger",
+            Role::Admin
+        ));
         assert!(allowed("/grpc.health.v1.Health/Check", Role::Reader));
         assert!(!allowed("/unknown.Service/X", Role::Admin));
     }

@@ -233,15 +233,23 @@ impl ServeOptions {
                 .unwrap_or(false),
             auth: file.auth.unwrap_or_default(),
             insecure_no_auth: self.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
-            rate_limit_per_sec: self.rate_limit_per_sec.or(file.rate_limit_per_sec).unwrap_or(0.0),
-            max_request_bytes: self.max_request_bytes.or(file.max_request_bytes).unwrap_or(1 << 20),
+            rate_limit_per_sec: self
+                .rate_limit_per_sec
+                .or(file.rate_limit_per_sec)
+                .unwrap_or(0.0),
+            max_request_bytes: self
+                .max_request_bytes
+                .or(file.max_request_bytes)
+                .unwrap_or(1 << 20),
             max_json_depth: self.max_json_depth.or(file.max_json_depth).unwrap_or(32),
             max_concurrent_streams: self
                 .max_concurrent_streams
                 .or(file.max_concurrent_streams)
                 .unwrap_or(256),
             request_timeout: Duration::from_secs(
-                self.request_timeout_secs.or(file.request_timeout_secs).unwrap_or(30),
+                self.request_timeout_secs
+                    .or(file.request_timeout_secs)
+                    .unwrap_or(30),
             ),
         })
     }

@@ -172,7 +172,11 @@ pub type Violations = Vec<(&'static str, String)>;
 
 /// Checks a received trigger and turns it into a `Trigger`, or lists every
 /// field that is malformed. `max_payload_bytes` bounds the payload's JSON text.
-pub fn validate(raw: RawTrigger, max_payload_bytes: usize, max_depth: usize) -> Result<Trigger, Violations> {
+pub fn validate(
+    raw: RawTrigger,
+    max_payload_bytes: usize,
+    max_depth: usize,
+) -> Result<Trigger, Violations> {
     let mut v: Violations = Vec::new();
     if let Err(e) = check_pack_id(&raw.pack_id) {
         v.push(("pack_id", e));

@@ -61,7 +61,9 @@ impl RateLimiter {
         if self.rate <= 0.0 {
             return true;
         }
-        let Ok(mut b) = self.buckets.lock() else { return true };
+        let Ok(mut b) = self.buckets.lock() else {
+            return true;
+        };
         let now = Instant::now();
         let burst = self.rate * 2.0;
         if b.len() > 100_000 {
@@ -113,10 +115,9 @@ where
             _ if open => None,
             Caller::Open => None,
             Caller::Refused(why) => Some(Status::unauthenticated(why.clone())),
-            Caller::Known(id) if !allowed(&path, id.role) => Some(Status::permission_denied(format!(
-                "role {:?} may not call {path}",
-                id.role
-            ))),
+            Caller::Known(id) if !allowed(&path, id.role) => Some(Status::permission_denied(
+                format!("role {:?} may not call {path}", id.role),
+            )),
             Caller::Known(_) => None,
         };
         let who = match &caller {
@@ -124,8 +125,9 @@ where
             _ => "anonymous".to_owned(),
         };
         let refusal = refusal.or_else(|| {
-            (!open && !self.layer.limiter.allow(&who))
-                .then(|| Status::resource_exhausted(format!("rate limit for `{who}` exceeded; retry later")))
+            (!open && !self.layer.limiter.allow(&who)).then(|| {
+                Status::resource_exhausted(format!("rate limit for `{who}` exceeded; retry later"))
+            })
         });
         if let Some(status) = refusal {
             return Box::pin(async move { Ok(status.into_http()) });

@@ -82,7 +82,12 @@ impl Service {
     /// trigger is always answered with an outcome (§7.3.2); only malformed input
     /// or an unreachable store is an error.
     pub async fn deliver(&self, raw: RawTrigger) -> Result<Outcome> {
-        let t = validate(raw, self.limits.max_payload_bytes, self.limits.max_json_depth).map_err(|v| {
+        let t = validate(
+            raw,
+            self.limits.max_payload_bytes,
+            self.limits.max_json_depth,
+        )
+        .map_err(|v| {
             Error::InvalidArgument(
                 v.into_iter()
                     .map(|(field, description)| Violation {

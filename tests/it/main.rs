@@ -5,6 +5,7 @@ mod helpers;
 mod cli;
 mod migrations;
 mod packs;
+mod security;
 mod sense;
 mod telemetry;
 mod trace;

@@ -1,0 +1,248 @@
+//! Authentication and roles over real gRPC: every RPC × every caller, refused calls change nothing,
+//! readers read only as themselves, and oversized input is refused.
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hcp_sense::auth::{AuthConfig, JwtConfig, Role, TokenConfig};
+use hcp_sense::grpc::convert::json_to_struct;
+use hcp_sense::grpc::pb::{
+    self, deliver_trigger_request::PayloadSource, ingest_service_client::IngestServiceClient,
+    policy_service_client::PolicyServiceClient, record_service_client::RecordServiceClient,
+    BindingState, DeliverTriggerRequest, GrantSenseEnableRequest, ListRecordsRequest,
+    PutBindingRequest, Route,
+};
+use prost::Message;
+use sha2::{Digest, Sha256};
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::Code;
+
+use crate::helpers::{spawn_app_with, StoreKind, TestApp};
+
+const ADMIN: &str = "admin-token-9f3c";
+const RUNTIME: &str = "runtime-token-71ab";
+const READER: &str = "reader-token-alice";
+const SECRET: &str = "jwt-shared-secret-for-tests";
+
+fn token(name: &str, secret: &str, role: Role, principal: Option<&str>) -> TokenConfig {
+    TokenConfig {
+        name: name.into(),
+        sha256: hex::encode(Sha256::digest(secret.as_bytes())),
+        role,
+        principal: principal.map(str::to_owned),
+    }
+}
+
+fn jwt(role: &str, sub: &str, exp_offset: i64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &serde_json::json!({ "sub": sub, "role": role, "exp": now + exp_offset, "iss": "hcp-tests", "aud": "hcp-sense" }),
+        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).expect("key"),
+    )
+    .expect("jwt")
+}
+
+async fn secured(kind: StoreKind) -> (TestApp, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = dir.path().join("hs256.secret");
+    std::fs::write(&secret, SECRET).expect("secret");
+    let app = spawn_app_with(kind, |c| {
+        c.auth = AuthConfig {
+            tokens: vec![
+                token("ops", ADMIN, Role::Admin, None),
+                token("harness", RUNTIME, Role::Runtime, None),
+                token("alice-reader", READER, Role::Reader, Some("alice")),
+            ],
+            jwt: Some(JwtConfig {
+                hs256_secret_file: Some(secret.clone()),
+                issuer: Some("hcp-tests".into()),
+                audience: Some("hcp-sense".into()),
+                ..Default::default()
+            }),
+        };
+    })
+    .await;
+    (app, dir)
+}
+
+fn bearer(
+    ch: &Channel,
+    token: &str,
+) -> InterceptedService<
+    Channel,
+    impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone,
+> {
+    let value: Option<MetadataValue<_>> =
+        (!token.is_empty()).then(|| format!("Bearer {token}").parse().expect("metadata"));
+    InterceptedService::new(ch.clone(), move |mut req: tonic::Request<()>| {
+        if let Some(v) = &value {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    })
+}
+
+/// Every method of the hcp.sense.v1 services the server serves.
+fn methods() -> Vec<String> {
+    let set = prost_types::FileDescriptorSet::decode(pb::FILE_DESCRIPTOR_SET).expect("descriptors");
+    let mut out = Vec::new();
+    for f in set.file {
+        for s in &f.service {
+            if s.name() == "BenchService" {
+                continue;
+            }
+            for m in &s.method {
+                out.push(format!("/{}.{}/{}", f.package(), s.name(), m.name()));
+            }
+        }
+    }
+    out
+}
+
+/// Calls a method with an empty request (every field at its default) and returns the status code.
+async fn call(ch: &Channel, token: &str, method: &str) -> Code {
+    let mut grpc = tonic::client::Grpc::new(bearer(ch, token));
+    grpc.ready().await.expect("ready");
+    let codec = tonic_prost::ProstCodec::<(), ()>::default();
+    let path = http::uri::PathAndQuery::try_from(method.to_owned()).expect("path");
+    match grpc.unary(tonic::Request::new(()), path, codec).await {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+fn allowed_for(method: &str, role: Role) -> bool {
+    hcp_sense::auth::allowed(method, role)
+}
+
+both_stores! {
+    async fn every_rpc_by_every_caller_is_authenticated_and_authorized(app) {
+        let (app, _dir) = secured(if app.db.get_database_backend() == sea_orm::DbBackend::Sqlite { StoreKind::Sqlite } else { StoreKind::Postgres }).await;
+        let ch = &app.channel;
+        let methods = methods();
+        assert!(methods.len() >= 20, "{methods:?}");
+        let expired = jwt("admin", "old-ops", -3600);
+        let wrong_sig = {
+            let good = jwt("admin", "forger", 3600);
+            format!("{}x", &good[..good.len() - 1])
+        };
+        let before = app.snapshot(true).await;
+        for m in &methods {
+            for (who, t) in [("no token", ""), ("bad token", "not-a-token"), ("expired JWT", expired.as_str()), ("forged JWT", wrong_sig.as_str())] {
+                assert_eq!(call(ch, t, m).await, Code::Unauthenticated, "{who} on {m}");
+            }
+            for (role, t) in [(Role::Admin, ADMIN), (Role::Runtime, RUNTIME), (Role::Reader, READER)] {
+                if !allowed_for(m, role) {
+                    assert_eq!(call(ch, t, m).await, Code::PermissionDenied, "{role:?} on {m}");
+                }
+            }
+        }
+        assert_eq!(app.snapshot(true).await, before, "a refused call changed something");
+        // Allowed calls get past the guard (their empty requests may still be invalid).
+        let reader_jwt = jwt("reader", "alice", 3600);
+        for m in &methods {
+            for (role, t) in [(Role::Admin, ADMIN), (Role::Runtime, RUNTIME), (Role::Reader, READER), (Role::Reader, reader_jwt.as_str())] {
+                if allowed_for(m, role) {
+                    let code = call(ch, t, m).await;
+                    assert!(!matches!(code, Code::Unauthenticated | Code::PermissionDenied), "{role:?} on {m}: {code:?}");
+                }
+            }
+        }
+    }
+
+    async fn readers_read_only_their_own_records_and_runtimes_none(app) {
+        let (app, _dir) = secured(if app.db.get_database_backend() == sea_orm::DbBackend::Sqlite { StoreKind::Sqlite } else { StoreKind::Postgres }).await;
+        let ch = app.channel.clone();
+        let mut admin_packs = hcp_sense::grpc::pb::pack_service_client::PackServiceClient::new(bearer(&ch, ADMIN));
+        admin_packs.register_pack(crate::packs::register_req(&crate::helpers::example("github.pack.json"))).await.expect("register");
+        let mut admin = PolicyServiceClient::new(bearer(&ch, ADMIN));
+        for who in ["alice", "bob"] {
+            admin.grant_sense_enable(GrantSenseEnableRequest { principal: who.into(), pack_id: "github".into() }).await.expect("grant");
+            admin.put_binding(PutBindingRequest { principal: who.into(), pack_id: "github".into(), binding_id: format!("b-{who}"), state: BindingState::Linked as i32 }).await.expect("bind");
+            admin.activate_sense(pb::ActivateSenseRequest { principal: who.into(), pack_id: "github".into(), route: Route::Inbox as i32 }).await.expect("activate");
+        }
+        let mut runtime = IngestServiceClient::new(bearer(&ch, RUNTIME));
+        for who in ["alice", "bob", "bob"] {
+            let r = runtime.deliver_trigger(DeliverTriggerRequest {
+                pack_id: "github".into(), r#ref: "issue.opened".into(), principal: who.into(), land: "user".into(), ..Default::default()
+            }).await.expect("deliver").into_inner();
+            assert_eq!(r.disposition, pb::Disposition::RecordedInbox as i32);
+        }
+        // A reader cannot grant, activate or read bob's records.
+        let mut as_reader = PolicyServiceClient::new(bearer(&ch, READER));
+        let e = as_reader.grant_sense_enable(GrantSenseEnableRequest { principal: "alice".into(), pack_id: "github".into() }).await.expect_err("grant");
+        assert_eq!(e.code(), Code::PermissionDenied);
+        let e = as_reader.activate_sense(pb::ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 1 }).await.expect_err("activate");
+        assert_eq!(e.code(), Code::PermissionDenied);
+        let mut reader = RecordServiceClient::new(bearer(&ch, READER));
+        let e = reader.list_records(ListRecordsRequest { principal: "bob".into(), ..Default::default() }).await.expect_err("bob's records");
+        assert_eq!(e.code(), Code::PermissionDenied);
+        let mine = reader.list_records(ListRecordsRequest { viewer: "bob".into(), ..Default::default() }).await.expect("own").into_inner().records;
+        assert_eq!(mine.len(), 1, "only alice's, whatever `viewer` says");
+        assert!(mine.iter().all(|r| r.principal == "alice"));
+        let via_jwt = RecordServiceClient::new(bearer(&ch, &jwt("reader", "alice", 3600)))
+            .list_records(ListRecordsRequest::default()).await.expect("jwt reader").into_inner().records;
+        assert_eq!(via_jwt.len(), 1);
+        // A runtime cannot read records.
+        let e = RecordServiceClient::new(bearer(&ch, RUNTIME)).list_records(ListRecordsRequest::default()).await.expect_err("runtime");
+        assert_eq!(e.code(), Code::PermissionDenied);
+        // An expired JWT is refused.
+        let e = RecordServiceClient::new(bearer(&ch, &jwt("reader", "alice", -120))).list_records(ListRecordsRequest::default()).await.expect_err("expired");
+        assert_eq!(e.code(), Code::Unauthenticated);
+        assert!(e.message().contains("expired"), "{}", e.message());
+        app.stop().await;
+    }
+
+    async fn oversized_and_deeply_nested_input_is_refused(app) {
+        let kind = if app.db.get_database_backend() == sea_orm::DbBackend::Sqlite { StoreKind::Sqlite } else { StoreKind::Postgres };
+        let mut app = spawn_app_with(kind, |c| c.max_json_depth = 10).await;
+        crate::packs::register(&mut app, &crate::helpers::example("github.pack.json")).await;
+        let big = "x".repeat(10 << 20);
+        let e = app.ingest.deliver_trigger(DeliverTriggerRequest {
+            pack_id: "github".into(), r#ref: "issue.opened".into(), principal: "alice".into(), land: "user".into(),
+            payload_source: Some(PayloadSource::PayloadJson(format!("{{\"blob\":\"{big}\"}}"))), ..Default::default()
+        }).await.expect_err("10 MiB");
+        assert!(matches!(e.code(), Code::OutOfRange | Code::ResourceExhausted | Code::InvalidArgument), "{e:?}");
+        let mut deep = serde_json::json!(1);
+        for _ in 0..12 {
+            deep = serde_json::json!({ "d": deep });
+        }
+        let e = app.ingest.deliver_trigger(DeliverTriggerRequest {
+            pack_id: "github".into(), r#ref: "issue.opened".into(), principal: "alice".into(), land: "user".into(),
+            payload_source: Some(PayloadSource::Payload(json_to_struct(&deep))), ..Default::default()
+        }).await.expect_err("deep");
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("payload"), "{}", e.message());
+        let e = app.ingest.deliver_trigger(DeliverTriggerRequest {
+            pack_id: "github".into(), r#ref: "issue.opened".into(), principal: "alice".into(), land: "user".into(),
+            payload_source: Some(PayloadSource::PayloadJson(format!("{}1{}", "[".repeat(200), "]".repeat(200)))), ..Default::default()
+        }).await.expect_err("deep text");
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("payload"), "{}", e.message());
+        assert_eq!(app.count("records").await, 0);
+    }
+}
+
+#[test]
+fn a_public_address_without_auth_is_refused() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    rt.block_on(async {
+        let db = crate::helpers::TestDb::create(StoreKind::Sqlite).await;
+        let mut cfg = hcp_sense::config::Config::for_database(db.url.clone());
+        cfg.listen = "0.0.0.0:0".parse().expect("addr");
+        let err = hcp_sense::app::App::build(cfg.clone())
+            .await
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("--insecure-no-auth"), "{err}");
+        cfg.insecure_no_auth = true;
+        assert!(hcp_sense::app::App::build(cfg).await.is_ok());
+    });
+}
