@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/hcp/sense/v1/ingest.proto",
         "proto/hcp/sense/v1/records.proto",
         "proto/hcp/sense/v1/bench.proto",
+        "proto/hcp/sense/v1/audit.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

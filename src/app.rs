@@ -19,9 +19,9 @@ use crate::grpc::ingest::Ingest;
 use crate::grpc::layer::RpcLayer;
 use crate::grpc::packs::Packs;
 use crate::grpc::pb::{
-    self, bench_service_server::BenchServiceServer, ingest_service_server::IngestServiceServer,
-    pack_service_server::PackServiceServer, policy_service_server::PolicyServiceServer,
-    record_service_server::RecordServiceServer,
+    self, audit_service_server::AuditServiceServer, bench_service_server::BenchServiceServer,
+    ingest_service_server::IngestServiceServer, pack_service_server::PackServiceServer,
+    policy_service_server::PolicyServiceServer, record_service_server::RecordServiceServer,
 };
 use crate::grpc::policy::Policy;
 use crate::grpc::records::Records;
@@ -208,6 +208,12 @@ impl App {
                 })
                 .max_decoding_message_size(max),
             )
+            .add_service(
+                AuditServiceServer::new(crate::grpc::audit::Audit {
+                    service: self.service.clone(),
+                })
+                .max_decoding_message_size(max),
+            )
             .add_optional_service(
                 self.bench_baseline
                     .then(|| BenchServiceServer::new(crate::grpc::bench::Baseline)),
@@ -295,7 +301,8 @@ fn http_routes(service: Service) -> axum::Router {
 }
 
 /// Every service whose health is reported; "" is the server as a whole.
-pub const SERVICES: [&str; 5] = [
+pub const SERVICES: [&str; 6] = [
+    "hcp.sense.v1.AuditService",
     "",
     "hcp.sense.v1.PackService",
     "hcp.sense.v1.PolicyService",

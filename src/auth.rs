@@ -50,6 +50,10 @@ pub enum Caller {
     Refused(String),
 }
 
+/// The `/package.Service/Method` path of the call, kept in the request's extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CalledMethod(pub String);
+
 /// A static bearer token as configured: only its SHA-256 is stored.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tonic::Status;
 
-use crate::auth::{allowed, Authenticator, Caller};
+use crate::auth::{allowed, Authenticator, CalledMethod, Caller};
 
 #[derive(Clone, Debug)]
 pub struct GuardLayer {
@@ -133,6 +133,7 @@ where
             return Box::pin(async move { Ok(status.into_http()) });
         }
         req.extensions_mut().insert(caller);
+        req.extensions_mut().insert(CalledMethod(path));
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(inner.call(req))

@@ -1,4 +1,5 @@
 //! The gRPC edge: generated types, thin services that translate and delegate, and error mapping.
+pub mod audit;
 pub mod bench;
 pub mod convert;
 pub mod guard;
@@ -9,6 +10,30 @@ pub mod paging;
 pub mod policy;
 pub mod records;
 pub mod status;
+
+use crate::auth::{CalledMethod, Caller};
+use crate::store::audit::Actor;
+
+/// The caller of a gRPC request, as the audit names it.
+pub fn actor_of<T>(req: &tonic::Request<T>) -> Actor {
+    let rpc = req
+        .extensions()
+        .get::<CalledMethod>()
+        .and_then(|m| m.0.rsplit('/').next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".to_owned());
+    match req.extensions().get::<Caller>() {
+        Some(Caller::Known(id)) => Actor {
+            subject: id.subject.clone(),
+            role: format!("{:?}", id.role).to_lowercase(),
+            rpc,
+        },
+        _ => Actor {
+            subject: "anonymous".into(),
+            role: "open".into(),
+            rpc,
+        },
+    }
+}
 
 /// Code generated from `proto/hcp/sense/v1`.
 pub mod pb {

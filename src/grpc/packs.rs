@@ -2,6 +2,7 @@
 use serde_json::Value;
 use tonic::{Request, Response, Status};
 
+use super::actor_of;
 use super::convert::{finding, pack, struct_to_json};
 use super::paging::{decode_token, encode_token, page_size};
 use super::pb::{self, pack_service_server::PackService};
@@ -54,9 +55,10 @@ impl PackService for Packs {
         &self,
         req: Request<pb::RegisterPackRequest>,
     ) -> Result<Response<pb::RegisterPackResponse>, Status> {
+        let actor = actor_of(&req);
         let manifest = register_source(req.into_inner().source)?;
         let svc = self.service.clone();
-        let r = detached(async move { svc.register_pack(&manifest).await }).await?;
+        let r = detached(actor, async move { svc.register_pack(&manifest).await }).await?;
         Ok(Response::new(pb::RegisterPackResponse {
             pack: Some(pack(&r.pack)),
             warnings: r.report.warnings().map(finding).collect(),
@@ -126,8 +128,9 @@ impl PackService for Packs {
         req: Request<pb::DeletePackRequest>,
     ) -> Result<Response<pb::DeletePackResponse>, Status> {
         let svc = self.service.clone();
+        let actor = actor_of(&req);
         let pack_id = req.into_inner().pack_id;
-        detached(async move { svc.delete_pack(&pack_id).await }).await?;
+        detached(actor, async move { svc.delete_pack(&pack_id).await }).await?;
         Ok(Response::new(pb::DeletePackResponse {}))
     }
 }

@@ -1,6 +1,7 @@
 //! PolicyService: grants, activation, Bindings, project members and the Execute-state mirror.
 use tonic::{Request, Response, Status};
 
+use super::actor_of;
 use super::convert::{
     activation, binding, binding_state, binding_state_from, execute_state, grant, outcome, route,
     route_from,
@@ -29,9 +30,14 @@ impl PolicyService for Policy {
         &self,
         req: Request<pb::GrantSenseEnableRequest>,
     ) -> Reply<pb::GrantSenseEnableResponse> {
+        let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        let g = detached(async move { svc.grant(&r.principal, &r.pack_id).await }).await?;
+        let g = detached(
+            actor,
+            async move { svc.grant(&r.principal, &r.pack_id).await },
+        )
+        .await?;
         Ok(Response::new(pb::GrantSenseEnableResponse {
             grant: Some(grant(&g)),
         }))
@@ -41,9 +47,14 @@ impl PolicyService for Policy {
         &self,
         req: Request<pb::RevokeSenseEnableRequest>,
     ) -> Reply<pb::RevokeSenseEnableResponse> {
+        let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        let revoked = detached(async move { svc.revoke(&r.principal, &r.pack_id).await }).await?;
+        let revoked = detached(
+            actor,
+            async move { svc.revoke(&r.principal, &r.pack_id).await },
+        )
+        .await?;
         Ok(Response::new(pb::RevokeSenseEnableResponse { revoked }))
     }
 
@@ -80,10 +91,11 @@ impl PolicyService for Policy {
         &self,
         req: Request<pb::ActivateSenseRequest>,
     ) -> Reply<pb::ActivateSenseResponse> {
+        let actor = actor_of(&req);
         let r = req.into_inner();
         let route = route_from("route", r.route)?;
         let svc = self.service.clone();
-        let a = detached(async move {
+        let a = detached(actor, async move {
             svc.set_activation(&r.principal, &r.pack_id, true, route)
                 .await
         })
@@ -97,9 +109,10 @@ impl PolicyService for Policy {
         &self,
         req: Request<pb::DeactivateSenseRequest>,
     ) -> Reply<pb::DeactivateSenseResponse> {
+        let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        let a = detached(async move {
+        let a = detached(actor, async move {
             svc.set_activation(&r.principal, &r.pack_id, false, None)
                 .await
         })
@@ -113,10 +126,11 @@ impl PolicyService for Policy {
         &self,
         req: Request<pb::PutExecuteStateRequest>,
     ) -> Reply<pb::PutExecuteStateResponse> {
+        let actor = actor_of(&req);
         let r = req.into_inner();
-        let e = self
-            .service
-            .put_execute_state(ExecuteState {
+        let svc = self.service.clone();
+        let e = detached(actor, async move {
+            svc.put_execute_state(ExecuteState {
                 principal: r.principal,
                 pack_id: r.pack_id,
                 installed: r.installed,
@@ -124,7 +138,9 @@ impl PolicyService for Policy {
                 connected: r.connected,
                 update_time: 0,
             })
-            .await?;
+            .await
+        })
+        .await?;
         Ok(Response::new(pb::PutExecuteStateResponse {
             execute_state: Some(execute_state(&e)),
         }))
@@ -156,10 +172,11 @@ impl PolicyService for Policy {
         &self,
         req: Request<pb::PutBindingRequest>,
     ) -> Reply<pb::PutBindingResponse> {
+        let actor = actor_of(&req);
         let r = req.into_inner();
         let state = binding_state_from("state", r.state)?;
         let svc = self.service.clone();
-        let (b, degraded) = detached(async move {
+        let (b, degraded) = detached(actor, async move {
             svc.put_binding(&r.principal, &r.pack_id, &r.binding_id, state)
                 .await
         })
@@ -174,9 +191,13 @@ impl PolicyService for Policy {
         &self,
         req: Request<pb::DeleteBindingRequest>,
     ) -> Reply<pb::DeleteBindingResponse> {
+        let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        detached(async move { svc.delete_binding(&r.principal, &r.pack_id).await }).await?;
+        detached(actor, async move {
+            svc.delete_binding(&r.principal, &r.pack_id).await
+        })
+        .await?;
         Ok(Response::new(pb::DeleteBindingResponse {}))
     }
 
@@ -184,6 +205,7 @@ impl PolicyService for Policy {
         &self,
         req: Request<pb::ReportBindingHealthRequest>,
     ) -> Reply<pb::ReportBindingHealthResponse> {
+        let actor = actor_of(&req);
         let r = req.into_inner();
         let state = binding_state_from("state", r.state)?.ok_or_else(|| {
             Error::invalid(
@@ -192,7 +214,7 @@ impl PolicyService for Policy {
             )
         })?;
         let svc = self.service.clone();
-        let (b, previous, degraded) = detached(async move {
+        let (b, previous, degraded) = detached(actor, async move {
             svc.report_binding_health(&r.principal, &r.pack_id, state)
                 .await
         })
@@ -208,8 +230,13 @@ impl PolicyService for Policy {
         &self,
         req: Request<pb::AddProjectMemberRequest>,
     ) -> Reply<pb::AddProjectMemberResponse> {
+        let actor = actor_of(&req);
         let r = req.into_inner();
-        self.service.add_member(&r.project, &r.principal).await?;
+        let svc = self.service.clone();
+        detached(actor, async move {
+            svc.add_member(&r.project, &r.principal).await
+        })
+        .await?;
         Ok(Response::new(pb::AddProjectMemberResponse {}))
     }
 
@@ -217,8 +244,13 @@ impl PolicyService for Policy {
         &self,
         req: Request<pb::RemoveProjectMemberRequest>,
     ) -> Reply<pb::RemoveProjectMemberResponse> {
+        let actor = actor_of(&req);
         let r = req.into_inner();
-        let removed = self.service.remove_member(&r.project, &r.principal).await?;
+        let svc = self.service.clone();
+        let removed = detached(actor, async move {
+            svc.remove_member(&r.project, &r.principal).await
+        })
+        .await?;
         Ok(Response::new(pb::RemoveProjectMemberResponse { removed }))
     }
 }

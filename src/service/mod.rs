@@ -20,6 +20,7 @@ use crate::domain::names::check_pack_id;
 use crate::domain::policy::PolicyView;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::store::audit::{as_actor, Actor};
 use crate::store::{Sink, Store};
 
 /// Limits on what a caller may send.
@@ -133,20 +134,22 @@ impl Service {
 }
 
 /// Runs an admin operation to its end even if the caller goes away, so that a
-/// commit is never separated from the view update that follows it.
+/// commit is never separated from the view update that follows it; `actor` is
+/// the author of the audit rows it writes.
 pub async fn detached<T: Send + 'static>(
+    actor: Actor,
     op: impl std::future::Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
-    tokio::spawn(op)
+    tokio::spawn(as_actor(actor, op))
         .await
         .map_err(|e| Error::Internal(format!("admin operation failed: {e}")))?
 }
 
-pub(crate) fn valid_pack_id(pack_id: &str) -> Result<()> {
+pub fn valid_pack_id(pack_id: &str) -> Result<()> {
     check_pack_id(pack_id).map_err(|e| Error::invalid("pack_id", e))
 }
 
-pub(crate) fn valid_id(field: &'static str, id: &str) -> Result<()> {
+pub fn valid_id(field: &'static str, id: &str) -> Result<()> {
     check_id(field, id).map_err(|e| Error::invalid(field, e))
 }
 

@@ -239,3 +239,29 @@ pub mod drop_reports {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+pub mod audit_events {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "audit_events")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub event_id: String,
+        pub event_time: i64,
+        pub actor: String,
+        pub role: String,
+        pub rpc: String,
+        pub pack_id: Option<String>,
+        pub principal: Option<String>,
+        #[sea_orm(column_type = "Text", nullable)]
+        pub before: Option<String>,
+        #[sea_orm(column_type = "Text", nullable)]
+        pub after: Option<String>,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

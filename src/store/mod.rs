@@ -1,4 +1,5 @@
 //! The store: every SQL the service runs, behind one type, on SQLite or PostgreSQL.
+pub mod audit;
 pub mod entity;
 mod packs;
 mod policy;

@@ -61,6 +61,27 @@ impl Store {
                 .map_err(classify)?;
         }
         insert_declaration(txn, m).await?;
+        super::audit::record(
+            txn,
+            Some(&m.pack_id),
+            None,
+            existing.as_ref().map(|p| {
+                format!(
+                    "generation {} kind {} binding {}",
+                    p.generation, p.kind, p.binding_mode
+                )
+            }),
+            Some(format!(
+                "generation {generation} kind {} binding {} refs {:?}",
+                m.kind,
+                m.binding_mode,
+                m.triggers
+                    .iter()
+                    .map(|t| t.r#ref.as_str())
+                    .collect::<Vec<_>>()
+            )),
+        )
+        .await?;
         w.commit().await?;
         Ok((
             RegisteredPack {
@@ -117,6 +138,7 @@ impl Store {
             .exec(txn)
             .await
             .map_err(classify)?;
+        super::audit::record(txn, Some(pack_id), None, Some("registered".into()), None).await?;
         w.commit().await?;
         Ok(true)
     }

@@ -173,6 +173,11 @@ impl Store {
     /// Grants `sense.enable`; granting again keeps the first grant's time.
     pub async fn put_grant(&self, principal: &str, pack_id: &str, now: i64) -> Result<Grant> {
         let w = self.begin_write().await?;
+        let before = sense_grants::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
+            .one(&w.txn)
+            .await
+            .map_err(classify)?
+            .map(|g| format!("{g:?}"));
         sense_grants::Entity::insert(sense_grants::ActiveModel {
             principal: Set(principal.to_owned()),
             pack_id: Set(pack_id.to_owned()),
@@ -194,6 +199,14 @@ impl Store {
             .await
             .map_err(classify)?
             .ok_or_else(|| corrupt("grant"))?;
+        super::audit::record(
+            &w.txn,
+            Some(pack_id),
+            Some(principal),
+            before,
+            Some(format!("{g:?}")),
+        )
+        .await?;
         w.commit().await?;
         Ok(Grant {
             principal: g.principal,
@@ -204,10 +217,16 @@ impl Store {
 
     pub async fn delete_grant(&self, principal: &str, pack_id: &str) -> Result<bool> {
         let w = self.begin_write().await?;
+        let before = sense_grants::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
+            .one(&w.txn)
+            .await
+            .map_err(classify)?
+            .map(|g| format!("{g:?}"));
         let r = sense_grants::Entity::delete_by_id((principal.to_owned(), pack_id.to_owned()))
             .exec(&w.txn)
             .await
             .map_err(classify)?;
+        super::audit::record(&w.txn, Some(pack_id), Some(principal), before, None).await?;
         w.commit().await?;
         Ok(r.rows_affected > 0)
     }
@@ -256,6 +275,12 @@ impl Store {
     /// Sets an activation (an empty principal is pack-wide).
     pub async fn put_activation(&self, a: &ActivationRow) -> Result<()> {
         let w = self.begin_write().await?;
+        let before =
+            sense_activations::Entity::find_by_id((a.principal.clone(), a.pack_id.clone()))
+                .one(&w.txn)
+                .await
+                .map_err(classify)?
+                .map(|r| format!("{r:?}"));
         sense_activations::Entity::insert(sense_activations::ActiveModel {
             principal: Set(a.principal.clone()),
             pack_id: Set(a.pack_id.clone()),
@@ -278,6 +303,14 @@ impl Store {
         .exec_without_returning(&w.txn)
         .await
         .map_err(classify)?;
+        super::audit::record(
+            &w.txn,
+            Some(&a.pack_id),
+            Some(&a.principal),
+            before,
+            Some(format!("{a:?}")),
+        )
+        .await?;
         w.commit().await
     }
 
@@ -296,6 +329,11 @@ impl Store {
 
     pub async fn put_execute_state(&self, e: &ExecuteState) -> Result<()> {
         let w = self.begin_write().await?;
+        let before = execute_states::Entity::find_by_id((e.principal.clone(), e.pack_id.clone()))
+            .one(&w.txn)
+            .await
+            .map_err(classify)?
+            .map(|r| format!("{r:?}"));
         execute_states::Entity::insert(execute_states::ActiveModel {
             principal: Set(e.principal.clone()),
             pack_id: Set(e.pack_id.clone()),
@@ -320,6 +358,14 @@ impl Store {
         .exec_without_returning(&w.txn)
         .await
         .map_err(classify)?;
+        super::audit::record(
+            &w.txn,
+            Some(&e.pack_id),
+            Some(&e.principal),
+            before,
+            Some(format!("{e:?}")),
+        )
+        .await?;
         w.commit().await
     }
 
@@ -355,6 +401,11 @@ impl Store {
         } else {
             self.begin_write().await?
         };
+        let before = bindings::Entity::find_by_id((b.principal.clone(), b.pack_id.clone()))
+            .one(&w.txn)
+            .await
+            .map_err(classify)?
+            .map(|r| format!("{r:?}"));
         bindings::Entity::insert(bindings::ActiveModel {
             principal: Set(b.principal.clone()),
             pack_id: Set(b.pack_id.clone()),
@@ -380,21 +431,41 @@ impl Store {
             super::stamp(r);
             super::records::insert_records(&w.txn, std::slice::from_ref(r)).await?;
         }
+        super::audit::record(
+            &w.txn,
+            Some(&b.pack_id),
+            Some(&b.principal),
+            before,
+            Some(format!("{b:?}")),
+        )
+        .await?;
         w.commit().await
     }
 
     pub async fn delete_binding(&self, principal: &str, pack_id: &str) -> Result<bool> {
         let w = self.begin_write().await?;
+        let before = bindings::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
+            .one(&w.txn)
+            .await
+            .map_err(classify)?
+            .map(|r| format!("{r:?}"));
         let r = bindings::Entity::delete_by_id((principal.to_owned(), pack_id.to_owned()))
             .exec(&w.txn)
             .await
             .map_err(classify)?;
+        super::audit::record(&w.txn, Some(pack_id), Some(principal), before, None).await?;
         w.commit().await?;
         Ok(r.rows_affected > 0)
     }
 
     pub async fn add_member(&self, project: &str, principal: &str, now: i64) -> Result<()> {
         let w = self.begin_write().await?;
+        let before =
+            project_members::Entity::find_by_id((project.to_owned(), principal.to_owned()))
+                .one(&w.txn)
+                .await
+                .map_err(classify)?
+                .map(|r| format!("{r:?}"));
         project_members::Entity::insert(project_members::ActiveModel {
             project: Set(project.to_owned()),
             principal: Set(principal.to_owned()),
@@ -411,15 +482,30 @@ impl Store {
         .exec_without_returning(&w.txn)
         .await
         .map_err(classify)?;
+        super::audit::record(
+            &w.txn,
+            None,
+            Some(principal),
+            before,
+            Some(format!("member of project `{project}`")),
+        )
+        .await?;
         w.commit().await
     }
 
     pub async fn remove_member(&self, project: &str, principal: &str) -> Result<bool> {
         let w = self.begin_write().await?;
+        let before =
+            project_members::Entity::find_by_id((project.to_owned(), principal.to_owned()))
+                .one(&w.txn)
+                .await
+                .map_err(classify)?
+                .map(|r| format!("{r:?}"));
         let r = project_members::Entity::delete_by_id((project.to_owned(), principal.to_owned()))
             .exec(&w.txn)
             .await
             .map_err(classify)?;
+        super::audit::record(&w.txn, None, Some(principal), before, None).await?;
         w.commit().await?;
         Ok(r.rows_affected > 0)
     }

@@ -40,6 +40,7 @@ async fn up_down_up(kind: StoreKind) {
         "project_members",
         "records",
         "drop_reports",
+        "audit_events",
     ];
     let conn = db.connect().await;
     let has = |t: &'static str| {

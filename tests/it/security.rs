@@ -172,6 +172,29 @@ both_stores! {
             }).await.expect("deliver").into_inner();
             assert_eq!(r.disposition, pb::Disposition::RecordedInbox as i32);
         }
+        // The audit log shows who granted what, in the change's own transaction.
+        let mut audit = hcp_sense::grpc::pb::audit_service_client::AuditServiceClient::new(bearer(&ch, ADMIN));
+        let events = audit
+            .list_audit_events(pb::ListAuditEventsRequest { principal: "alice".into(), ..Default::default() })
+            .await
+            .expect("audit")
+            .into_inner()
+            .audit_events;
+        let grant = events.iter().find(|e| e.rpc == "GrantSenseEnable").expect("the grant is audited");
+        assert_eq!((grant.actor.as_str(), grant.role.as_str(), grant.pack_id.as_str()), ("ops", "admin", "github"));
+        assert!(grant.before.is_empty() && grant.after.contains("alice"), "{grant:?}");
+        assert!(events.iter().any(|e| e.rpc == "PutBinding" && e.after.contains("b-alice")));
+        assert!(events.iter().any(|e| e.rpc == "ActivateSense"));
+        let times: Vec<_> = events.iter().map(|e| e.event_time.map(|t| (t.seconds, t.nanos))).collect();
+        assert!(times.windows(2).all(|w| w[0] >= w[1]), "newest first");
+        let packs = audit
+            .list_audit_events(pb::ListAuditEventsRequest { pack_id: "github".into(), page_size: 2, ..Default::default() })
+            .await
+            .expect("audit page")
+            .into_inner();
+        assert_eq!(packs.audit_events.len(), 2);
+        assert!(!packs.next_page_token.is_empty());
+        assert!(!events.iter().any(|e| e.rpc == "DeliverTrigger"), "deliveries are not admin mutations");
         // A reader cannot grant, activate or read bob's records.
         let mut as_reader = PolicyServiceClient::new(bearer(&ch, READER));
         let e = as_reader.grant_sense_enable(GrantSenseEnableRequest { principal: "alice".into(), pack_id: "github".into() }).await.expect_err("grant");

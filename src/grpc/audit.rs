@@ -1,0 +1,73 @@
+//! AuditService: the admin mutation log, newest first.
+use tonic::{Request, Response, Status};
+
+use super::convert::timestamp;
+use super::paging::{decode_token, encode_token, fingerprint, page_size, SEP};
+use super::pb::{self, audit_service_server::AuditService};
+use super::policy::next_token;
+use crate::error::Error;
+use crate::service::{valid_id, valid_pack_id, Service};
+
+#[derive(Clone, Debug)]
+pub struct Audit {
+    pub service: Service,
+}
+
+#[tonic::async_trait]
+impl AuditService for Audit {
+    async fn list_audit_events(
+        &self,
+        req: Request<pb::ListAuditEventsRequest>,
+    ) -> Result<Response<pb::ListAuditEventsResponse>, Status> {
+        const KIND: &str = "audit";
+        let r = req.into_inner();
+        let pack = (!r.pack_id.is_empty()).then_some(r.pack_id.as_str());
+        let principal = (!r.principal.is_empty()).then_some(r.principal.as_str());
+        if let Some(p) = pack {
+            valid_pack_id(p)?;
+        }
+        if let Some(p) = principal {
+            valid_id("principal", p)?;
+        }
+        let size = page_size(r.page_size)?;
+        let fp = fingerprint(&[&r.pack_id, &r.principal]);
+        let token = decode_token(KIND, &fp, &r.page_token)?;
+        let before = match &token {
+            None => None,
+            Some(k) => {
+                let (t, id) = k
+                    .split_once(SEP)
+                    .ok_or_else(|| Error::invalid("page_token", "is malformed"))?;
+                let t: i64 = t
+                    .parse()
+                    .map_err(|_| Error::invalid("page_token", "is malformed"))?;
+                Some((t, id))
+            }
+        };
+        let mut events = self
+            .service
+            .store
+            .list_audit_events(pack, principal, before, size + 1)
+            .await?;
+        let next_page_token = next_token(&mut events, size, |e| {
+            encode_token(KIND, &fp, &format!("{}{SEP}{}", e.time, e.event_id))
+        });
+        Ok(Response::new(pb::ListAuditEventsResponse {
+            audit_events: events
+                .into_iter()
+                .map(|e| pb::AuditEvent {
+                    event_id: e.event_id,
+                    event_time: Some(timestamp(e.time)),
+                    actor: e.actor,
+                    role: e.role,
+                    rpc: e.rpc,
+                    pack_id: e.pack_id.unwrap_or_default(),
+                    principal: e.principal.unwrap_or_default(),
+                    before: e.before.unwrap_or_default(),
+                    after: e.after.unwrap_or_default(),
+                })
+                .collect(),
+            next_page_token,
+        }))
+    }
+}
