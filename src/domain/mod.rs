@@ -4,3 +4,5 @@ pub mod model;
 pub mod names;
 pub mod pack;
 pub mod policy;
+#[cfg(test)]
+mod props;

@@ -2,6 +2,8 @@
 #[macro_use]
 mod helpers;
 
+mod hostile;
+
 mod cli;
 mod migrations;
 mod packs;
