@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::Server;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::server::HealthReporter;
 
 use crate::config::Config;
@@ -40,6 +40,7 @@ pub struct App {
     bench_baseline: bool,
     auth: Arc<Authenticator>,
     limits: ServerLimits,
+    tls: Option<ServerTlsConfig>,
 }
 
 /// Transport limits of the gRPC server.
@@ -72,7 +73,28 @@ impl App {
                 );
             }
         }
-        let auth = Arc::new(Authenticator::from_config(&config.auth)?);
+        let mut auth = Authenticator::from_config(&config.auth)?;
+        if let Some(tls) = config.tls.as_ref().filter(|t| t.client_ca_file.is_some()) {
+            auth = auth.with_client_certificates(tls.client_role);
+        }
+        let auth = Arc::new(auth);
+        let tls = match &config.tls {
+            None => None,
+            Some(t) => {
+                let read = |p: &std::path::Path| {
+                    std::fs::read(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
+                };
+                let mut c = ServerTlsConfig::new()
+                    .identity(Identity::from_pem(read(&t.cert_file)?, read(&t.key_file)?));
+                if let Some(ca) = &t.client_ca_file {
+                    // Certificates are one way in; callers without one may still send a token.
+                    c = c
+                        .client_ca_root(Certificate::from_pem(read(ca)?))
+                        .client_auth_optional(true);
+                }
+                Some(c)
+            }
+        };
         if !auth.is_enabled() {
             if !config.listen.ip().is_loopback() && !config.insecure_no_auth {
                 anyhow::bail!(
@@ -111,6 +133,7 @@ impl App {
             shutdown_grace: config.shutdown_grace,
             bench_baseline: config.bench_baseline,
             auth,
+            tls,
             limits: ServerLimits {
                 rate_per_sec: config.rate_limit_per_sec,
                 max_request_bytes: config.max_request_bytes,
@@ -176,7 +199,11 @@ impl App {
             }
         });
         let max = self.limits.max_request_bytes;
-        let serve = Server::builder()
+        let mut builder = Server::builder();
+        if let Some(tls) = self.tls.clone() {
+            builder = builder.tls_config(tls)?;
+        }
+        let serve = builder
             .max_concurrent_streams(self.limits.max_concurrent_streams)
             .timeout(self.limits.request_timeout)
             .layer(RpcLayer::new(self.service.metrics.clone()))

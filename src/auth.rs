@@ -110,6 +110,8 @@ struct Jwt {
 #[derive(Debug, Default)]
 pub struct Authenticator {
     enabled: bool,
+    /// The role of callers known by a client certificate (mutual TLS).
+    mtls_role: Option<Role>,
     tokens: HashMap<[u8; 32], Identity>,
     jwt: Option<Jwt>,
 }
@@ -192,6 +194,7 @@ impl Authenticator {
         };
         Ok(Authenticator {
             enabled: cfg.is_enabled(),
+            mtls_role: None,
             tokens,
             jwt,
         })
@@ -199,6 +202,25 @@ impl Authenticator {
 
     pub fn is_enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// Also accept callers by a verified client certificate, with this role.
+    pub fn with_client_certificates(mut self, role: Role) -> Authenticator {
+        self.mtls_role = Some(role);
+        self.enabled = true;
+        self
+    }
+
+    /// The identity of a caller who sent no bearer credentials but a verified client
+    /// certificate (DER): its subject's common name is the subject and principal.
+    pub fn check_certificate(&self, der: &[u8]) -> Option<Identity> {
+        let role = self.mtls_role?;
+        let cn = common_name(der)?;
+        Some(Identity {
+            subject: cn.clone(),
+            role,
+            principal: Some(cn),
+        })
     }
 
     /// What the `authorization` header value says about the caller.
@@ -287,6 +309,23 @@ impl Jwt {
         }
         Err(last)
     }
+}
+
+/// The last common name (OID 2.5.4.3) in a DER certificate: the subject's, which
+/// follows the issuer's in the certificate body.
+fn common_name(der: &[u8]) -> Option<String> {
+    const CN: [u8; 5] = [0x06, 0x03, 0x55, 0x04, 0x03];
+    let at = der.windows(CN.len()).rposition(|w| w == CN)?;
+    let rest = der.get(at + CN.len()..)?;
+    let (&tag, &len) = (rest.first()?, rest.get(1)?);
+    // UTF8String, PrintableString or IA5String, short form length.
+    if !matches!(tag, 0x0c | 0x13 | 0x16) || len >= 0x80 {
+        return None;
+    }
+    let value = rest.get(2..2 + usize::from(len))?;
+    String::from_utf8(value.to_vec())
+        .ok()
+        .filter(|s| !s.is_empty())
 }
 
 /// The roles that may call a method (`/package.Service/Method`). Health and

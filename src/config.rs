@@ -65,6 +65,23 @@ pub struct ServeOptions {
     #[arg(long, env = "HCP_SENSE_SAMPLE_DROP_DECISIONS", value_name = "BOOL")]
     pub sample_drop_decisions: Option<bool>,
 
+    /// Serve TLS with this PEM certificate chain (needs --tls-key-file).
+    #[arg(long, env = "HCP_SENSE_TLS_CERT_FILE", value_name = "FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert-file.
+    #[arg(long, env = "HCP_SENSE_TLS_KEY_FILE", value_name = "FILE")]
+    pub tls_key_file: Option<PathBuf>,
+
+    /// Accept client certificates signed by this PEM CA (mutual TLS); the certificate's
+    /// common name becomes the caller's principal.
+    #[arg(long, env = "HCP_SENSE_TLS_CLIENT_CA_FILE", value_name = "FILE")]
+    pub tls_client_ca_file: Option<PathBuf>,
+
+    /// Role of callers known by their client certificate: admin, runtime or reader [default: reader].
+    #[arg(long, env = "HCP_SENSE_TLS_CLIENT_ROLE", value_name = "ROLE")]
+    pub tls_client_role: Option<String>,
+
     /// Serve without authentication on a non-loopback address. Without `[auth]` in the
     /// configuration file the server otherwise refuses to bind anything but loopback.
     #[arg(long)]
@@ -140,6 +157,16 @@ pub struct Config {
     pub max_json_depth: usize,
     pub max_concurrent_streams: u32,
     pub request_timeout: Duration,
+    pub tls: Option<TlsConfig>,
+}
+
+/// TLS files and the role of callers known by their client certificate.
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub client_ca_file: Option<PathBuf>,
+    pub client_role: crate::auth::Role,
 }
 
 #[derive(Debug, Clone)]
@@ -251,6 +278,29 @@ impl ServeOptions {
                     .or(file.request_timeout_secs)
                     .unwrap_or(30),
             ),
+            tls: match (
+                self.tls_cert_file.or(file.tls_cert_file),
+                self.tls_key_file.or(file.tls_key_file),
+            ) {
+                (Some(cert_file), Some(key_file)) => {
+                    let role = self
+                        .tls_client_role
+                        .or(file.tls_client_role)
+                        .unwrap_or_else(|| "reader".into());
+                    Some(TlsConfig {
+                        cert_file,
+                        key_file,
+                        client_ca_file: self.tls_client_ca_file.or(file.tls_client_ca_file),
+                        client_role: crate::auth::Role::parse(&role).ok_or_else(|| {
+                            anyhow::anyhow!(
+                                "tls_client_role `{role}` must be admin, runtime or reader"
+                            )
+                        })?,
+                    })
+                }
+                (None, None) => None,
+                _ => anyhow::bail!("TLS needs both --tls-cert-file and --tls-key-file"),
+            },
         })
     }
 }
@@ -280,6 +330,10 @@ struct FileConfig {
     max_json_depth: Option<usize>,
     max_concurrent_streams: Option<u32>,
     request_timeout_secs: Option<u64>,
+    tls_cert_file: Option<PathBuf>,
+    tls_key_file: Option<PathBuf>,
+    tls_client_ca_file: Option<PathBuf>,
+    tls_client_role: Option<String>,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
@@ -315,6 +369,7 @@ impl Config {
             max_json_depth: 32,
             max_concurrent_streams: 256,
             request_timeout: Duration::from_secs(30),
+            tls: None,
         }
     }
 }

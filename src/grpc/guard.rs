@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::Status;
 
 use crate::auth::{allowed, Authenticator, CalledMethod, Caller};
@@ -106,7 +107,22 @@ where
             .headers()
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let caller = self.layer.auth.check(header);
+        let mut caller = self.layer.auth.check(header);
+        if header.is_none() {
+            // No bearer credentials: a verified client certificate may name the caller.
+            let cert = req
+                .extensions()
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(|i| i.peer_certs())
+                .and_then(|certs| {
+                    certs
+                        .first()
+                        .and_then(|c| self.layer.auth.check_certificate(c))
+                });
+            if let Some(id) = cert {
+                caller = Caller::Known(id);
+            }
+        }
         let path = req.uri().path().to_owned();
         let open = allowed(&path, crate::auth::Role::Reader)
             && allowed(&path, crate::auth::Role::Runtime)

@@ -163,6 +163,7 @@ pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -
     let test_db = TestDb::create(kind).await;
     let mut config = Config::for_database(test_db.url.clone());
     adjust(&mut config);
+    let tls = config.tls.is_some();
     let app = App::build(config).await.expect("build app");
     let addr = app.local_addr();
     let metrics_addr = app.metrics_addr();
@@ -170,11 +171,18 @@ pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -
     let server = tokio::spawn(app.run_until(async move {
         let _ = stopped.await;
     }));
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect to the test server");
+    // A TLS server gets a lazy plain channel, which its tests do not use.
+    let channel = if tls {
+        Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect_lazy()
+    } else {
+        Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect to the test server")
+    };
     let db = test_db.connect().await;
     TestApp {
         addr,

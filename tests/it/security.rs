@@ -269,3 +269,150 @@ fn a_public_address_without_auth_is_refused() {
         assert!(hcp_sense::app::App::build(cfg).await.is_ok());
     });
 }
+
+/// A CA, a server certificate for localhost and 127.0.0.1, and a client certificate for `alice`, by openssl.
+fn make_certs(dir: &std::path::Path) {
+    let script = r#"
+set -e
+ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+openssl req -x509 $ec -keyout ca.key -out ca.pem -days 2 -subj /CN=hcp-test-ca 2>/dev/null
+openssl req $ec -keyout server.key -out server.csr -subj /CN=localhost 2>/dev/null
+printf "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n" > server.ext
+openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile server.ext 2>/dev/null
+openssl req $ec -keyout client.key -out client.csr -subj /CN=alice 2>/dev/null
+printf "extendedKeyUsage=clientAuth\n" > client.ext
+openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2 -extfile client.ext 2>/dev/null
+"#;
+    let ok = std::process::Command::new("bash")
+        .args(["-c", script])
+        .current_dir(dir)
+        .status()
+        .expect("openssl must be installed (see .ci/run)");
+    assert!(ok.success(), "making test certificates");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_names_the_reader_by_its_certificate() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let dir = tempfile::tempdir().expect("tempdir");
+    make_certs(dir.path());
+    let p = |f: &str| dir.path().join(f);
+    let app = spawn_app_with(StoreKind::Sqlite, |c| {
+        c.auth = AuthConfig {
+            tokens: vec![
+                token("ops", ADMIN, Role::Admin, None),
+                token("harness", RUNTIME, Role::Runtime, None),
+            ],
+            jwt: None,
+        };
+        c.tls = Some(hcp_sense::config::TlsConfig {
+            cert_file: p("server.pem"),
+            key_file: p("server.key"),
+            client_ca_file: Some(p("ca.pem")),
+            client_role: Role::Reader,
+        });
+    })
+    .await;
+    let read = |f: &str| std::fs::read(p(f)).expect("pem");
+    let tls = |with_cert: bool| {
+        let mut c = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read("ca.pem")))
+            .domain_name("localhost");
+        if with_cert {
+            c = c.identity(Identity::from_pem(read("client.pem"), read("client.key")));
+        }
+        c
+    };
+    let url = format!("https://127.0.0.1:{}", app.addr.port());
+    let with_cert = Channel::from_shared(url.clone())
+        .expect("uri")
+        .tls_config(tls(true))
+        .expect("tls")
+        .connect()
+        .await
+        .expect("mTLS connect");
+    let no_cert = Channel::from_shared(url)
+        .expect("uri")
+        .tls_config(tls(false))
+        .expect("tls")
+        .connect()
+        .await
+        .expect("TLS connect");
+
+    let mut packs =
+        hcp_sense::grpc::pb::pack_service_client::PackServiceClient::new(bearer(&no_cert, ADMIN));
+    packs
+        .register_pack(crate::packs::register_req(&crate::helpers::example(
+            "github.pack.json",
+        )))
+        .await
+        .expect("register over TLS");
+    let mut admin = PolicyServiceClient::new(bearer(&no_cert, ADMIN));
+    for who in ["alice", "bob"] {
+        admin
+            .grant_sense_enable(GrantSenseEnableRequest {
+                principal: who.into(),
+                pack_id: "github".into(),
+            })
+            .await
+            .expect("grant");
+        admin
+            .put_binding(PutBindingRequest {
+                principal: who.into(),
+                pack_id: "github".into(),
+                binding_id: format!("b-{who}"),
+                state: 1,
+            })
+            .await
+            .expect("bind");
+        admin
+            .activate_sense(pb::ActivateSenseRequest {
+                principal: who.into(),
+                pack_id: "github".into(),
+                route: 1,
+            })
+            .await
+            .expect("activate");
+        IngestServiceClient::new(bearer(&no_cert, RUNTIME))
+            .deliver_trigger(DeliverTriggerRequest {
+                pack_id: "github".into(),
+                r#ref: "issue.opened".into(),
+                principal: who.into(),
+                land: "user".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("deliver");
+    }
+    // The certificate's CN is the reader's principal.
+    let mine = RecordServiceClient::new(with_cert.clone())
+        .list_records(ListRecordsRequest::default())
+        .await
+        .expect("list by certificate")
+        .into_inner()
+        .records;
+    assert_eq!(mine.len(), 1);
+    assert_eq!(mine[0].principal, "alice");
+    let e = PolicyServiceClient::new(with_cert)
+        .grant_sense_enable(GrantSenseEnableRequest {
+            principal: "alice".into(),
+            pack_id: "github".into(),
+        })
+        .await
+        .expect_err("reader");
+    assert_eq!(e.code(), Code::PermissionDenied);
+    // Neither certificate nor token.
+    let e = RecordServiceClient::new(no_cert)
+        .list_records(ListRecordsRequest::default())
+        .await
+        .expect_err("anonymous");
+    assert_eq!(e.code(), Code::Unauthenticated);
+    // Plain text does not get an answer.
+    let plain = Channel::from_shared(format!("http://127.0.0.1:{}", app.addr.port()))
+        .expect("uri")
+        .connect_lazy();
+    assert!(RecordServiceClient::new(plain)
+        .list_records(ListRecordsRequest::default())
+        .await
+        .is_err());
+}
