@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Serve the gRPC API (the default).
-    Serve(ServeOptions),
+    Serve(Box<ServeOptions>),
     /// Apply or inspect the schema migrations.
     Migrate {
         /// `up` applies every pending migration; `status` lists them.
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Cmd::Lint { manifest }) => lint_file(&manifest),
         Some(Cmd::Migrate { action, database }) => run(migrate(action, database)),
-        Some(Cmd::Serve(opts)) => run(serve(opts)),
+        Some(Cmd::Serve(opts)) => run(serve(*opts)),
         Some(Cmd::Bench(opts)) => run(hcp_sense::bench::run(opts)),
         None => run(serve(cli.serve)),
     }
