@@ -65,6 +65,10 @@ impl Served {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends SIGTERM and returns whether the process exited 0 within the timeout.
     pub fn terminate(mut self) -> bool {
         let pid = self.child.id().to_string();

@@ -416,3 +416,71 @@ async fn mutual_tls_names_the_reader_by_its_certificate() {
         .await
         .is_err());
 }
+
+/// The server's peak resident set size in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_10_mib_payload_is_refused_without_the_server_growing() {
+    let db = crate::helpers::TestDb::create(StoreKind::Sqlite).await;
+    let mut cmd = std::process::Command::new(crate::cli::BIN);
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--database-url",
+        &db.url,
+    ]);
+    let served = crate::cli::Served::spawn(cmd);
+    let ch = Channel::from_shared(format!("http://{}", served.addr))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut ingest = IngestServiceClient::new(ch);
+    // Warm up, then measure the peak before and after ten oversized calls.
+    let _ = ingest
+        .deliver_trigger(DeliverTriggerRequest {
+            pack_id: "p".into(),
+            r#ref: "a.b".into(),
+            principal: "x".into(),
+            land: "user".into(),
+            ..Default::default()
+        })
+        .await;
+    let pid = served.pid();
+    let before = peak_rss_kib(pid);
+    let blob = "x".repeat(10 << 20);
+    for _ in 0..10 {
+        let e = ingest
+            .deliver_trigger(DeliverTriggerRequest {
+                pack_id: "p".into(),
+                r#ref: "a.b".into(),
+                principal: "x".into(),
+                land: "user".into(),
+                payload_source: Some(PayloadSource::PayloadJson(blob.clone())),
+                ..Default::default()
+            })
+            .await
+            .expect_err("10 MiB");
+        assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+        assert!(e.message().contains("too large"), "{}", e.message());
+    }
+    let after = peak_rss_kib(pid);
+    assert!(before > 0);
+    assert!(
+        after.saturating_sub(before) < 4 * 1024,
+        "the server's peak RSS grew from {before} KiB to {after} KiB"
+    );
+    assert!(served.terminate());
+}
