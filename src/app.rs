@@ -73,6 +73,9 @@ impl App {
                 );
             }
         }
+        if let Some(secret) = &config.page_token_secret {
+            crate::grpc::paging::set_token_secret(secret);
+        }
         let mut auth = Authenticator::from_config(&config.auth)?;
         if let Some(tls) = config.tls.as_ref().filter(|t| t.client_ca_file.is_some()) {
             auth = auth.with_client_certificates(tls.client_role);

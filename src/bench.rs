@@ -129,6 +129,8 @@ impl Server {
                 url,
                 "--bench-baseline",
                 "true",
+                "--page-token-secret",
+                BENCH_TOKEN_SECRET,
             ])
             .args(extra)
             // The server's own RUST_LOG (default warn), plus the line that tells its address.
@@ -524,8 +526,12 @@ async fn open_store(url: &str) -> anyhow::Result<Store> {
     Ok(store)
 }
 
+/// The page-token key the benchmark shares with its servers, to craft a deep page's token.
+const BENCH_TOKEN_SECRET: &str = "hcp-sense-bench";
+
 /// Runs every phase and prints the results.
 pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
+    crate::grpc::paging::set_token_secret(BENCH_TOKEN_SECRET);
     println!(
         "hcp-sense bench {}: {} s per phase, {} callers over {} HTTP/2 connections, {} packs, {} principals, {} cores",
         env!("CARGO_PKG_VERSION"),

@@ -82,6 +82,15 @@ pub struct ServeOptions {
     #[arg(long, env = "HCP_SENSE_TLS_CLIENT_ROLE", value_name = "ROLE")]
     pub tls_client_role: Option<String>,
 
+    /// Key that signs page tokens; replicas behind one address need the same one [default: random per process].
+    #[arg(
+        long,
+        env = "HCP_SENSE_PAGE_TOKEN_SECRET",
+        value_name = "SECRET",
+        hide_env_values = true
+    )]
+    pub page_token_secret: Option<String>,
+
     /// Serve without authentication on a non-loopback address. Without `[auth]` in the
     /// configuration file the server otherwise refuses to bind anything but loopback.
     #[arg(long)]
@@ -158,6 +167,7 @@ pub struct Config {
     pub max_concurrent_streams: u32,
     pub request_timeout: Duration,
     pub tls: Option<TlsConfig>,
+    pub page_token_secret: Option<String>,
 }
 
 /// TLS files and the role of callers known by their client certificate.
@@ -301,6 +311,7 @@ impl ServeOptions {
                 (None, None) => None,
                 _ => anyhow::bail!("TLS needs both --tls-cert-file and --tls-key-file"),
             },
+            page_token_secret: self.page_token_secret.or(file.page_token_secret),
         })
     }
 }
@@ -334,6 +345,7 @@ struct FileConfig {
     tls_key_file: Option<PathBuf>,
     tls_client_ca_file: Option<PathBuf>,
     tls_client_role: Option<String>,
+    page_token_secret: Option<String>,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
@@ -370,6 +382,7 @@ impl Config {
             max_concurrent_streams: 256,
             request_timeout: Duration::from_secs(30),
             tls: None,
+            page_token_secret: None,
         }
     }
 }

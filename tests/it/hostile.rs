@@ -74,6 +74,7 @@ both_stores! {
         register(&mut app, &example("github.pack.json")).await;
         app.policy.grant_sense_enable(pb::GrantSenseEnableRequest { principal: "alice".into(), pack_id: "github".into() }).await.expect("grant");
         app.policy.put_binding(pb::PutBindingRequest { principal: "alice".into(), pack_id: "github".into(), binding_id: "b-1".into(), state: 1 }).await.expect("bind");
+        register(&mut app, &json!({ "id": "zz-extra", "binding": { "mode": "public" } })).await;
         let before = app.snapshot(true).await;
         let (mut packs, mut policy, mut ingest, mut records) = (app.packs.clone(), app.policy.clone(), app.ingest.clone(), app.records.clone());
         let ia = Code::InvalidArgument;
@@ -106,6 +107,10 @@ both_stores! {
         t.check("list packs: token of another list", ia, packs.list_packs(pb::ListPacksRequest { page_size: 1, page_token: token(b"records\n0\n1\x1fa") }).await);
         t.check("list packs: token that is not UTF-8", ia, packs.list_packs(pb::ListPacksRequest { page_size: 1, page_token: token(&[0xff, 0xfe, 0x00]) }).await);
         t.check("list packs: token with a forged filter", ia, packs.list_packs(pb::ListPacksRequest { page_size: 1, page_token: token(b"packs\nforged\ngithub") }).await);
+        let real = packs.list_packs(pb::ListPacksRequest { page_size: 1, page_token: String::new() }).await.expect("page").into_inner().next_page_token;
+        assert!(!real.is_empty());
+        let raw = String::from_utf8(base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&real).expect("b64")).expect("utf8");
+        t.check("list packs: a real token, altered", ia, packs.list_packs(pb::ListPacksRequest { page_size: 1, page_token: token(raw.replace("github", "aaaaaa").as_bytes()) }).await);
 
         // Policy.
         t.check("grant: empty principal", ia, policy.grant_sense_enable(pb::GrantSenseEnableRequest { principal: String::new(), pack_id: "github".into() }).await);
