@@ -484,3 +484,113 @@ async fn a_10_mib_payload_is_refused_without_the_server_growing() {
     );
     assert!(served.terminate());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn es256_jwts_from_a_jwks_file_with_issuer_and_audience_checked() {
+    use jsonwebtoken::{jwk, Algorithm, EncodingKey, Header};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ok = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+        ])
+        .arg(dir.path().join("es.key"))
+        .status()
+        .expect("openssl");
+    assert!(ok.success());
+    let pem = std::fs::read(dir.path().join("es.key")).expect("key");
+    let key = EncodingKey::from_ec_pem(&pem).expect("ec key");
+    let mut public = jwk::Jwk::from_encoding_key(&key, Algorithm::ES256).expect("jwk");
+    public.common.key_id = Some("k1".into());
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(
+        &jwks,
+        serde_json::to_string(&jwk::JwkSet { keys: vec![public] }).expect("json"),
+    )
+    .expect("write");
+    let app = spawn_app_with(StoreKind::Sqlite, |c| {
+        c.auth = AuthConfig {
+            tokens: vec![],
+            jwt: Some(JwtConfig {
+                jwks_file: Some(jwks.clone()),
+                issuer: Some("https://id.example".into()),
+                audience: Some("hcp-sense".into()),
+                ..Default::default()
+            }),
+        };
+    })
+    .await;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let sign = |claims: serde_json::Value| {
+        let mut h = Header::new(Algorithm::ES256);
+        h.kid = Some("k1".into());
+        jsonwebtoken::encode(&h, &claims, &key).expect("sign")
+    };
+    let good = sign(
+        serde_json::json!({ "sub": "ops", "role": "admin", "iss": "https://id.example", "aud": "hcp-sense", "exp": now + 600 }),
+    );
+    let wrong_aud = sign(
+        serde_json::json!({ "sub": "ops", "role": "admin", "iss": "https://id.example", "aud": "other", "exp": now + 600 }),
+    );
+    let wrong_iss = sign(
+        serde_json::json!({ "sub": "ops", "role": "admin", "iss": "https://evil.example", "aud": "hcp-sense", "exp": now + 600 }),
+    );
+    let not_yet = sign(
+        serde_json::json!({ "sub": "ops", "role": "admin", "iss": "https://id.example", "aud": "hcp-sense", "exp": now + 600, "nbf": now + 300 }),
+    );
+    let no_role = sign(
+        serde_json::json!({ "sub": "ops", "iss": "https://id.example", "aud": "hcp-sense", "exp": now + 600 }),
+    );
+    let list = "/hcp.sense.v1.PackService/ListPacks";
+    assert_eq!(call(&app.channel, &good, list).await, Code::Ok);
+    for (why, t) in [
+        ("audience", &wrong_aud),
+        ("issuer", &wrong_iss),
+        ("not before", &not_yet),
+        ("role claim", &no_role),
+    ] {
+        assert_eq!(
+            call(&app.channel, t, list).await,
+            Code::Unauthenticated,
+            "{why}"
+        );
+    }
+    // An HS256 token signed with the public key's bytes is not accepted (no algorithm confusion).
+    let hs = jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &serde_json::json!({ "sub": "x", "role": "admin", "iss": "https://id.example", "aud": "hcp-sense", "exp": now + 600 }),
+        &EncodingKey::from_secret(&pem).expect("hs"),
+    )
+    .expect("hs256");
+    assert_eq!(call(&app.channel, &hs, list).await, Code::Unauthenticated);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_over_their_rate_get_resource_exhausted() {
+    let app = spawn_app_with(StoreKind::Sqlite, |c| c.rate_limit_per_sec = 5.0).await;
+    let mut codes = Vec::new();
+    for _ in 0..30 {
+        codes.push(call(&app.channel, "", "/hcp.sense.v1.PackService/ListPacks").await);
+    }
+    let limited = codes
+        .iter()
+        .filter(|c| **c == Code::ResourceExhausted)
+        .count();
+    assert!(
+        codes[..10].iter().all(|c| *c == Code::Ok),
+        "the burst passes: {codes:?}"
+    );
+    assert!(limited >= 15, "{codes:?}");
+    // Health checks are never limited.
+    assert_eq!(
+        call(&app.channel, "", "/grpc.health.v1.Health/Check").await,
+        Code::Ok
+    );
+}
