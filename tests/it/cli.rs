@@ -12,6 +12,8 @@ pub struct Served {
     child: Child,
     pub addr: String,
     pub metrics_addr: String,
+    /// Every line the server wrote to stdout so far.
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Served {
@@ -32,8 +34,10 @@ impl Served {
 
     /// Starts the command and waits for the address it reports.
     pub fn spawn(mut cmd: Command) -> Served {
+        if cmd.get_envs().all(|(k, _)| k != "RUST_LOG") {
+            cmd.env("RUST_LOG", "info");
+        }
         let mut child = cmd
-            .env("RUST_LOG", "info")
             .env_remove("DATABASE_URL")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -41,8 +45,13 @@ impl Served {
             .expect("start hcp-sense");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(mut l) = sink.lock() {
+                    l.push(line.clone());
+                }
                 if line.contains("hcp-sense listening") {
                     let field = |name: &str| {
                         line.split(name)
@@ -62,6 +71,7 @@ impl Served {
             child,
             addr,
             metrics_addr,
+            log,
         }
     }
 

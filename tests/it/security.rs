@@ -594,3 +594,90 @@ async fn callers_over_their_rate_get_resource_exhausted() {
         Code::Ok
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_jwts_and_payloads_never_reach_the_logs() {
+    let db = crate::helpers::TestDb::create(StoreKind::Sqlite).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("jwt.secret"), SECRET).expect("secret");
+    let config = dir.path().join("hcp-sense.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[auth.tokens]]\nname = \"ops\"\nsha256 = \"{}\"\nrole = \"admin\"\n\n[[auth.tokens]]\nname = \"harness\"\nsha256 = \"{}\"\nrole = \"runtime\"\n\n[auth.jwt]\nhs256_secret_file = \"{}\"\n",
+            hex::encode(Sha256::digest(ADMIN.as_bytes())),
+            hex::encode(Sha256::digest(RUNTIME.as_bytes())),
+            dir.path().join("jwt.secret").display()
+        ),
+    )
+    .expect("config");
+    let mut cmd = std::process::Command::new(crate::cli::BIN);
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--database-url",
+        &db.url,
+        "--config",
+    ])
+    .arg(&config)
+    .env("RUST_LOG", "debug");
+    let served = crate::cli::Served::spawn(cmd);
+    let ch = Channel::from_shared(format!("http://{}", served.addr))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let admin_jwt = jwt("admin", "ops-jwt", 600);
+    hcp_sense::grpc::pb::pack_service_client::PackServiceClient::new(bearer(&ch, &admin_jwt))
+        .register_pack(crate::packs::register_req(&crate::helpers::example(
+            "github.pack.json",
+        )))
+        .await
+        .expect("register with a JWT");
+    let mut admin = PolicyServiceClient::new(bearer(&ch, ADMIN));
+    admin
+        .grant_sense_enable(GrantSenseEnableRequest {
+            principal: "alice".into(),
+            pack_id: "github".into(),
+        })
+        .await
+        .expect("grant");
+    let marker = "payload-marker-7f3a9c";
+    for t in [RUNTIME, "wrong-token-value-55"] {
+        let _ = IngestServiceClient::new(bearer(&ch, t))
+            .deliver_trigger(DeliverTriggerRequest {
+                pack_id: "github".into(),
+                r#ref: "issue.opened".into(),
+                principal: "alice".into(),
+                land: "user".into(),
+                payload_source: Some(PayloadSource::PayloadJson(format!(
+                    "{{\"secret\":\"{marker}\"}}"
+                ))),
+                ..Default::default()
+            })
+            .await;
+    }
+    let log = served.log.clone();
+    assert!(served.terminate());
+    let text = log.lock().map(|l| l.join("\n")).unwrap_or_default();
+    assert!(
+        text.contains("sense.enable granted"),
+        "the log is captured:\n{text}"
+    );
+    for secret in [
+        ADMIN,
+        RUNTIME,
+        admin_jwt.as_str(),
+        "wrong-token-value-55",
+        marker,
+        SECRET,
+    ] {
+        assert!(
+            !text.contains(secret),
+            "`{secret}` appears in the log:\n{text}"
+        );
+    }
+}
