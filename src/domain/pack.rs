@@ -1,7 +1,6 @@
 //! Pack manifests: their shape (§7.1.1) and the lint of §7.1, §7.7.1, §7.8 and §7.9, as pure functions.
 use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet};
-use std::fmt;
 
 use super::names::{check_land, check_pack_id, check_ref};
 
@@ -31,25 +30,6 @@ pub enum TriggerSource {
     Monitor,
 }
 
-macro_rules! str_enum {
-    ($t:ty { $($v:ident = $s:literal),+ $(,)? }) => {
-        impl $t {
-            pub fn as_str(self) -> &'static str {
-                match self { $(Self::$v => $s),+ }
-            }
-            pub fn parse(s: &str) -> Option<Self> {
-                match s { $($s => Some(Self::$v),)+ _ => None }
-            }
-            /// Every value's name, for messages.
-            pub const NAMES: &'static [&'static str] = &[$($s),+];
-        }
-        impl fmt::Display for $t {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
 str_enum!(PackKind { Standard = "standard", SenseOnly = "sense_only" });
 str_enum!(BindingMode { User = "user", Local = "local", Mothership = "mothership", Public = "public" });
 str_enum!(TriggerSource { Push = "push", Poll = "poll", Timer = "timer", Monitor = "monitor" });

@@ -1,6 +1,5 @@
 //! The policy a decision reads: packs' declared refs and lands, and per principal the grant, Binding and activation.
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
 
 use super::pack::{BindingMode, Manifest};
@@ -24,26 +23,8 @@ pub enum BindingState {
     Error,
 }
 
-macro_rules! names {
-    ($t:ty { $($v:ident = $s:literal),+ $(,)? }) => {
-        impl $t {
-            pub fn as_str(self) -> &'static str {
-                match self { $(Self::$v => $s),+ }
-            }
-            pub fn parse(s: &str) -> Option<Self> {
-                match s { $($s => Some(Self::$v),)+ _ => None }
-            }
-            pub const NAMES: &'static [&'static str] = &[$($s),+];
-        }
-        impl fmt::Display for $t {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-names!(Route { Inbox = "inbox", Silent = "silent" });
-names!(BindingState {
+str_enum!(Route { Inbox = "inbox", Silent = "silent" });
+str_enum!(BindingState {
     Linked = "linked",
     Stale = "stale",
     NeedsReauth = "needs_reauth",
