@@ -75,6 +75,12 @@ impl Served {
         }
     }
 
+    /// SIGKILL: no shutdown, no flush.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -514,4 +520,104 @@ async fn sigterm_under_load_loses_no_acknowledged_record() {
             "acknowledged record {id} was lost at shutdown"
         );
     }
+}
+
+async fn kill_9_five_times(kind: StoreKind) {
+    use hcp_sense::grpc::pb::{self, ingest_service_client::IngestServiceClient};
+    let db = TestDb::create(kind).await;
+    let mut acked: Vec<(String, String)> = Vec::new();
+    for round in 0..5 {
+        let mut served = Served::start(&db.url, &[]);
+        let ch = tonic::transport::Channel::from_shared(format!("http://{}", served.addr))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        if round == 0 {
+            pb::pack_service_client::PackServiceClient::new(ch.clone())
+                .register_pack(crate::packs::register_req(&crate::helpers::example(
+                    "weather.pack.yaml",
+                )))
+                .await
+                .expect("register");
+            let mut policy = pb::policy_service_client::PolicyServiceClient::new(ch.clone());
+            policy
+                .grant_sense_enable(pb::GrantSenseEnableRequest {
+                    principal: "alice".into(),
+                    pack_id: "weather".into(),
+                })
+                .await
+                .expect("grant");
+            policy
+                .activate_sense(pb::ActivateSenseRequest {
+                    principal: String::new(),
+                    pack_id: "weather".into(),
+                    route: 1,
+                })
+                .await
+                .expect("activate");
+        }
+        let mut tasks = Vec::new();
+        for w in 0..8 {
+            let mut ingest = IngestServiceClient::new(ch.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                for i in 0.. {
+                    let trigger_id = format!("r{round}-w{w}-{i}");
+                    let r = ingest
+                        .deliver_trigger(pb::DeliverTriggerRequest {
+                            pack_id: "weather".into(),
+                            r#ref: "storm.warning".into(),
+                            principal: "alice".into(),
+                            land: "user".into(),
+                            trigger_id: trigger_id.clone(),
+                            ..Default::default()
+                        })
+                        .await;
+                    match r {
+                        Ok(r) => out.push((trigger_id, r.into_inner().record_id)),
+                        Err(_) => break,
+                    }
+                }
+                out
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        served.kill9();
+        for t in tasks {
+            acked.extend(t.await.expect("task"));
+        }
+    }
+    assert!(acked.len() > 50, "only {} acknowledged", acked.len());
+    let conn = db.connect().await;
+    use sea_orm::EntityTrait;
+    let rows = hcp_sense::store::entity::records::Entity::find()
+        .all(&conn)
+        .await
+        .expect("records");
+    for (trigger_id, record_id) in &acked {
+        let matching: Vec<_> = rows
+            .iter()
+            .filter(|r| r.producer_trigger_id.as_deref() == Some(trigger_id))
+            .collect();
+        assert_eq!(
+            matching.len(),
+            1,
+            "trigger {trigger_id} is stored exactly once"
+        );
+        assert_eq!(
+            &matching[0].record_id, record_id,
+            "under the acknowledged record id"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_under_load_keeps_every_acknowledged_record_sqlite() {
+    kill_9_five_times(StoreKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_under_load_keeps_every_acknowledged_record_postgres() {
+    kill_9_five_times(StoreKind::Postgres).await;
 }
