@@ -182,6 +182,27 @@ impl App {
         let reflection_v1alpha = reflection().build_v1alpha()?;
 
         let (stop_tx, stop_rx) = watch::channel(false);
+        // Replicas: follow other replicas' policy changes; report NOT_SERVING while behind.
+        self.service.start_listener(stop_rx.clone());
+        {
+            let mut current = self.service.watch_current();
+            let health = health.clone();
+            let mut stop = stop_rx.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        changed = current.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                            let serving: bool = { *current.borrow_and_update() };
+                            set_serving(&health, serving).await;
+                        }
+                        _ = stop.changed() => return,
+                    }
+                }
+            });
+        }
         tokio::spawn(async move {
             shutdown.await;
             let _ = stop_tx.send(true);

@@ -97,6 +97,12 @@ impl Service {
                     .collect(),
             )
         })?;
+        if !self.policy_current() {
+            // Fail closed: another replica's change may not have reached this one.
+            return Err(Error::Unavailable(
+                "policy is being reloaded on this replica; retry".into(),
+            ));
+        }
         let started = Instant::now();
         let decision = decide(&self.policy.view.load(), &t);
         let decided = started.elapsed();

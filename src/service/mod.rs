@@ -4,6 +4,7 @@ mod drops;
 mod packs;
 mod policy;
 mod records;
+mod replicas;
 mod retention;
 
 use std::sync::Arc;
@@ -56,6 +57,9 @@ struct Policy {
     /// Held across an admin write's commit and the view update, so the view
     /// changes in the same order as the store.
     writer: tokio::sync::Mutex<()>,
+    /// False while this replica may have missed another's change (PostgreSQL).
+    current: std::sync::atomic::AtomicBool,
+    current_tx: tokio::sync::watch::Sender<bool>,
 }
 
 /// Everything a request handler needs. Cheap to clone.
@@ -88,6 +92,8 @@ impl Service {
             policy: Arc::new(Policy {
                 view: ArcSwap::from_pointee(view),
                 writer: tokio::sync::Mutex::new(()),
+                current: std::sync::atomic::AtomicBool::new(true),
+                current_tx: tokio::sync::watch::channel(true).0,
             }),
             drops,
             sink,

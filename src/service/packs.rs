@@ -39,6 +39,7 @@ impl Service {
             // New (or re-added) pack: Bindings may have outlived an earlier registration.
             None => self.refresh_pack(&m.pack_id).await?,
         }
+        self.announce(&m.pack_id).await;
         tracing::info!(pack_id = %pack.manifest.pack_id, generation = pack.generation, created, "pack registered");
         Ok(Registered {
             pack,
@@ -63,12 +64,13 @@ impl Service {
         }
         let view = self.policy.view.load().with_pack(pack_id, None);
         self.policy.view.store(Arc::new(view));
+        self.announce(pack_id).await;
         tracing::info!(pack_id, "pack deleted");
         Ok(())
     }
 
     /// Reloads one pack's policy from the store into the view. The caller holds the writer's turn.
-    async fn refresh_pack(&self, pack_id: &str) -> Result<()> {
+    pub(super) async fn refresh_pack(&self, pack_id: &str) -> Result<()> {
         let pack = self.store.load_pack_policy(pack_id).await?;
         let view = self.policy.view.load().with_pack(pack_id, pack);
         self.policy.view.store(Arc::new(view));

@@ -7,6 +7,7 @@ mod hostile;
 mod cli;
 mod migrations;
 mod packs;
+mod replicas;
 mod security;
 mod sense;
 mod telemetry;
