@@ -39,7 +39,6 @@ impl Service {
             // New (or re-added) pack: Bindings may have outlived an earlier registration.
             None => self.refresh_pack(&m.pack_id).await?,
         }
-        self.announce(&m.pack_id).await;
         tracing::info!(pack_id = %pack.manifest.pack_id, generation = pack.generation, created, "pack registered");
         Ok(Registered {
             pack,
@@ -64,7 +63,6 @@ impl Service {
         }
         let view = self.policy.view.load().with_pack(pack_id, None);
         self.policy.view.store(Arc::new(view));
-        self.announce(pack_id).await;
         tracing::info!(pack_id, "pack deleted");
         Ok(())
     }

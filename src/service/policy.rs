@@ -44,7 +44,6 @@ impl Service {
             .put_grant(principal, pack_id, now_micros())
             .await?;
         self.publish(view.with_principal(pack_id, principal, |p| p.granted = true));
-        self.announce(pack_id).await;
         tracing::info!(principal, pack_id, "sense.enable granted");
         Ok(g)
     }
@@ -57,7 +56,6 @@ impl Service {
         let revoked = self.store.delete_grant(principal, pack_id).await?;
         let view = self.policy.view.load_full();
         self.publish(view.with_principal(pack_id, principal, |p| p.granted = false));
-        self.announce(pack_id).await;
         tracing::info!(principal, pack_id, revoked, "sense.enable revoked");
         Ok(revoked)
     }
@@ -119,7 +117,6 @@ impl Service {
         } else {
             view.with_principal(pack_id, principal, |p| p.activation = Some(activation))
         });
-        self.announce(pack_id).await;
         tracing::info!(principal, pack_id, enabled = row.enabled, route = %row.route, "sense activation set");
         Ok(row)
     }
@@ -259,7 +256,6 @@ impl Service {
                 state,
             });
         }));
-        self.announce(pack_id).await;
         tracing::info!(principal, pack_id, state = %state, previous = ?previous.map(BindingState::as_str), "binding stored");
         Ok((b, outcome))
     }
@@ -275,7 +271,6 @@ impl Service {
         }
         let view = self.policy.view.load_full();
         self.publish(view.with_principal(pack_id, principal, |p| p.binding = None));
-        self.announce(pack_id).await;
         Ok(())
     }
 

@@ -1,38 +1,18 @@
-//! Replicas on one PostgreSQL: every admin write is announced with NOTIFY, and every replica
-//! LISTENs and reloads the pack named. A replica that cannot listen fails closed until it has
+//! Replicas on one PostgreSQL: each LISTENs for the policy changes others announce and reloads.
+//!
+//! Every admin write announces itself with NOTIFY in its own transaction (see
+//! `WriteTxn::commit_announcing`). A replica that cannot listen fails closed until it has
 //! listened again and reloaded all policy.
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sea_orm::sqlx::postgres::PgListener;
-use sea_orm::ConnectionTrait;
 
 use super::Service;
-use crate::store::Engine;
-
-/// The PostgreSQL channel of policy changes; the payload is the pack id.
-pub const CHANNEL: &str = "hcp_sense_policy";
+use crate::store::{Engine, POLICY_CHANNEL};
 
 impl Service {
-    /// Tells the other replicas that a pack's policy changed. The change is
-    /// committed already; a failure here is logged, and replicas catch up when
-    /// their listener reconnects.
-    pub(super) async fn announce(&self, pack_id: &str) {
-        if self.store.engine() != Engine::Postgres {
-            return;
-        }
-        let db = self.store.connection();
-        let stmt = sea_orm::Statement::from_sql_and_values(
-            db.get_database_backend(),
-            "SELECT pg_notify($1, $2)",
-            [CHANNEL.into(), pack_id.into()],
-        );
-        if let Err(e) = db.execute_raw(stmt).await {
-            tracing::error!(error = %e, pack_id, "policy change not announced to other replicas");
-        }
-    }
-
     /// Whether the policy view is known to be current. Decisions are refused while it is not.
     pub fn policy_current(&self) -> bool {
         self.policy.current.load(Ordering::Acquire)
@@ -88,7 +68,7 @@ impl Service {
                     continue;
                 }
             };
-            if let Err(e) = listener.listen(CHANNEL).await {
+            if let Err(e) = listener.listen(POLICY_CHANNEL).await {
                 tracing::warn!(error = %e, "policy listener cannot subscribe");
                 self.set_current(false);
                 tokio::time::sleep(pause).await;

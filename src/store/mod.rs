@@ -186,7 +186,26 @@ impl WriteTxn {
     pub async fn commit(self) -> Result<(), Error> {
         self.txn.commit().await.map_err(classify)
     }
+
+    /// Commits, telling the other replicas that a pack's policy changed: on
+    /// PostgreSQL a NOTIFY in this transaction, delivered only if it commits.
+    pub async fn commit_announcing(self, pack_id: &str) -> Result<(), Error> {
+        if self.txn.get_database_backend() == DbBackend::Postgres {
+            self.txn
+                .execute_raw(sea_orm::Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    "SELECT pg_notify($1, $2)",
+                    [POLICY_CHANNEL.into(), pack_id.into()],
+                ))
+                .await
+                .map_err(classify)?;
+        }
+        self.commit().await
+    }
 }
+
+/// The PostgreSQL channel of policy changes; the payload is the pack id.
+pub const POLICY_CHANNEL: &str = "hcp_sense_policy";
 
 /// The advisory lock key of sink writes ("hcp_sens").
 const SINK_LOCK: i64 = 0x6863_705f_7365_6e73;

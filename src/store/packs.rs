@@ -82,7 +82,7 @@ impl Store {
             )),
         )
         .await?;
-        w.commit().await?;
+        w.commit_announcing(&m.pack_id).await?;
         Ok((
             RegisteredPack {
                 manifest: m.clone(),
@@ -139,7 +139,7 @@ impl Store {
             .await
             .map_err(classify)?;
         super::audit::record(txn, Some(pack_id), None, Some("registered".into()), None).await?;
-        w.commit().await?;
+        w.commit_announcing(pack_id).await?;
         Ok(true)
     }
 

@@ -207,7 +207,7 @@ impl Store {
             Some(format!("{g:?}")),
         )
         .await?;
-        w.commit().await?;
+        w.commit_announcing(pack_id).await?;
         Ok(Grant {
             principal: g.principal,
             pack_id: g.pack_id,
@@ -227,7 +227,7 @@ impl Store {
             .await
             .map_err(classify)?;
         super::audit::record(&w.txn, Some(pack_id), Some(principal), before, None).await?;
-        w.commit().await?;
+        w.commit_announcing(pack_id).await?;
         Ok(r.rows_affected > 0)
     }
 
@@ -311,7 +311,7 @@ impl Store {
             Some(format!("{a:?}")),
         )
         .await?;
-        w.commit().await
+        w.commit_announcing(&a.pack_id).await
     }
 
     pub async fn get_activation(
@@ -439,7 +439,7 @@ impl Store {
             Some(format!("{b:?}")),
         )
         .await?;
-        w.commit().await
+        w.commit_announcing(&b.pack_id).await
     }
 
     pub async fn delete_binding(&self, principal: &str, pack_id: &str) -> Result<bool> {
@@ -454,7 +454,7 @@ impl Store {
             .await
             .map_err(classify)?;
         super::audit::record(&w.txn, Some(pack_id), Some(principal), before, None).await?;
-        w.commit().await?;
+        w.commit_announcing(pack_id).await?;
         Ok(r.rows_affected > 0)
     }
 
