@@ -328,29 +328,44 @@ fn common_name(der: &[u8]) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// Methods every caller may call, authenticated or not: health and reflection.
+pub fn is_open(method: &str) -> bool {
+    let service = method
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or("");
+    service == "grpc.health.v1.Health" || service.starts_with("grpc.reflection.")
+}
+
 /// The roles that may call a method (`/package.Service/Method`). Health and
 /// reflection are open to all; anything unknown is closed.
 pub fn allowed(method: &str, role: Role) -> bool {
     let Some((service, rpc)) = method.trim_start_matches('/').split_once('/') else {
         return false;
     };
-    match (service, rpc, role) {
-        ("grpc.health.v1.Health", _, _) => true,
-        (s, _, _) if s.starts_with("grpc.reflection.") => true,
-        ("hcp.sense.v1.IngestService", "DeliverTrigger", Role::Runtime) => true,
-        ("hcp.sense.v1.PolicyService", "ReportBindingHealth", Role::Runtime | Role::Admin) => true,
-        ("hcp.sense.v1.RecordService", "ListRecords", Role::Reader) => true,
-        ("hcp.sense.v1.RecordService", "ListDropReports", Role::Admin) => true,
-        (
-            "hcp.sense.v1.PackService"
-            | "hcp.sense.v1.PolicyService"
-            | "hcp.sense.v1.AuditService"
-            | "hcp.sense.v1.BenchService",
-            _,
-            Role::Admin,
-        ) => true,
-        _ => false,
-    }
+    is_open(method)
+        || matches!(
+            (service, rpc, role),
+            (
+                "hcp.sense.v1.IngestService",
+                "DeliverTrigger",
+                Role::Runtime
+            ) | (
+                "hcp.sense.v1.PolicyService",
+                "ReportBindingHealth",
+                Role::Runtime | Role::Admin
+            ) | ("hcp.sense.v1.RecordService", "ListRecords", Role::Reader)
+                | ("hcp.sense.v1.RecordService", "ListDropReports", Role::Admin)
+                | (
+                    "hcp.sense.v1.PackService"
+                        | "hcp.sense.v1.PolicyService"
+                        | "hcp.sense.v1.AuditService"
+                        | "hcp.sense.v1.BenchService",
+                    _,
+                    Role::Admin,
+                )
+        )
 }
 
 #[cfg(test)]

@@ -438,19 +438,18 @@ fn readme_walkthroughs_run_verbatim() {
     assert!(served.terminate());
 }
 
-/// SIGTERM under load: calls in flight are answered, and every acknowledged record is stored.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_under_load_loses_no_acknowledged_record() {
-    use hcp_sense::grpc::pb::{self, ingest_service_client::IngestServiceClient};
-    let db = TestDb::create(StoreKind::Sqlite).await;
-    let served = Served::start(&db.url, &[]);
-    let ch = tonic::transport::Channel::from_shared(format!("http://{}", served.addr))
+async fn connect(addr: &str) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .expect("uri")
         .connect()
         .await
-        .expect("connect");
-    let mut packs = pb::pack_service_client::PackServiceClient::new(ch.clone());
-    packs
+        .expect("connect")
+}
+
+/// Registers the public `weather` pack, grants alice and switches Sense on pack-wide.
+async fn set_up_weather(ch: &tonic::transport::Channel) {
+    use hcp_sense::grpc::pb;
+    pb::pack_service_client::PackServiceClient::new(ch.clone())
         .register_pack(crate::packs::register_req(&crate::helpers::example(
             "weather.pack.yaml",
         )))
@@ -472,21 +471,34 @@ async fn sigterm_under_load_loses_no_acknowledged_record() {
         })
         .await
         .expect("activate");
+}
+
+fn storm_warning(trigger_id: String) -> hcp_sense::grpc::pb::DeliverTriggerRequest {
+    hcp_sense::grpc::pb::DeliverTriggerRequest {
+        pack_id: "weather".into(),
+        r#ref: "storm.warning".into(),
+        principal: "alice".into(),
+        land: "user".into(),
+        trigger_id,
+        ..Default::default()
+    }
+}
+
+/// SIGTERM under load: calls in flight are answered, and every acknowledged record is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_loses_no_acknowledged_record() {
+    use hcp_sense::grpc::pb::ingest_service_client::IngestServiceClient;
+    let db = TestDb::create(StoreKind::Sqlite).await;
+    let served = Served::start(&db.url, &[]);
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
     let mut tasks = Vec::new();
     for _ in 0..8 {
         let mut ingest = IngestServiceClient::new(ch.clone());
         tasks.push(tokio::spawn(async move {
             let mut acked = Vec::new();
             loop {
-                let r = ingest
-                    .deliver_trigger(pb::DeliverTriggerRequest {
-                        pack_id: "weather".into(),
-                        r#ref: "storm.warning".into(),
-                        principal: "alice".into(),
-                        land: "user".into(),
-                        ..Default::default()
-                    })
-                    .await;
+                let r = ingest.deliver_trigger(storm_warning(String::new())).await;
                 match r {
                     Ok(r) => acked.push(r.into_inner().record_id),
                     Err(_) => return acked,
@@ -523,39 +535,14 @@ async fn sigterm_under_load_loses_no_acknowledged_record() {
 }
 
 async fn kill_9_five_times(kind: StoreKind) {
-    use hcp_sense::grpc::pb::{self, ingest_service_client::IngestServiceClient};
+    use hcp_sense::grpc::pb::ingest_service_client::IngestServiceClient;
     let db = TestDb::create(kind).await;
     let mut acked: Vec<(String, String)> = Vec::new();
     for round in 0..5 {
         let mut served = Served::start(&db.url, &[]);
-        let ch = tonic::transport::Channel::from_shared(format!("http://{}", served.addr))
-            .expect("uri")
-            .connect()
-            .await
-            .expect("connect");
+        let ch = connect(&served.addr).await;
         if round == 0 {
-            pb::pack_service_client::PackServiceClient::new(ch.clone())
-                .register_pack(crate::packs::register_req(&crate::helpers::example(
-                    "weather.pack.yaml",
-                )))
-                .await
-                .expect("register");
-            let mut policy = pb::policy_service_client::PolicyServiceClient::new(ch.clone());
-            policy
-                .grant_sense_enable(pb::GrantSenseEnableRequest {
-                    principal: "alice".into(),
-                    pack_id: "weather".into(),
-                })
-                .await
-                .expect("grant");
-            policy
-                .activate_sense(pb::ActivateSenseRequest {
-                    principal: String::new(),
-                    pack_id: "weather".into(),
-                    route: 1,
-                })
-                .await
-                .expect("activate");
+            set_up_weather(&ch).await;
         }
         let mut tasks = Vec::new();
         for w in 0..8 {
@@ -565,14 +552,7 @@ async fn kill_9_five_times(kind: StoreKind) {
                 for i in 0.. {
                     let trigger_id = format!("r{round}-w{w}-{i}");
                     let r = ingest
-                        .deliver_trigger(pb::DeliverTriggerRequest {
-                            pack_id: "weather".into(),
-                            r#ref: "storm.warning".into(),
-                            principal: "alice".into(),
-                            land: "user".into(),
-                            trigger_id: trigger_id.clone(),
-                            ..Default::default()
-                        })
+                        .deliver_trigger(storm_warning(trigger_id.clone()))
                         .await;
                     match r {
                         Ok(r) => out.push((trigger_id, r.into_inner().record_id)),
