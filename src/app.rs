@@ -177,28 +177,54 @@ impl App {
             })
             .build();
         let (health, health_service) = tonic_health::server::health_reporter();
-        set_serving(&health, true).await;
+        health
+            .set_service_status(LIVENESS, tonic_health::ServingStatus::Serving)
+            .await;
+        let ready_now = self.service.ready().await;
+        let (ready_tx, ready_rx) = watch::channel(ready_now);
+        set_serving(&health, ready_now).await;
         let reflection_v1 = reflection().build_v1()?;
         let reflection_v1alpha = reflection().build_v1alpha()?;
 
         let (stop_tx, stop_rx) = watch::channel(false);
         // Replicas: follow other replicas' policy changes; report NOT_SERVING while behind.
         self.service.start_listener(stop_rx.clone());
+        // Readiness: SERVING while the store answers and the policy view is current. A lost
+        // policy listener is reported at once; the store is asked every READINESS_PROBE.
         {
+            let service = self.service.clone();
             let mut current = self.service.watch_current();
             let health = health.clone();
             let mut stop = stop_rx.clone();
             tokio::spawn(async move {
+                let mut serving = None;
+                let mut tick = tokio::time::interval(READINESS_PROBE);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {
                         changed = current.changed() => {
                             if changed.is_err() {
                                 return;
                             }
-                            let serving: bool = { *current.borrow_and_update() };
-                            set_serving(&health, serving).await;
+                            current.borrow_and_update();
                         }
+                        _ = tick.tick() => {}
                         _ = stop.changed() => return,
+                    }
+                    let now = service.ready().await;
+                    if serving != Some(now) {
+                        if serving.is_some() {
+                            if now {
+                                tracing::info!("ready: store answers and policy is current");
+                            } else {
+                                tracing::warn!(
+                                    "not ready: store unreachable or policy not current"
+                                );
+                            }
+                        }
+                        serving = Some(now);
+                        let _ = ready_tx.send(now);
+                        set_serving(&health, now).await;
                     }
                 }
             });
@@ -209,14 +235,17 @@ impl App {
         });
         let mut on_stop = stop_rx.clone();
         let stop_health = health.clone();
-        let http = axum::serve(self.metrics_listener, http_routes(self.service.clone()))
-            .with_graceful_shutdown({
-                let mut rx = stop_rx.clone();
-                async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                }
-            })
-            .into_future();
+        let http = axum::serve(
+            self.metrics_listener,
+            http_routes(self.service.clone(), ready_rx),
+        )
+        .with_graceful_shutdown({
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        })
+        .into_future();
         tokio::spawn(async move {
             if let Err(e) = http.await {
                 tracing::error!(error = %e, "metrics server failed");
@@ -276,6 +305,9 @@ impl App {
                     let _ = on_stop.wait_for(|s| *s).await;
                     tracing::info!("shutting down: no new calls accepted");
                     set_serving(&stop_health, false).await;
+                    stop_health
+                        .set_service_status(LIVENESS, tonic_health::ServingStatus::NotServing)
+                        .await;
                 },
             );
         tracing::info!(addr = %self.addr, metrics_addr = %self.metrics_addr, "hcp-sense listening");
@@ -301,8 +333,9 @@ impl App {
     }
 }
 
-/// /metrics (Prometheus text), /healthz (the process answers) and /readyz (the store answers).
-fn http_routes(service: Service) -> axum::Router {
+/// /metrics (Prometheus text), /healthz (the process answers) and /readyz (the store answers
+/// and the policy view is current).
+fn http_routes(service: Service, ready: watch::Receiver<bool>) -> axum::Router {
     use axum::http::{header, StatusCode};
     use axum::routing::get;
     let metrics = {
@@ -335,13 +368,18 @@ fn http_routes(service: Service) -> axum::Router {
             }
         }
     };
+    // The last readiness probe's answer, and a lost policy listener at once: a probe that
+    // hangs on an unreachable store would itself time out.
     let ready = move || {
-        let service = service.clone();
+        let ok = *ready.borrow() && service.policy_current();
         async move {
-            if service.ready().await {
+            if ok {
                 (StatusCode::OK, "ready\n")
             } else {
-                (StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: store unreachable or policy not current\n",
+                )
             }
         }
     };
@@ -351,7 +389,14 @@ fn http_routes(service: Service) -> axum::Router {
         .route("/readyz", get(ready))
 }
 
-/// Every service whose health is reported; "" is the server as a whole.
+/// The health entry that stays SERVING while the process runs (a liveness probe's target);
+/// the others follow readiness.
+pub const LIVENESS: &str = "liveness";
+
+/// How often readiness asks the store whether it answers.
+const READINESS_PROBE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Every service whose health follows readiness; "" is the server as a whole.
 pub const SERVICES: [&str; 6] = [
     "hcp.sense.v1.AuditService",
     "",

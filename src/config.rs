@@ -18,6 +18,12 @@ pub struct ServeOptions {
     #[arg(long, env = "HCP_SENSE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
+    /// TOML file holding only the `[auth]` table, kept apart so that it can come from a
+    /// secret store while the rest of the configuration does not; `[auth]` then may not
+    /// also appear in the configuration file.
+    #[arg(long, env = "HCP_SENSE_AUTH_FILE", value_name = "FILE")]
+    pub auth_file: Option<PathBuf>,
+
     /// Address the gRPC server listens on [default: 127.0.0.1:50051].
     #[arg(long, env = "HCP_SENSE_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
@@ -268,7 +274,14 @@ impl ServeOptions {
                 .sample_drop_decisions
                 .or(file.sample_drop_decisions)
                 .unwrap_or(false),
-            auth: file.auth.unwrap_or_default(),
+            auth: match (&self.auth_file, file.auth) {
+                (Some(path), None) => read_auth_file(path)?,
+                (Some(path), Some(_)) => anyhow::bail!(
+                    "[auth] is set both in the configuration file and in --auth-file {}; keep one",
+                    path.display()
+                ),
+                (None, auth) => auth.unwrap_or_default(),
+            },
             insecure_no_auth: self.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
             rate_limit_per_sec: self
                 .rate_limit_per_sec
@@ -354,6 +367,21 @@ fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
     toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
 }
 
+/// The auth file's only key: the `[auth]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuthFile {
+    auth: crate::auth::AuthConfig,
+}
+
+fn read_auth_file(path: &Path) -> anyhow::Result<crate::auth::AuthConfig> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("reading auth file {}: {e}", path.display()))?;
+    let file: AuthFile =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("auth file {}: {e}", path.display()))?;
+    Ok(file.auth)
+}
+
 impl Config {
     /// A configuration for the given store with every other option at its default.
     pub fn for_database(url: impl Into<String>) -> Config {
@@ -421,5 +449,44 @@ mod tests {
         .resolve()
         .expect_err("unknown key");
         assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn auth_comes_from_the_auth_file_and_only_from_one_place() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let auth = dir.path().join("auth.toml");
+        std::fs::write(
+            &auth,
+            "[[auth.tokens]]\nname = \"ops\"\nsha256 = \"00\"\nrole = \"admin\"\n",
+        )
+        .expect("write");
+        let cfg = ServeOptions {
+            auth_file: Some(auth.clone()),
+            ..Default::default()
+        }
+        .resolve()
+        .expect("resolve");
+        assert_eq!(cfg.auth.tokens.len(), 1);
+        assert_eq!(cfg.auth.tokens[0].name, "ops");
+
+        let main = dir.path().join("c.toml");
+        std::fs::write(&main, "[auth]\ntokens = []\n").expect("write");
+        let err = ServeOptions {
+            config: Some(main),
+            auth_file: Some(auth.clone()),
+            ..Default::default()
+        }
+        .resolve()
+        .expect_err("auth twice");
+        assert!(err.to_string().contains("--auth-file"), "{err}");
+
+        std::fs::write(&auth, "listen = \"0.0.0.0:1\"\n").expect("write");
+        let err = ServeOptions {
+            auth_file: Some(auth),
+            ..Default::default()
+        }
+        .resolve()
+        .expect_err("not an auth table");
+        assert!(err.to_string().contains("auth file"), "{err}");
     }
 }

@@ -125,12 +125,13 @@ impl Service {
         counts
     }
 
-    /// Whether the store answers.
+    /// Readiness: the policy view is current and the store answers within a second.
     pub async fn ready(&self) -> bool {
-        matches!(
-            tokio::time::timeout(std::time::Duration::from_secs(2), self.store.ping()).await,
-            Ok(Ok(()))
-        )
+        self.policy_current()
+            && matches!(
+                tokio::time::timeout(std::time::Duration::from_secs(1), self.store.ping()).await,
+                Ok(Ok(()))
+            )
     }
 
     /// Writes pending drop counts to the store.

@@ -60,7 +60,12 @@ impl Service {
                 .get_postgres_connection_pool()
                 .clone();
             let mut listener = match PgListener::connect_with(&pool).await {
-                Ok(l) => l,
+                Ok(mut l) => {
+                    // Report a lost connection at once rather than first waiting out a
+                    // reconnect (up to the pool's acquire timeout while the store is down).
+                    l.eager_reconnect(false);
+                    l
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "policy listener cannot connect");
                     self.set_current(false);

@@ -17,7 +17,7 @@ pub struct Served {
 }
 
 impl Served {
-    fn start(url: &str, extra: &[&str]) -> Served {
+    pub fn start(url: &str, extra: &[&str]) -> Served {
         let mut cmd = Command::new(BIN);
         cmd.args([
             "serve",
@@ -438,7 +438,7 @@ fn readme_walkthroughs_run_verbatim() {
     assert!(served.terminate());
 }
 
-async fn connect(addr: &str) -> tonic::transport::Channel {
+pub async fn connect(addr: &str) -> tonic::transport::Channel {
     tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .expect("uri")
         .connect()
@@ -447,7 +447,7 @@ async fn connect(addr: &str) -> tonic::transport::Channel {
 }
 
 /// Registers the public `weather` pack, grants alice and switches Sense on pack-wide.
-async fn set_up_weather(ch: &tonic::transport::Channel) {
+pub async fn set_up_weather(ch: &tonic::transport::Channel) {
     use hcp_sense::grpc::pb;
     pb::pack_service_client::PackServiceClient::new(ch.clone())
         .register_pack(crate::packs::register_req(&crate::helpers::example(
@@ -473,7 +473,7 @@ async fn set_up_weather(ch: &tonic::transport::Channel) {
         .expect("activate");
 }
 
-fn storm_warning(trigger_id: String) -> hcp_sense::grpc::pb::DeliverTriggerRequest {
+pub fn storm_warning(trigger_id: String) -> hcp_sense::grpc::pb::DeliverTriggerRequest {
     hcp_sense::grpc::pb::DeliverTriggerRequest {
         pack_id: "weather".into(),
         r#ref: "storm.warning".into(),

@@ -5,9 +5,9 @@ mod helpers;
 mod hostile;
 
 mod cli;
+mod deploy;
 mod migrations;
 mod packs;
-mod replicas;
 mod security;
 mod sense;
 mod telemetry;
