@@ -86,20 +86,25 @@ impl Served {
     }
 
     /// Sends SIGTERM and returns whether the process exited 0 within the timeout.
-    pub fn terminate(mut self) -> bool {
+    pub fn terminate(self) -> bool {
+        self.terminate_timed().0
+    }
+
+    /// Sends SIGTERM; whether the process exited 0 (within 15 s), and how long it took.
+    pub fn terminate_timed(mut self) -> (bool, Duration) {
         let pid = self.child.id().to_string();
         Command::new("kill")
             .args(["-TERM", &pid])
             .status()
             .expect("kill");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(15) {
             if let Ok(Some(status)) = self.child.try_wait() {
-                return status.success();
+                return (status.success(), start.elapsed());
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(10));
         }
-        false
+        (false, start.elapsed())
     }
 }
 
@@ -484,33 +489,52 @@ pub fn storm_warning(trigger_id: String) -> hcp_sense::grpc::pb::DeliverTriggerR
     }
 }
 
-/// SIGTERM under load: calls in flight are answered, and every acknowledged record is stored.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_under_load_loses_no_acknowledged_record() {
+/// SIGTERM under load: new calls are refused, calls in flight are answered, the open batch
+/// commits, and the process exits 0 within the configured grace period with every acknowledged
+/// record stored.
+async fn sigterm_under_load(kind: StoreKind) {
     use hcp_sense::grpc::pb::ingest_service_client::IngestServiceClient;
-    let db = TestDb::create(StoreKind::Sqlite).await;
-    let served = Served::start(&db.url, &[]);
-    let ch = connect(&served.addr).await;
+    let db = TestDb::create(kind).await;
+    let served = Served::start(&db.url, &["--shutdown-grace-secs", "3"]);
+    let addr = served.addr.clone();
+    let ch = connect(&addr).await;
     set_up_weather(&ch).await;
     let mut tasks = Vec::new();
-    for _ in 0..8 {
+    for w in 0..8 {
         let mut ingest = IngestServiceClient::new(ch.clone());
         tasks.push(tokio::spawn(async move {
             let mut acked = Vec::new();
-            loop {
-                let r = ingest.deliver_trigger(storm_warning(String::new())).await;
-                match r {
-                    Ok(r) => acked.push(r.into_inner().record_id),
+            for i in 0.. {
+                let trigger_id = format!("w{w}-{i}");
+                match ingest
+                    .deliver_trigger(storm_warning(trigger_id.clone()))
+                    .await
+                {
+                    Ok(r) => acked.push((trigger_id, r.into_inner().record_id)),
                     Err(_) => return acked,
                 }
             }
+            acked
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let exited_cleanly = tokio::task::spawn_blocking(move || served.terminate())
+    let (exited_cleanly, took) = tokio::task::spawn_blocking(move || served.terminate_timed())
         .await
         .expect("join");
     assert!(exited_cleanly, "SIGTERM exits 0");
+    assert!(
+        took < Duration::from_secs(3),
+        "exit took {took:?}, over the 3 s grace period"
+    );
+    eprintln!("exited {took:?} after SIGTERM");
+    assert!(
+        tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .is_err(),
+        "no new connection after shutdown"
+    );
     let mut acked = Vec::new();
     for t in tasks {
         acked.extend(t.await.expect("task"));
@@ -518,20 +542,31 @@ async fn sigterm_under_load_loses_no_acknowledged_record() {
     assert!(!acked.is_empty());
     let conn = db.connect().await;
     use sea_orm::EntityTrait;
-    let stored: std::collections::HashSet<String> =
+    let stored: std::collections::HashMap<String, String> =
         hcp_sense::store::entity::records::Entity::find()
             .all(&conn)
             .await
             .expect("records")
             .into_iter()
-            .map(|r| r.record_id)
+            .filter_map(|r| Some((r.producer_trigger_id?, r.record_id)))
             .collect();
-    for id in &acked {
-        assert!(
-            stored.contains(id),
-            "acknowledged record {id} was lost at shutdown"
+    for (trigger_id, record_id) in &acked {
+        assert_eq!(
+            stored.get(trigger_id),
+            Some(record_id),
+            "acknowledged trigger {trigger_id} was lost at shutdown"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_loses_no_acknowledged_record_sqlite() {
+    sigterm_under_load(StoreKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_loses_no_acknowledged_record_postgres() {
+    sigterm_under_load(StoreKind::Postgres).await;
 }
 
 async fn kill_9_five_times(kind: StoreKind) {
