@@ -249,10 +249,36 @@ async fn idempotent_across_replicas_and_restarts(kind: StoreKind) {
     if kind == StoreKind::Postgres {
         // A second replica, concurrently with the first.
         let other = Served::start(&db.url, &[]);
-        let again = deliver_once(&connect(&other.addr).await, "storm-42").await;
+        let ch_other = connect(&other.addr).await;
+        let again = deliver_once(&ch_other, "storm-42").await;
         assert_eq!(
             again.record_id, original.record_id,
             "the other replica returns the first record"
+        );
+        // A new id sent to both replicas at once, many times: one record, one answer.
+        let mut calls = Vec::new();
+        for i in 0..20 {
+            let ch = if i % 2 == 0 {
+                ch.clone()
+            } else {
+                ch_other.clone()
+            };
+            calls.push(tokio::spawn(async move {
+                deliver_once(&ch, "storm-77").await.record_id
+            }));
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for c in calls {
+            ids.insert(c.await.expect("call"));
+        }
+        assert_eq!(
+            ids.len(),
+            1,
+            "concurrent duplicates on two replicas: {ids:?}"
+        );
+        assert_eq!(
+            records_for(&db, "storm-77").await,
+            ids.into_iter().collect::<Vec<_>>()
         );
         others.push(other);
     }
@@ -563,6 +589,17 @@ async fn helm_chart_renders_validates_and_its_config_starts_the_server() {
     );
     let db = TestDb::create(StoreKind::Postgres).await;
     let config = out.path().join("config-default.toml");
+    // Authentication as the chart supplies it: the [auth] table in a file of its own.
+    let token = "chart-admin-token";
+    let auth = out.path().join("auth.toml");
+    std::fs::write(
+        &auth,
+        format!(
+            "[[auth.tokens]]\nname = \"ops\"\nsha256 = \"{}\"\nrole = \"admin\"\n",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(token))
+        ),
+    )
+    .expect("auth.toml");
     let mut cmd = Command::new(crate::cli::BIN);
     cmd.arg("serve")
         .arg("--config")
@@ -570,6 +607,7 @@ async fn helm_chart_renders_validates_and_its_config_starts_the_server() {
         // The rendered config binds every interface; here it stays on loopback.
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .env("HCP_SENSE_DATABASE_URL", &db.url)
+        .env("HCP_SENSE_AUTH_FILE", &auth)
         .env("HCP_SENSE_MIGRATE", "true");
     let served = Served::spawn(cmd);
     let ch = connect(&served.addr).await;
@@ -582,5 +620,17 @@ async fn helm_chart_renders_validates_and_its_config_starts_the_server() {
         .expect("liveness entry")
         .into_inner();
     assert_eq!(live.status, ServingStatus::Serving as i32);
+    let mut packs = pb::pack_service_client::PackServiceClient::new(ch.clone());
+    let refused = packs
+        .list_packs(pb::ListPacksRequest::default())
+        .await
+        .expect_err("no token");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    let mut req = tonic::Request::new(pb::ListPacksRequest::default());
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("metadata"),
+    );
+    packs.list_packs(req).await.expect("the auth file's token");
     assert!(served.terminate());
 }
