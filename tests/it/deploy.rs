@@ -355,6 +355,28 @@ impl PrivatePostgres {
                 "UTF8",
             ],
         );
+        // TLS with a self-signed certificate, so that clients can ask for sslmode=require.
+        let data = pg.dir.join("data");
+        let o = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args(["-subj", "/CN=localhost", "-keyout"])
+            .arg(data.join("server.key"))
+            .arg("-out")
+            .arg(data.join("server.crt"))
+            .output()
+            .expect("openssl must be installed (see .ci/run)");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        if is_root() {
+            let ok = Command::new("chown")
+                .arg("postgres:")
+                .arg(data.join("server.key"))
+                .arg(data.join("server.crt"))
+                .status()
+                .expect("chown");
+            assert!(ok.success());
+        }
         pg.up();
         pg
     }
@@ -388,7 +410,7 @@ impl PrivatePostgres {
 
     fn up(&self) {
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c ssl=on",
             self.port,
             self.dir.display()
         );
@@ -432,16 +454,36 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// PostgreSQL stopped under load: deliveries answer UNAVAILABLE, readiness goes NOT_SERVING,
+/// PostgreSQL (reached over TLS) stopped under load: deliveries answer UNAVAILABLE, readiness
+/// goes NOT_SERVING,
 /// nothing is acknowledged without its record; started again, the same process records again
 /// within 5 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_under_load_is_unavailable_and_recovers_by_itself() {
     let pg = Arc::new(PrivatePostgres::start());
-    let served = Served::start(&pg.url(), &[]);
+    // Over TLS, as a production database is reached.
+    let url = format!("{}?sslmode=require&application_name=sense-tls", pg.url());
+    let served = Served::start(&url, &[]);
     let ch = connect(&served.addr).await;
     set_up_weather(&ch).await;
     assert_eq!(health(&ch).await, Some(ServingStatus::Serving));
+    {
+        use sea_orm::ConnectionTrait;
+        let conn = sea_orm::Database::connect(pg.url()).await.expect("connect");
+        let row = conn
+            .query_one_raw(sea_orm::Statement::from_string(
+                conn.get_database_backend(),
+                "SELECT count(*) AS n, coalesce(bool_and(s.ssl), false) AS all_tls \
+                 FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                 WHERE a.application_name = 'sense-tls'",
+            ))
+            .await
+            .expect("pg_stat_ssl")
+            .expect("row");
+        let n: i64 = row.try_get("", "n").expect("n");
+        let all_tls: bool = row.try_get("", "all_tls").expect("all_tls");
+        assert!(n > 0 && all_tls, "{n} connections, all over TLS: {all_tls}");
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
@@ -633,4 +675,60 @@ async fn helm_chart_renders_validates_and_its_config_starts_the_server() {
     );
     packs.list_packs(req).await.expect("the auth file's token");
     assert!(served.terminate());
+}
+
+/// The image is built by the commands CI runs, in a build stage of its own, and runs as the
+/// non-root user the chart expects.
+#[test]
+fn dockerfile_builds_with_the_commands_ci_runs_and_runs_as_non_root() {
+    let dockerfile = std::fs::read_to_string(repo_path("Dockerfile")).expect("Dockerfile");
+    let ci = std::fs::read_to_string(repo_path(".ci/run")).expect(".ci/run");
+    let ci_lines: Vec<&str> = ci.lines().map(str::trim).collect();
+    // Instructions, with continuation lines joined.
+    let joined = dockerfile.replace("\\\n", " ");
+    let instructions: Vec<&str> = joined
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let stages = instructions
+        .iter()
+        .filter(|l| l.starts_with("FROM "))
+        .count();
+    assert!(stages >= 2, "multi-stage: {stages} FROM");
+    let cargo: Vec<String> = instructions
+        .iter()
+        .filter(|l| l.starts_with("RUN "))
+        .filter_map(|l| l.find("cargo ").map(|i| l[i..].trim().to_owned()))
+        .collect();
+    for want in ["cargo fmt", "cargo clippy", "cargo build --release"] {
+        assert!(
+            cargo.iter().any(|c| c.starts_with(want)),
+            "the Dockerfile runs `{want}`: {cargo:?}"
+        );
+    }
+    for c in &cargo {
+        assert!(
+            ci_lines.contains(&c.as_str()),
+            "the Dockerfile's `{c}` is not a command of .ci/run"
+        );
+    }
+    let last_stage = &instructions[instructions
+        .iter()
+        .rposition(|l| l.starts_with("FROM "))
+        .expect("FROM")..];
+    let user = last_stage
+        .iter()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("the runtime stage sets USER");
+    let uid = user.split(':').next().unwrap_or_default();
+    assert_eq!(uid, "65532", "the chart's runAsUser");
+    assert!(
+        last_stage
+            .iter()
+            .any(|l| l.starts_with("ENTRYPOINT") && l.contains("hcp-sense")),
+        "the entrypoint is the binary (the chart passes only arguments)"
+    );
+    let values = std::fs::read_to_string(repo_path("helm/hcp-sense/values.yaml")).expect("values");
+    assert!(values.contains("runAsUser: 65532"));
 }
