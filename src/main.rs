@@ -32,6 +32,14 @@ enum Cmd {
         action: MigrateAction,
         #[command(flatten)]
         database: DatabaseOptions,
+        /// compact, pretty or json.
+        #[arg(
+            long,
+            env = "HCP_SENSE_LOG_FORMAT",
+            value_name = "FORMAT",
+            default_value = "compact"
+        )]
+        log_format: LogFormat,
     },
     /// Benchmark DeliverTrigger and ListRecords against a no-op baseline on real servers.
     Bench(hcp_sense::bench::BenchOptions),
@@ -54,7 +62,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Cmd::Lint { manifest }) => lint_file(&manifest),
-        Some(Cmd::Migrate { action, database }) => run(migrate(action, database)),
+        Some(Cmd::Migrate {
+            action,
+            database,
+            log_format,
+        }) => run(migrate(action, database, log_format)),
         Some(Cmd::Serve(opts)) => run(serve(*opts)),
         Some(Cmd::Bench(opts)) => run(hcp_sense::bench::run(opts)),
         None => run(serve(cli.serve)),
@@ -98,8 +110,12 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     result
 }
 
-async fn migrate(action: MigrateAction, database: DatabaseOptions) -> anyhow::Result<()> {
-    init_logging(LogFormat::Compact);
+async fn migrate(
+    action: MigrateAction,
+    database: DatabaseOptions,
+    log_format: LogFormat,
+) -> anyhow::Result<()> {
+    init_logging(log_format);
     let store = Store::connect(&database.resolve()).await?;
     if let MigrateAction::Up = action {
         store.migrate_up().await?;

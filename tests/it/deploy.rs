@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use hcp_sense::grpc::pb::{
     self, ingest_service_client::IngestServiceClient, policy_service_client::PolicyServiceClient,
+    record_service_client::RecordServiceClient,
 };
 use tonic::transport::Channel;
 use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient};
@@ -544,7 +545,34 @@ async fn postgres_stopped_under_load_is_unavailable_and_recovers_by_itself() {
         Some(tonic::Code::Unavailable),
         "{r:?}"
     );
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // So are an admin write and a read; the refused revoke changes nothing, in the store or in
+    // the view (alice's triggers are recorded again once PostgreSQL is back).
+    let revoke = {
+        let ch = ch.clone();
+        tokio::spawn(async move {
+            PolicyServiceClient::new(ch)
+                .revoke_sense_enable(revoke_alice())
+                .await
+                .map(|_| ())
+        })
+    };
+    let list = RecordServiceClient::new(ch.clone())
+        .list_records(pb::ListRecordsRequest {
+            principal: "alice".into(),
+            ..Default::default()
+        })
+        .await;
+    let revoke = revoke.await.expect("revoke task");
+    for (what, code) in [
+        ("RevokeSenseEnable", revoke.err().map(|s| s.code())),
+        ("ListRecords", list.err().map(|s| s.code())),
+    ] {
+        assert_eq!(
+            code,
+            Some(tonic::Code::Unavailable),
+            "{what} during the outage"
+        );
+    }
 
     let up = pg.clone();
     tokio::task::spawn_blocking(move || up.up())
@@ -642,6 +670,33 @@ async fn helm_chart_renders_validates_and_its_config_starts_the_server() {
         ),
     )
     .expect("auth.toml");
+    // As the chart's hook Job runs it, before any server: `migrate up` with the URL from the
+    // environment; the servers then start with the rendered `migrate = false`.
+    let job = Command::new(crate::cli::BIN)
+        .args(["migrate", "up"])
+        .env_remove("DATABASE_URL")
+        .env("HCP_SENSE_DATABASE_URL", &db.url)
+        .env("HCP_SENSE_LOG_FORMAT", "json")
+        .output()
+        .expect("migrate up");
+    let job_out = String::from_utf8_lossy(&job.stdout);
+    assert!(job.status.success(), "migrate up: {job_out}");
+    assert!(
+        job_out
+            .lines()
+            .filter(|l| l.starts_with("applied\t"))
+            .count()
+            >= 2,
+        "{job_out}"
+    );
+    assert!(
+        job_out
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
+            && job_out.lines().any(|l| l.starts_with('{')),
+        "JSON logs: {job_out}"
+    );
     let mut cmd = Command::new(crate::cli::BIN);
     cmd.arg("serve")
         .arg("--config")
@@ -649,8 +704,7 @@ async fn helm_chart_renders_validates_and_its_config_starts_the_server() {
         // The rendered config binds every interface; here it stays on loopback.
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .env("HCP_SENSE_DATABASE_URL", &db.url)
-        .env("HCP_SENSE_AUTH_FILE", &auth)
-        .env("HCP_SENSE_MIGRATE", "true");
+        .env("HCP_SENSE_AUTH_FILE", &auth);
     let served = Served::spawn(cmd);
     let ch = connect(&served.addr).await;
     assert_eq!(health(&ch).await, Some(ServingStatus::Serving));
