@@ -333,6 +333,8 @@ impl PrivatePostgres {
             .port();
         let dir = std::env::temp_dir().join(format!("hcp-sense-pg-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
+        // TLS (server.pem, server.key), so that clients can ask for sslmode=require.
+        crate::security::make_certs(&dir);
         let pg = PrivatePostgres { dir, bin, port };
         if is_root() {
             let ok = Command::new("chown")
@@ -356,28 +358,6 @@ impl PrivatePostgres {
                 "UTF8",
             ],
         );
-        // TLS with a self-signed certificate, so that clients can ask for sslmode=require.
-        let data = pg.dir.join("data");
-        let o = Command::new("openssl")
-            .args([
-                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-            ])
-            .args(["-subj", "/CN=localhost", "-keyout"])
-            .arg(data.join("server.key"))
-            .arg("-out")
-            .arg(data.join("server.crt"))
-            .output()
-            .expect("openssl must be installed (see .ci/run)");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        if is_root() {
-            let ok = Command::new("chown")
-                .arg("postgres:")
-                .arg(data.join("server.key"))
-                .arg(data.join("server.crt"))
-                .status()
-                .expect("chown");
-            assert!(ok.success());
-        }
         pg.up();
         pg
     }
@@ -411,9 +391,10 @@ impl PrivatePostgres {
 
     fn up(&self) {
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c ssl=on",
-            self.port,
-            self.dir.display()
+            "-p {port} -k {dir} -c listen_addresses=127.0.0.1 -c fsync=off -c ssl=on \
+             -c ssl_cert_file={dir}/server.pem -c ssl_key_file={dir}/server.key",
+            port = self.port,
+            dir = self.dir.display()
         );
         let log = self.dir.join("log").display().to_string();
         self.run(
@@ -728,6 +709,38 @@ async fn helm_chart_renders_validates_and_its_config_starts_the_server() {
         format!("Bearer {token}").parse().expect("metadata"),
     );
     packs.list_packs(req).await.expect("the auth file's token");
+    assert!(served.terminate());
+
+    // The production values' config.toml: TLS with client certificates, JSON logs, retention,
+    // rate limits. Only the addresses, the certificate paths and the log format (read here to
+    // find the address) are overridden.
+    let certs = out.path().join("certs");
+    std::fs::create_dir_all(&certs).expect("certs");
+    crate::security::make_certs(&certs);
+    let mut cmd = Command::new(crate::cli::BIN);
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(out.path().join("config.toml"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--log-format", "compact"])
+        .arg("--tls-cert-file")
+        .arg(certs.join("server.pem"))
+        .arg("--tls-key-file")
+        .arg(certs.join("server.key"))
+        .arg("--tls-client-ca-file")
+        .arg(certs.join("ca.pem"))
+        .env("HCP_SENSE_DATABASE_URL", &db.url)
+        .env("HCP_SENSE_AUTH_FILE", &auth);
+    let served = Served::spawn(cmd);
+    let readyz = format!("http://{}/readyz", served.metrics_addr);
+    let start = Instant::now();
+    while http_status(&readyz) != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "production config: not ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(served.terminate());
 }
 

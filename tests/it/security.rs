@@ -271,7 +271,7 @@ fn a_public_address_without_auth_is_refused() {
 }
 
 /// A CA, a server certificate for localhost and 127.0.0.1, and a client certificate for `alice`, by openssl.
-fn make_certs(dir: &std::path::Path) {
+pub fn make_certs(dir: &std::path::Path) {
     let script = r#"
 set -e
 ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
