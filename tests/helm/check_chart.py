@@ -440,7 +440,21 @@ def check_scenario(
     autoscaling = merged["autoscaling"]["enabled"]
 
     dep = r.one(report, "Deployment")
-    svc = r.one(report, "Service")
+    services = r.of_kind("Service")
+    headless = [o for o in services if o["metadata"]["name"].endswith("-headless")]
+    main_services = [o for o in services if o not in headless]
+    report.check(len(main_services) == 1, f"{label}: expected one Service besides the headless one, found {len(main_services)}")
+    svc = main_services[0] if len(main_services) == 1 else None
+    if merged["service"].get("headless"):
+        if report.check(len(headless) == 1, f"{label}: service.headless but no <fullname>-headless Service"):
+            h = headless[0]
+            report.check(h["spec"].get("clusterIP") == "None", f"{label}: the headless Service has clusterIP {h['spec'].get('clusterIP')!r}")
+            report.check(len(h["metadata"]["name"]) <= 63, f"{label}: the headless Service's name is over 63 characters")
+            report.check([p.get("name") for p in h["spec"].get("ports", [])] == ["grpc"], f"{label}: the headless Service should expose the gRPC port only")
+            if svc is not None:
+                report.check(h["spec"].get("selector") == svc["spec"].get("selector"), f"{label}: the headless Service selects other pods than the Service")
+    else:
+        report.check(not headless, f"{label}: a headless Service without service.headless")
     cm = next((o for o in r.of_kind("ConfigMap") if "config.toml" in (o.get("data") or {})), None)
     report.check(cm is not None, f"{label}: no ConfigMap with config.toml")
     if dep is None or svc is None or cm is None:
