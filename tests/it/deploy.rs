@@ -15,7 +15,7 @@ use tonic::transport::Channel;
 use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient};
 
 use crate::cli::{connect, set_up_weather, storm_warning, Served};
-use crate::helpers::{postgres_admin_url, repo_path, StoreKind, TestDb};
+use crate::helpers::{http_status, postgres_admin_url, repo_path, StoreKind, TestDb};
 
 /// The server's overall grpc.health.v1 status ("" service), or None if it does not answer.
 async fn health(ch: &Channel) -> Option<ServingStatus> {
@@ -26,27 +26,6 @@ async fn health(ch: &Channel) -> Option<ServingStatus> {
         .await
         .ok()?;
     ServingStatus::try_from(r.into_inner().status).ok()
-}
-
-/// The HTTP status of GET `url` (0 when nothing answers).
-fn http_status(url: &str) -> u16 {
-    let o = Command::new("curl")
-        .args([
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "5",
-        ])
-        .arg(url)
-        .output()
-        .expect("curl must be installed (see .ci/run)");
-    String::from_utf8_lossy(&o.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0)
 }
 
 fn revoke_alice() -> pb::RevokeSenseEnableRequest {

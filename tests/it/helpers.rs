@@ -311,3 +311,24 @@ pub fn http_get(url: &str) -> String {
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
+
+/// The HTTP status of GET `url` (0 when nothing answers).
+pub fn http_status(url: &str) -> u16 {
+    let o = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "5",
+        ])
+        .arg(url)
+        .output()
+        .expect("curl must be installed (see .ci/run)");
+    String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
