@@ -55,16 +55,24 @@ struct ServerLimits {
 impl App {
     /// Connects the store, applies migrations unless disabled, and binds the listener.
     pub async fn build(config: Config) -> anyhow::Result<App> {
-        let store = Store::connect(&config.database).await?;
+        let store = connect_waiting(&config.database, config.db_startup_wait).await?;
         if config.migrate {
             store.migrate_up().await?;
         } else {
-            let pending: Vec<_> = store
-                .migration_status()
-                .await?
-                .into_iter()
+            let status = store.migration_status().await?;
+            let newer: Vec<_> = status
+                .iter()
+                .filter(|m| !m.known)
+                .map(|m| &m.name)
+                .collect();
+            if !newer.is_empty() {
+                // Additive: a previous release serves on a newer schema during a rollout.
+                tracing::info!(newer = ?newer, "the database has migrations of a newer release");
+            }
+            let pending: Vec<_> = status
+                .iter()
                 .filter(|m| !m.applied)
-                .map(|m| m.name)
+                .map(|m| m.name.as_str())
                 .collect();
             if !pending.is_empty() {
                 anyhow::bail!(
@@ -180,17 +188,21 @@ impl App {
         health
             .set_service_status(LIVENESS, tonic_health::ServingStatus::Serving)
             .await;
-        let ready_now = self.service.ready().await;
-        let (ready_tx, ready_rx) = watch::channel(ready_now);
-        set_serving(&health, ready_now).await;
         let reflection_v1 = reflection().build_v1()?;
         let reflection_v1alpha = reflection().build_v1alpha()?;
 
         let (stop_tx, stop_rx) = watch::channel(false);
         // Replicas: follow other replicas' policy changes; report NOT_SERVING while behind.
         self.service.start_listener(stop_rx.clone());
+        // Serve once the listener has subscribed and reloaded (PostgreSQL), so a fresh replica
+        // is not unready for its first calls; if that takes long, serve NOT_SERVING meanwhile.
+        let mut current = self.service.watch_current();
+        let _ = tokio::time::timeout(STARTUP_LISTEN_WAIT, current.wait_for(|c| *c)).await;
+        let ready_now = self.service.ready().await;
+        let (ready_tx, ready_rx) = watch::channel(ready_now);
+        set_serving(&health, ready_now).await;
         // Readiness: SERVING while the store answers and the policy view is current. A lost
-        // policy listener is reported at once; the store is asked every READINESS_PROBE.
+        // policy listener is reported at once; otherwise readiness is asked every READINESS_PROBE.
         {
             let service = self.service.clone();
             let mut current = self.service.watch_current();
@@ -212,6 +224,10 @@ impl App {
                         _ = stop.changed() => return,
                     }
                     let now = service.ready().await;
+                    // Shutdown has its own say (NOT_SERVING) and must not be overwritten.
+                    if *stop.borrow() {
+                        return;
+                    }
                     if serving != Some(now) {
                         if serving.is_some() {
                             if now {
@@ -333,6 +349,25 @@ impl App {
     }
 }
 
+/// Opens the store, retrying while it is unreachable (a replica may start while its database
+/// restarts) for up to `wait`; any other error ends at once.
+async fn connect_waiting(
+    database: &crate::config::StoreConfig,
+    wait: Duration,
+) -> anyhow::Result<Store> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match Store::connect(database).await {
+            Ok(store) => return Ok(store),
+            Err(crate::error::Error::Unavailable(m)) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(error = %m, "the store is unreachable; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// /metrics (Prometheus text), /healthz (the process answers) and /readyz (the store answers
 /// and the policy view is current).
 fn http_routes(service: Service, ready: watch::Receiver<bool>) -> axum::Router {
@@ -392,6 +427,9 @@ fn http_routes(service: Service, ready: watch::Receiver<bool>) -> axum::Router {
 /// The health entry that stays SERVING while the process runs (a liveness probe's target);
 /// the others follow readiness.
 pub const LIVENESS: &str = "liveness";
+
+/// How long serving waits at start for the policy listener's first reload.
+const STARTUP_LISTEN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How often readiness asks the store whether it answers.
 const READINESS_PROBE: std::time::Duration = std::time::Duration::from_millis(500);

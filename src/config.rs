@@ -125,6 +125,11 @@ pub struct ServeOptions {
     /// Seconds to wait for in-flight calls after SIGINT/SIGTERM before exiting [default: 30].
     #[arg(long, env = "HCP_SENSE_SHUTDOWN_GRACE_SECS", value_name = "SECS")]
     pub shutdown_grace_secs: Option<u64>,
+
+    /// Seconds to keep trying to reach an unreachable database at start before giving up
+    /// [default: 60].
+    #[arg(long, env = "HCP_SENSE_DB_STARTUP_WAIT_SECS", value_name = "SECS")]
+    pub db_startup_wait_secs: Option<u64>,
 }
 
 /// Where the store is. Shared by `serve` and `migrate`.
@@ -157,6 +162,7 @@ pub struct Config {
     pub migrate: bool,
     pub log_format: LogFormat,
     pub shutdown_grace: Duration,
+    pub db_startup_wait: Duration,
     pub max_payload_bytes: usize,
     pub record_retention: Option<Duration>,
     pub prune_interval: Duration,
@@ -237,6 +243,11 @@ impl ServeOptions {
             database,
             migrate: self.migrate.or(file.migrate).unwrap_or(true),
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
+            db_startup_wait: Duration::from_secs(
+                self.db_startup_wait_secs
+                    .or(file.db_startup_wait_secs)
+                    .unwrap_or(60),
+            ),
             shutdown_grace: Duration::from_secs(
                 self.shutdown_grace_secs
                     .or(file.shutdown_grace_secs)
@@ -339,6 +350,7 @@ struct FileConfig {
     migrate: Option<bool>,
     log_format: Option<LogFormat>,
     shutdown_grace_secs: Option<u64>,
+    db_startup_wait_secs: Option<u64>,
     max_payload_bytes: Option<usize>,
     record_retention_secs: Option<u64>,
     prune_interval_secs: Option<u64>,
@@ -394,6 +406,7 @@ impl Config {
             migrate: true,
             log_format: LogFormat::Compact,
             shutdown_grace: Duration::from_secs(30),
+            db_startup_wait: Duration::from_secs(60),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             record_retention: None,
             prune_interval: Duration::from_secs(30),

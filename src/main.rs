@@ -121,11 +121,17 @@ async fn migrate(
         store.migrate_up().await?;
     }
     for m in store.migration_status().await? {
-        println!(
-            "{}\t{}",
-            if m.applied { "applied" } else { "pending" },
-            m.name
-        );
+        let state = match (m.applied, m.known) {
+            (true, true) => "applied",
+            (true, false) => "applied-by-newer-release",
+            (false, _) => "pending",
+        };
+        if log_format == LogFormat::Json {
+            // One stream of JSON lines for log collectors.
+            tracing::info!(migration = %m.name, state, "migration");
+        } else {
+            println!("{state}\t{}", m.name);
+        }
     }
     store.close().await;
     Ok(())

@@ -77,6 +77,9 @@ impl Service {
     /// Loads the policy view from the store and starts the drop log's flusher.
     pub async fn start(store: Store, limits: Limits, metrics: Arc<Metrics>) -> Result<Service> {
         let view = store.load_policy().await?;
+        // On PostgreSQL another replica may change policy between this load and the moment
+        // the listener subscribes; the view is current only once the listener has reloaded.
+        let current = store.engine() != crate::store::Engine::Postgres;
         let drops = DropLog::start(store.clone(), metrics.clone());
         let sink = Sink::start(store.clone(), metrics.clone());
         if let Some(age) = limits.record_retention {
@@ -92,8 +95,8 @@ impl Service {
             policy: Arc::new(Policy {
                 view: ArcSwap::from_pointee(view),
                 writer: tokio::sync::Mutex::new(()),
-                current: std::sync::atomic::AtomicBool::new(true),
-                current_tx: tokio::sync::watch::channel(true).0,
+                current: std::sync::atomic::AtomicBool::new(current),
+                current_tx: tokio::sync::watch::channel(current).0,
             }),
             drops,
             sink,
@@ -125,10 +128,16 @@ impl Service {
         counts
     }
 
-    /// Readiness: the policy view is current and the store answers within a second.
+    /// Readiness: the policy view is current and the store answers. On PostgreSQL the policy
+    /// listener's heartbeat already proves, every 250 ms and on a connection of its own, that
+    /// the store answers, so no pool connection is taken (a busy pool is not an outage); SQLite
+    /// is asked, with a second to answer.
     pub async fn ready(&self) -> bool {
-        self.policy_current()
-            && matches!(
+        if !self.policy_current() {
+            return false;
+        }
+        self.store.engine() == crate::store::Engine::Postgres
+            || matches!(
                 tokio::time::timeout(std::time::Duration::from_secs(1), self.store.ping()).await,
                 Ok(Ok(()))
             )

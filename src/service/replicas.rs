@@ -1,13 +1,18 @@
 //! Replicas on one PostgreSQL: each LISTENs for the policy changes others announce and reloads.
 //!
 //! Every admin write announces itself with NOTIFY in its own transaction (see
-//! `WriteTxn::commit_announcing`). A replica that cannot listen fails closed until it has
-//! listened again and reloaded all policy.
+//! `WriteTxn::commit_announcing`). A replica that cannot listen — its connection closed, or
+//! silent past a heartbeat — fails closed until it has listened again and reloaded all policy.
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sea_orm::sqlx::postgres::PgListener;
+use sea_orm::sqlx::{self, postgres::PgListener};
+
+/// How often a replica proves that its listening connection still carries notifications.
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
+/// A heartbeat not back within this long means the connection is lost.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(750);
 
 use super::Service;
 use crate::store::{Engine, POLICY_CHANNEL};
@@ -53,6 +58,15 @@ impl Service {
 
     async fn listen(&self) {
         let pause = Duration::from_millis(200);
+        // A channel of this replica's own, for the heartbeats it sends itself.
+        let heartbeat = format!(
+            "hcp_sense_hb_{:x}_{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+        );
         loop {
             let pool = self
                 .store
@@ -73,7 +87,10 @@ impl Service {
                     continue;
                 }
             };
-            if let Err(e) = listener.listen(POLICY_CHANNEL).await {
+            if let Err(e) = listener
+                .listen_all([POLICY_CHANNEL, heartbeat.as_str()])
+                .await
+            {
                 tracing::warn!(error = %e, "policy listener cannot subscribe");
                 self.set_current(false);
                 tokio::time::sleep(pause).await;
@@ -87,23 +104,63 @@ impl Service {
                 continue;
             }
             self.set_current(true);
+            let why = self.follow(&mut listener, &heartbeat).await;
+            self.set_current(false);
+            tracing::warn!(reason = %why, "policy listener stopped; reconnecting");
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Applies the changes other replicas announce, and proves every HEARTBEAT_EVERY that the
+    /// connection still carries notifications: a connection lost without being closed (a
+    /// partition, a failover) never says so by itself. Returns why it stopped.
+    async fn follow(&self, listener: &mut PgListener, heartbeat: &str) -> String {
+        loop {
+            // Sent on the listening connection itself, so it comes back only over it.
+            let sent = tokio::time::timeout(
+                HEARTBEAT_TIMEOUT,
+                sqlx::query("SELECT pg_notify($1, '')")
+                    .bind(heartbeat)
+                    .execute(&mut *listener),
+            )
+            .await;
+            match sent {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return format!("heartbeat failed: {e}"),
+                Err(_) => return "heartbeat not answered".into(),
+            }
+            let sent_at = tokio::time::Instant::now();
+            let mut heard = false;
             loop {
-                match listener.try_recv().await {
-                    Ok(Some(n)) => {
-                        let _turn = self.policy.writer.lock().await;
-                        if let Err(e) = self.refresh_pack(n.payload()).await {
-                            tracing::warn!(error = %e, pack_id = n.payload(), "pack reload failed");
-                            self.set_current(false);
-                            break;
+                let until = sent_at
+                    + if heard {
+                        HEARTBEAT_EVERY
+                    } else {
+                        HEARTBEAT_TIMEOUT
+                    };
+                match tokio::time::timeout_at(until, listener.try_recv()).await {
+                    Err(_) if heard => break,
+                    Err(_) => return "heartbeat not heard back".into(),
+                    Ok(Ok(Some(n))) if n.channel() == heartbeat => heard = true,
+                    Ok(Ok(Some(n))) => {
+                        // Bounded like a heartbeat: the writer's turn and the reload both wait
+                        // on the store, and a store gone silent must not hold off the next
+                        // heartbeat. Too slow, and the replica fails closed and reloads all.
+                        let refreshed = tokio::time::timeout(HEARTBEAT_TIMEOUT, async {
+                            let _turn = self.policy.writer.lock().await;
+                            self.refresh_pack(n.payload()).await
+                        })
+                        .await;
+                        match refreshed {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => return format!("reloading pack {}: {e}", n.payload()),
+                            Err(_) => return format!("reloading pack {} timed out", n.payload()),
                         }
                     }
-                    Ok(None) | Err(_) => {
-                        self.set_current(false);
-                        break;
-                    }
+                    Ok(Ok(None)) => return "connection lost".into(),
+                    Ok(Err(e)) => return e.to_string(),
                 }
             }
-            tokio::time::sleep(pause).await;
         }
     }
 

@@ -56,6 +56,8 @@ impl Engine {
 pub struct MigrationState {
     pub name: String,
     pub applied: bool,
+    /// False for a migration applied by a newer release that this binary does not have.
+    pub known: bool,
 }
 
 impl Store {
@@ -105,25 +107,81 @@ impl Store {
         }
     }
 
-    /// Applies every pending migration.
+    /// Applies every pending migration. Migrations a newer release applied are left alone
+    /// (they are additive), so a previous release can still migrate and serve during a rollout
+    /// or after a rollback, as long as it has every migration of its own applied or to apply.
     pub async fn migrate_up(&self) -> Result<(), Error> {
-        Migrator::up(&self.db, None).await.map_err(classify)
+        let status = self.migration_status().await?;
+        let newer: Vec<&str> = status
+            .iter()
+            .filter(|m| !m.known)
+            .map(|m| m.name.as_str())
+            .collect();
+        if newer.is_empty() {
+            return Migrator::up(&self.db, None).await.map_err(classify);
+        }
+        let pending: Vec<&str> = status
+            .iter()
+            .filter(|m| m.known && !m.applied)
+            .map(|m| m.name.as_str())
+            .collect();
+        if pending.is_empty() {
+            tracing::warn!(newer = ?newer, "the database has migrations of a newer release; nothing to apply");
+            Ok(())
+        } else {
+            Err(Error::FailedPrecondition(format!(
+                "the database has migrations of a newer release ({}) but lacks {}: it was not migrated by a release of this line",
+                newer.join(", "),
+                pending.join(", ")
+            )))
+        }
     }
 
-    /// Every known migration and whether it is applied.
+    /// Every migration this binary knows and whether it is applied, then those applied that
+    /// it does not know (from a newer release).
     pub async fn migration_status(&self) -> Result<Vec<MigrationState>, Error> {
-        let applied: Vec<String> = match Migrator::get_applied_migrations(&self.db).await {
-            Ok(m) => m.iter().map(|m| m.name().to_owned()).collect(),
-            // No migration table yet: nothing is applied.
-            Err(_) => Vec::new(),
-        };
-        Ok(Migrator::migrations()
+        let applied = self.applied_migrations().await?;
+        let mut out: Vec<MigrationState> = Migrator::migrations()
             .iter()
             .map(|m| MigrationState {
                 name: m.name().to_owned(),
                 applied: applied.iter().any(|a| a == m.name()),
+                known: true,
             })
-            .collect())
+            .collect();
+        for name in applied {
+            if !out.iter().any(|m| m.name == name) {
+                out.push(MigrationState {
+                    name,
+                    applied: true,
+                    known: false,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The versions recorded in sea-orm's migration table (none before the first migration).
+    async fn applied_migrations(&self) -> Result<Vec<String>, Error> {
+        let manager = hcp_sense_migration::SchemaManager::new(&self.db);
+        if !manager
+            .has_table("seaql_migrations")
+            .await
+            .map_err(classify)?
+        {
+            return Ok(Vec::new());
+        }
+        let rows = self
+            .db
+            .query_all_raw(sea_orm::Statement::from_string(
+                self.db.get_database_backend(),
+                "SELECT version FROM seaql_migrations ORDER BY version",
+            ))
+            .await
+            .map_err(classify)?;
+        rows.iter()
+            .map(|r| r.try_get::<String>("", "version").map_err(classify))
+            .collect()
     }
 
     /// Checks that the database answers.

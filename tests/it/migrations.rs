@@ -73,3 +73,63 @@ async fn migrations_up_down_up_sqlite() {
 async fn migrations_up_down_up_postgres() {
     up_down_up(StoreKind::Postgres).await;
 }
+
+/// A database a newer release has migrated: this binary still migrates (nothing to do) and
+/// serves with `--migrate false`, as a previous release does during a rollout or after a
+/// rollback; but it refuses one that lacks its own migrations beside a newer one.
+async fn a_newer_release_s_migrations(kind: StoreKind) {
+    use sea_orm::ConnectionTrait;
+    let db = TestDb::create(kind).await;
+    let store = Store::connect(&StoreConfig {
+        url: db.url.clone(),
+        max_connections: Some(2),
+    })
+    .await
+    .expect("connect");
+    store.migrate_up().await.expect("up");
+    let conn = db.connect().await;
+    let future = "m20991231_000001_from_a_newer_release";
+    conn.execute_unprepared(&format!(
+        "INSERT INTO seaql_migrations (version, applied_at) VALUES ('{future}', 0)"
+    ))
+    .await
+    .expect("insert");
+    let status = store.migration_status().await.expect("status");
+    assert!(status.iter().filter(|m| m.known).all(|m| m.applied));
+    assert!(status
+        .iter()
+        .any(|m| m.name == future && m.applied && !m.known));
+    store.migrate_up().await.expect("nothing to apply");
+
+    let mut config = hcp_sense::config::Config::for_database(db.url.clone());
+    config.migrate = false;
+    let app = hcp_sense::app::App::build(config)
+        .await
+        .expect("serves on the newer schema");
+    drop(app);
+
+    // Its own latest migration missing beside a newer one: refused, naming both.
+    let own = Migrator::migrations()
+        .last()
+        .map(|m| m.name().to_owned())
+        .expect("a migration");
+    conn.execute_unprepared(&format!(
+        "DELETE FROM seaql_migrations WHERE version = '{own}'"
+    ))
+    .await
+    .expect("delete");
+    let err = store.migrate_up().await.expect_err("mixed lines");
+    let msg = err.to_string();
+    assert!(msg.contains(future) && msg.contains(&own), "{msg}");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn migrations_of_a_newer_release_are_left_alone_sqlite() {
+    a_newer_release_s_migrations(StoreKind::Sqlite).await;
+}
+
+#[tokio::test]
+async fn migrations_of_a_newer_release_are_left_alone_postgres() {
+    a_newer_release_s_migrations(StoreKind::Postgres).await;
+}
