@@ -630,7 +630,8 @@ def check_scenario(
             report.check(secret_ref.get("key") in (s.get("stringData") or s.get("data") or {}), f"{sw}: has no key {secret_ref.get('key')}")
     if merged["database"]["url"]:
         report.check(any(s["metadata"]["name"] == secret_ref.get("name") for s in r.of_kind("Secret")), f"{label}: database.url set but the chart renders no Secret {secret_ref.get('name')}")
-        report.check("checksum/secrets" in annotations, f"{where}: no checksum/secrets annotation although the chart creates a Secret")
+        report.check("hcp-sense/secrets-revision" in annotations, f"{where}: no secrets-revision annotation although the chart creates a Secret (the pods would keep the old one)")
+        report.check(not any("checksum" in k and "secret" in k for k in annotations), f"{where}: a checksum of the Secrets in the pod spec publishes a hash of the password")
     else:
         report.check(secret_ref.get("name") == merged["database"]["existingSecret"], f"{where}: database Secret {secret_ref.get('name')} is not database.existingSecret")
 
@@ -819,6 +820,12 @@ def main() -> int:
         report.check(err is None, f"values.schema.json rejects {what}: {err}")
     err = render_error({"auth": {"existingSecret": ""}, "insecureNoAuth": False})
     report.check(err and AUTH_MESSAGE in err and "insecureNoAuth" in err, f"rendering without auth and with insecureNoAuth=false should fail with '{AUTH_MESSAGE} … insecureNoAuth'; got {err!r}")
+    err = render_error({"autoscaling": {"enabled": True}, "resources": {"requests": {"cpu": None}}})
+    report.check(err and "resources.requests.cpu" in err, f"autoscaling without a CPU request should fail clearly; got {err!r}")
+    err = render_error({"podDisruptionBudget": {"minAvailable": 2}, "replicaCount": 2})
+    report.check(err and "minAvailable" in err, f"a PodDisruptionBudget that blocks every drain should fail clearly; got {err!r}")
+    err = render_error({"podDisruptionBudget": {"minAvailable": 3}, "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 6}})
+    report.check(err and "minAvailable" in err, f"minAvailable at the autoscaler's minimum should fail clearly; got {err!r}")
     err = render_error({"database": {"existingSecret": "", "url": ""}})
     report.check(err and "no database configured" in err, f"rendering without any database Secret should fail clearly; got {err!r}")
 

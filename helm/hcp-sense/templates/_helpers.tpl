@@ -156,6 +156,16 @@ so `helm install`, `helm upgrade` and `helm template` all stop with the same mes
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
 {{- fail "hcp-sense: autoscaling.minReplicas must not exceed autoscaling.maxReplicas." }}
 {{- end }}
+{{- if and .Values.autoscaling.enabled (not (dig "requests" "cpu" "" (.Values.resources | default dict))) }}
+{{- fail "hcp-sense: autoscaling.enabled needs resources.requests.cpu: CPU utilisation is measured against the request." }}
+{{- end }}
+{{- $pdb := .Values.podDisruptionBudget }}
+{{- if and $pdb.enabled (hasKey $pdb "minAvailable") (kindIs "float64" $pdb.minAvailable) }}
+{{- $replicas := ternary .Values.autoscaling.minReplicas .Values.replicaCount .Values.autoscaling.enabled | int }}
+{{- if ge (int $pdb.minAvailable) $replicas }}
+{{- fail (printf "hcp-sense: podDisruptionBudget.minAvailable (%d) must be below the replica count (%d), or no node could ever be drained." (int $pdb.minAvailable) $replicas) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* A TOML float: always with a decimal point. */}}
