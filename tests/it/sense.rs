@@ -689,6 +689,17 @@ both_stores! {
         assert_eq!(err.code(), Code::AlreadyExists);
         assert!(!err.message().contains(&first.record_id));
         assert_eq!(app.count("records").await, 2);
+        // Trigger ids are the pack's own: the same id from another pack is a new record.
+        crate::cli::set_up_weather(&app.channel).await;
+        let weather = app
+            .ingest
+            .deliver_trigger(crate::cli::storm_warning("gh-1".into()))
+            .await
+            .expect("another pack's gh-1")
+            .into_inner();
+        assert!(!weather.duplicate);
+        assert_ne!(weather.record_id, first.record_id);
+        assert_eq!(app.count("records").await, 3);
     }
 
     async fn list_records_filters_and_pages_stably(app) {
