@@ -329,21 +329,38 @@ impl App {
         tracing::info!(addr = %self.addr, metrics_addr = %self.metrics_addr, "hcp-sense listening");
 
         let grace = self.shutdown_grace;
+        // Calls in flight get the grace period but its last EXIT_RESERVE, which is for the last
+        // drop counts and closing the store, so that the process is gone within the grace period.
+        let reserve = EXIT_RESERVE.min(grace / 2);
         let mut grace_rx = stop_rx;
+        let stop_deadline = std::sync::Arc::new(std::sync::OnceLock::new());
         let result = tokio::select! {
             r = serve => r.map_err(anyhow::Error::from),
-            _ = async move {
-                let _ = grace_rx.wait_for(|s| *s).await;
-                tokio::time::sleep(grace).await;
+            _ = {
+                let stop_deadline = stop_deadline.clone();
+                async move {
+                    let _ = grace_rx.wait_for(|s| *s).await;
+                    let _ = stop_deadline.set(tokio::time::Instant::now() + grace);
+                    tokio::time::sleep(grace - reserve).await;
+                }
             } => {
-                tracing::warn!(grace_secs = grace.as_secs(), "grace period over; closing calls still in flight");
+                tracing::warn!(grace_secs = grace.as_secs_f64(), "grace period over; closing calls still in flight");
                 Ok(())
             }
         };
-        if let Err(e) = self.service.flush_drops().await {
-            tracing::warn!(error = %e, "drop counts not written at shutdown");
+        // An unreachable store must not keep the process from exiting.
+        let deadline = stop_deadline
+            .get()
+            .copied()
+            .unwrap_or_else(|| tokio::time::Instant::now() + grace);
+        match tokio::time::timeout_at(deadline, self.service.flush_drops()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "drop counts not written at shutdown"),
+            Err(_) => {
+                tracing::warn!("drop counts not written at shutdown: the store did not answer")
+            }
         }
-        self.service.store.close().await;
+        let _ = tokio::time::timeout_at(deadline, self.service.store.close()).await;
         tracing::info!("stopped");
         result
     }
@@ -427,6 +444,9 @@ fn http_routes(service: Service, ready: watch::Receiver<bool>) -> axum::Router {
 /// The health entry that stays SERVING while the process runs (a liveness probe's target);
 /// the others follow readiness.
 pub const LIVENESS: &str = "liveness";
+
+/// The end of the grace period kept for writing the last drop counts and closing the store.
+const EXIT_RESERVE: Duration = Duration::from_millis(300);
 
 /// How long serving waits at start for the policy listener's first reload.
 const STARTUP_LISTEN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);

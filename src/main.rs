@@ -84,7 +84,11 @@ fn run(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(f) {
+    let result = rt.block_on(f);
+    // Work still stuck on an unreachable store (a pool connection, a record write) must not
+    // keep the process alive past its shutdown.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
