@@ -138,27 +138,48 @@ impl Service {
                     } else {
                         HEARTBEAT_TIMEOUT
                     };
-                match tokio::time::timeout_at(until, listener.try_recv()).await {
+                let first = match tokio::time::timeout_at(until, listener.try_recv()).await {
                     Err(_) if heard => break,
                     Err(_) => return "heartbeat not heard back".into(),
-                    Ok(Ok(Some(n))) if n.channel() == heartbeat => heard = true,
-                    Ok(Ok(Some(n))) => {
-                        // Bounded like a heartbeat: the writer's turn and the reload both wait
-                        // on the store, and a store gone silent must not hold off the next
-                        // heartbeat. Too slow, and the replica fails closed and reloads all.
-                        let refreshed = tokio::time::timeout(HEARTBEAT_TIMEOUT, async {
-                            let _turn = self.policy.writer.lock().await;
-                            self.refresh_pack(n.payload()).await
-                        })
-                        .await;
-                        match refreshed {
-                            Ok(Ok(())) => {}
-                            Ok(Err(e)) => return format!("reloading pack {}: {e}", n.payload()),
-                            Err(_) => return format!("reloading pack {} timed out", n.payload()),
-                        }
-                    }
+                    Ok(Ok(Some(n))) => n,
                     Ok(Ok(None)) => return "connection lost".into(),
                     Ok(Err(e)) => return e.to_string(),
+                };
+                // Anything arriving proves the connection carries notifications.
+                heard = true;
+                // Take whatever else has arrived already, so a burst of admin writes costs one
+                // reload per pack rather than one per write.
+                let mut packs = std::collections::BTreeSet::new();
+                let mut next = Some(first);
+                while let Some(n) = next.take() {
+                    if n.channel() != heartbeat {
+                        packs.insert(n.payload().to_owned());
+                    }
+                    match tokio::time::timeout(Duration::ZERO, listener.try_recv()).await {
+                        Err(_) => {}
+                        Ok(Ok(Some(n))) => next = Some(n),
+                        Ok(Ok(None)) => return "connection lost".into(),
+                        Ok(Err(e)) => return e.to_string(),
+                    }
+                }
+                if packs.is_empty() {
+                    continue;
+                }
+                // Bounded like a heartbeat: the writer's turn and the reloads wait on the
+                // store, and a store gone silent must not hold off the next heartbeat. Too
+                // slow, and the replica fails closed and reloads everything.
+                let refreshed = tokio::time::timeout(HEARTBEAT_TIMEOUT, async {
+                    let _turn = self.policy.writer.lock().await;
+                    for pack in &packs {
+                        self.refresh_pack(pack).await?;
+                    }
+                    Ok::<(), crate::error::Error>(())
+                })
+                .await;
+                match refreshed {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return format!("reloading packs {packs:?}: {e}"),
+                    Err(_) => return format!("reloading packs {packs:?} timed out"),
                 }
             }
         }

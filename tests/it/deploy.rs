@@ -189,6 +189,35 @@ async fn two_server_processes_follow_each_other_and_fail_closed_without_a_listen
         http_status(&format!("http://{}/readyz", b.metrics_addr)),
         200
     );
+
+    // A burst of admin writes on A, ending revoked: a second later B is revoked too.
+    for i in 0..60 {
+        if i % 2 == 0 {
+            policy_a
+                .grant_sense_enable(grant_alice())
+                .await
+                .expect("grant");
+        } else {
+            policy_a
+                .revoke_sense_enable(revoke_alice())
+                .await
+                .expect("revoke");
+        }
+    }
+    let burst_end = Instant::now();
+    tokio::time::sleep_until((burst_end + Duration::from_secs(1)).into()).await;
+    for _ in 0..20 {
+        let r = ingest_b
+            .deliver_trigger(storm_warning(String::new()))
+            .await
+            .expect("deliver on B after the burst")
+            .into_inner();
+        assert_eq!(
+            r.drop_reason,
+            pb::DropReason::NoGrant as i32,
+            "B records a second after a burst on A that ended revoked"
+        );
+    }
     assert!(a.terminate() && b.terminate(), "both exit 0 on SIGTERM");
 }
 
