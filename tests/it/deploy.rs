@@ -664,6 +664,15 @@ impl FreezingProxy {
         FreezingProxy { addr, frozen }
     }
 
+    /// A server whose database (postgres://user@HOST:PORT/name) is reached through a proxy.
+    async fn serve(db: &TestDb, extra: &[&str]) -> (FreezingProxy, Served) {
+        let (head, rest) = db.url.split_once('@').expect("url with user");
+        let (host_port, tail) = rest.split_once('/').expect("url with database");
+        let proxy = FreezingProxy::start(host_port.to_owned()).await;
+        let served = Served::start(&format!("{head}@{}/{tail}", proxy.addr), extra);
+        (proxy, served)
+    }
+
     fn freeze(&self, on: bool) {
         self.frozen.store(on, Ordering::SeqCst);
     }
@@ -700,11 +709,7 @@ async fn pump(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silently_lost_database_fails_closed_and_recovers_postgres() {
     let db = TestDb::create(StoreKind::Postgres).await;
-    // postgres://user@HOST:PORT/name → the same through the proxy.
-    let (head, rest) = db.url.split_once('@').expect("url with user");
-    let (host_port, tail) = rest.split_once('/').expect("url with database");
-    let proxy = FreezingProxy::start(host_port.to_owned()).await;
-    let served = Served::start(&format!("{head}@{}/{tail}", proxy.addr), &[]);
+    let (proxy, served) = FreezingProxy::serve(&db, &[]).await;
     let ch = connect(&served.addr).await;
     set_up_weather(&ch).await;
     let mut ingest = IngestServiceClient::new(ch.clone());
@@ -766,13 +771,7 @@ async fn a_silently_lost_database_fails_closed_and_recovers_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_at_the_grace_period_with_a_call_still_in_flight_postgres() {
     let db = TestDb::create(StoreKind::Postgres).await;
-    let (head, rest) = db.url.split_once('@').expect("url with user");
-    let (host_port, tail) = rest.split_once('/').expect("url with database");
-    let proxy = FreezingProxy::start(host_port.to_owned()).await;
-    let served = Served::start(
-        &format!("{head}@{}/{tail}", proxy.addr),
-        &["--shutdown-grace-secs", "1"],
-    );
+    let (proxy, served) = FreezingProxy::serve(&db, &["--shutdown-grace-secs", "1"]).await;
     let addr = served.addr.clone();
     let ch = connect(&addr).await;
     set_up_weather(&ch).await;
