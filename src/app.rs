@@ -137,6 +137,8 @@ impl App {
                     prune_every: config.prune_interval,
                     hash_principals: config.hash_principals,
                     max_json_depth: config.max_json_depth,
+                    // A batch past the call's own deadline can no longer answer anyone.
+                    batch_timeout: config.request_timeout,
                 },
                 metrics,
             )
@@ -353,6 +355,9 @@ impl App {
             .get()
             .copied()
             .unwrap_or_else(|| tokio::time::Instant::now() + grace);
+        // The final writes normally take milliseconds; a store that does not answer gets no
+        // more than FINAL_WRITES of what is left of the grace period.
+        let deadline = deadline.min(tokio::time::Instant::now() + FINAL_WRITES);
         match tokio::time::timeout_at(deadline, self.service.flush_drops()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "drop counts not written at shutdown"),
@@ -447,6 +452,8 @@ pub const LIVENESS: &str = "liveness";
 
 /// The end of the grace period kept for writing the last drop counts and closing the store.
 const EXIT_RESERVE: Duration = Duration::from_millis(300);
+/// Longest the last drop counts and closing the store may take at shutdown.
+const FINAL_WRITES: Duration = Duration::from_secs(2);
 
 /// How long serving waits at start for the policy listener's first reload.
 const STARTUP_LISTEN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -36,6 +36,9 @@ pub struct Limits {
     pub hash_principals: bool,
     /// Deepest JSON nesting accepted in a payload.
     pub max_json_depth: usize,
+    /// Longest a batch of records may take to commit; past it the batch's callers are told
+    /// UNAVAILABLE and the writer starts over on a new connection (a database gone silent).
+    pub batch_timeout: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -46,6 +49,7 @@ impl Default for Limits {
             prune_every: std::time::Duration::from_secs(30),
             hash_principals: false,
             max_json_depth: 32,
+            batch_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -81,7 +85,7 @@ impl Service {
         // the listener subscribes; the view is current only once the listener has reloaded.
         let current = store.engine() != crate::store::Engine::Postgres;
         let drops = DropLog::start(store.clone(), metrics.clone());
-        let sink = Sink::start(store.clone(), metrics.clone());
+        let sink = Sink::start(store.clone(), metrics.clone(), limits.batch_timeout);
         if let Some(age) = limits.record_retention {
             retention::start(
                 store.clone(),

@@ -68,11 +68,18 @@ impl Service {
                 .unwrap_or_default()
         );
         loop {
-            let pool = self
+            // A pool of its own, one connection, made anew after each loss: the lost
+            // connection may be stuck on a silent socket and must not hold a slot of the
+            // service's pool, nor be waited for.
+            let options = self
                 .store
                 .connection()
                 .get_postgres_connection_pool()
-                .clone();
+                .connect_options();
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(HEARTBEAT_TIMEOUT * 4)
+                .connect_lazy_with((*options).clone());
             let mut listener = match PgListener::connect_with(&pool).await {
                 Ok(mut l) => {
                     // Report a lost connection at once rather than first waiting out a

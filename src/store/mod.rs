@@ -21,6 +21,9 @@ use crate::config::StoreConfig;
 use crate::error::Error;
 use hcp_sense_migration::{Migrator, MigratorTrait};
 
+/// Longest an idle PostgreSQL connection may take to answer a ping before it is replaced.
+const IDLE_PING: Duration = Duration::from_millis(500);
+
 /// The service's database. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -78,7 +81,7 @@ impl Store {
         let mut opts = ConnectOptions::new(url);
         opts.sqlx_logging(false)
             .connect_timeout(Duration::from_secs(5))
-            .acquire_timeout(Duration::from_secs(5));
+            .acquire_timeout(Duration::from_secs(2));
         match engine {
             Engine::Sqlite => {
                 opts.max_connections(cfg.max_connections.unwrap_or(4))
@@ -89,7 +92,24 @@ impl Store {
                     });
             }
             Engine::Postgres => {
-                opts.max_connections(cfg.max_connections.unwrap_or(8));
+                opts.max_connections(cfg.max_connections.unwrap_or(8))
+                    .map_sqlx_postgres_pool_opts(|o| {
+                        // Ping an idle connection before use, as sqlx does by default, but give
+                        // up on it after IDLE_PING rather than at the acquire timeout: after a
+                        // failover every idle connection is silent, and each would otherwise
+                        // cost a whole acquire timeout before a new one is opened.
+                        o.test_before_acquire(false).before_acquire(|conn, _| {
+                            Box::pin(async move {
+                                use sqlx::Connection;
+                                // An error (not `false`) has sqlx drop the connection at once
+                                // instead of closing it politely over the silent socket.
+                                match tokio::time::timeout(IDLE_PING, conn.ping()).await {
+                                    Ok(r) => r.map(|()| true),
+                                    Err(_) => Err(sqlx::Error::PoolTimedOut),
+                                }
+                            })
+                        })
+                    });
             }
         }
         let db = Database::connect(opts).await.map_err(classify)?;

@@ -66,7 +66,7 @@ impl Sink {
     /// ListRecords cursor never passes a record that commits later. It runs on
     /// a thread and runtime of its own, with a connection of its own, so a
     /// busy gRPC runtime never delays a commit that a whole batch waits for.
-    pub fn start(store: Store, metrics: Arc<Metrics>) -> Sink {
+    pub fn start(store: Store, metrics: Arc<Metrics>, batch_timeout: std::time::Duration) -> Sink {
         let (tx, rx) = mpsc::channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         let spawned = std::thread::Builder::new()
@@ -82,19 +82,7 @@ impl Sink {
                         return;
                     }
                 };
-                rt.block_on(async move {
-                    let writer = loop {
-                        match store.dedicated().await {
-                            Ok(w) => break w,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "sink connection failed; retrying");
-                                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                            }
-                        }
-                    };
-                    write_batches(writer.clone(), rx, metrics).await;
-                    writer.close().await;
-                });
+                rt.block_on(write_batches(&store, rx, metrics, batch_timeout));
             });
         if let Err(e) = spawned {
             tracing::error!(error = %e, "sink thread did not start");
@@ -118,14 +106,26 @@ impl Sink {
 /// Takes whatever is queued (at least one record, at most MAX_BATCH) and writes it.
 /// No wait is added: an idle sink writes a batch of one at once, and under load the
 /// queue that builds up while a batch commits becomes the next batch.
-async fn write_batches(store: Store, rx: Arc<Mutex<mpsc::Receiver<Job>>>, metrics: Arc<Metrics>) {
+///
+/// A batch not committed within `batch_timeout` is answered UNAVAILABLE. After a batch the
+/// store could not take, the writer's connection is abandoned and the next batch opens a new
+/// one: a connection to a database that went silent (a partition, a failover) would otherwise
+/// hold every later record until the kernel gives up on it.
+async fn write_batches(
+    parent: &Store,
+    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    metrics: Arc<Metrics>,
+    batch_timeout: std::time::Duration,
+) {
+    // Connected ahead of the first record when the store answers; otherwise on first use.
+    let mut writer: Option<Store> = parent.dedicated().await.ok();
     loop {
         let mut batch = Vec::new();
         {
             let mut rx = rx.lock().await;
             match rx.recv().await {
                 Some(job) => batch.push(job),
-                None => return,
+                None => break,
             }
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
@@ -137,7 +137,27 @@ async fn write_batches(store: Store, rx: Arc<Mutex<mpsc::Receiver<Job>>>, metric
         let (mut records, answers): (Vec<Record>, Vec<_>) =
             batch.into_iter().map(|j| (j.record, j.done)).unzip();
         let started = std::time::Instant::now();
-        let result = store.insert_batch(&mut records).await;
+        let result = tokio::time::timeout(batch_timeout, async {
+            if writer.is_none() {
+                writer = Some(parent.dedicated().await?);
+            }
+            match &writer {
+                Some(w) => w.insert_batch(&mut records).await,
+                None => Err(Error::Unavailable("the store is unavailable; retry".into())),
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Unavailable(
+                "the store did not answer in time; retry".into(),
+            ))
+        });
+        if matches!(result, Err(Error::Unavailable(_))) {
+            if let Some(stuck) = writer.take() {
+                // Closing may wait on a silent connection too; it must not hold the writer.
+                tokio::spawn(stuck.close());
+            }
+        }
         let took = started.elapsed();
         metrics.batch(records.len(), took, result.is_ok());
         tracing::debug!(
@@ -162,6 +182,9 @@ async fn write_batches(store: Store, rx: Arc<Mutex<mpsc::Receiver<Job>>>, metric
                 }
             }
         }
+    }
+    if let Some(w) = writer {
+        w.close().await;
     }
 }
 

@@ -636,6 +636,9 @@ async fn postgres_stopped_under_load_is_unavailable_and_recovers_by_itself() {
 struct FreezingProxy {
     addr: String,
     frozen: Arc<AtomicBool>,
+    /// Connections opened before this epoch are frozen for good (a failover: the old host is
+    /// gone without a word, new connections reach the new one).
+    epoch: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl FreezingProxy {
@@ -645,23 +648,34 @@ impl FreezingProxy {
             .expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         let frozen = Arc::new(AtomicBool::new(false));
-        let f = frozen.clone();
+        let epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (f, e) = (frozen.clone(), epoch.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let (f, upstream) = (f.clone(), upstream.clone());
+                let (f, e, upstream) = (f.clone(), e.clone(), upstream.clone());
                 tokio::spawn(async move {
-                    thawed(&f).await;
+                    let born = e.load(Ordering::SeqCst);
+                    let gate = Gate {
+                        frozen: f,
+                        epoch: e,
+                        born,
+                    };
+                    gate.open().await;
                     let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
                         return;
                     };
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::spawn(pump(cr, sw, f.clone()));
-                    pump(sr, cw, f).await;
+                    tokio::spawn(pump(cr, sw, gate.clone()));
+                    pump(sr, cw, gate).await;
                 });
             }
         });
-        FreezingProxy { addr, frozen }
+        FreezingProxy {
+            addr,
+            frozen,
+            epoch,
+        }
     }
 
     /// A server whose database (postgres://user@HOST:PORT/name) is reached through a proxy.
@@ -676,18 +690,33 @@ impl FreezingProxy {
     fn freeze(&self, on: bool) {
         self.frozen.store(on, Ordering::SeqCst);
     }
+
+    /// Every connection open now goes silent for good; new ones flow.
+    fn fail_over(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
-async fn thawed(frozen: &AtomicBool) {
-    while frozen.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+/// Whether one proxied connection may pass bytes.
+#[derive(Clone)]
+struct Gate {
+    frozen: Arc<AtomicBool>,
+    epoch: Arc<std::sync::atomic::AtomicU64>,
+    born: u64,
+}
+
+impl Gate {
+    async fn open(&self) {
+        while self.frozen.load(Ordering::SeqCst) || self.epoch.load(Ordering::SeqCst) > self.born {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    frozen: Arc<AtomicBool>,
+    gate: Gate,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
@@ -696,7 +725,7 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        thawed(&frozen).await;
+        gate.open().await;
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
@@ -762,6 +791,58 @@ async fn a_silently_lost_database_fails_closed_and_recovers_postgres() {
         "recovered {:?} after traffic flowed again",
         thawed_at.elapsed()
     );
+    assert!(served.terminate());
+}
+
+/// A failover: every open database connection goes silent for good while new ones reach the
+/// database. The server fails closed, then moves its listener, pool and record writer to new
+/// connections and records again, with nothing acknowledged that was not stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_silent_failover_the_server_moves_to_new_connections_postgres() {
+    let db = TestDb::create(StoreKind::Postgres).await;
+    let (proxy, served) = FreezingProxy::serve(&db, &["--request-timeout-secs", "2"]).await;
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    let mut ingest = IngestServiceClient::new(ch.clone());
+    let mut acked = Vec::new();
+    for i in 0..20 {
+        let id = format!("before-{i}");
+        let r = ingest
+            .deliver_trigger(storm_warning(id.clone()))
+            .await
+            .expect("deliver")
+            .into_inner();
+        acked.push((id, r.record_id));
+    }
+    proxy.fail_over();
+    let failed_over = Instant::now();
+    let mut i = 0;
+    let recovered = loop {
+        i += 1;
+        let id = format!("after-{i}");
+        let mut req = tonic::Request::new(storm_warning(id.clone()));
+        req.set_timeout(Duration::from_secs(3));
+        if let Ok(r) = ingest.deliver_trigger(req).await {
+            acked.push((id, r.into_inner().record_id));
+            if health(&ch).await == Some(ServingStatus::Serving) {
+                break failed_over.elapsed();
+            }
+        }
+        assert!(
+            failed_over.elapsed() < Duration::from_secs(20),
+            "still not recording 20 s after a failover; log:\n{}",
+            served.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("recording again {recovered:?} after the failover");
+    for (id, record_id) in &acked {
+        assert_eq!(
+            records_for(&db, id).await,
+            vec![record_id.clone()],
+            "acknowledged trigger {id}"
+        );
+    }
     assert!(served.terminate());
 }
 
