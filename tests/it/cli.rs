@@ -7,6 +7,21 @@ use crate::helpers::{repo_path, StoreKind, TestDb};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_hcp-sense");
 
+/// `hcp-sense serve` on `url`, gRPC and metrics on ephemeral loopback ports.
+pub fn serve_command(url: &str) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--database-url",
+        url,
+    ]);
+    cmd
+}
+
 /// A `hcp-sense serve` process on an ephemeral port; killed when dropped.
 pub struct Served {
     child: Child,
@@ -18,17 +33,8 @@ pub struct Served {
 
 impl Served {
     pub fn start(url: &str, extra: &[&str]) -> Served {
-        let mut cmd = Command::new(BIN);
-        cmd.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--database-url",
-            url,
-        ])
-        .args(extra);
+        let mut cmd = serve_command(url);
+        cmd.args(extra);
         Served::spawn(cmd)
     }
 

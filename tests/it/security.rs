@@ -431,17 +431,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_10_mib_payload_is_refused_without_the_server_growing() {
     let db = crate::helpers::TestDb::create(StoreKind::Sqlite).await;
-    let mut cmd = std::process::Command::new(crate::cli::BIN);
-    cmd.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--database-url",
-        &db.url,
-    ]);
-    let served = crate::cli::Served::spawn(cmd);
+    let served = crate::cli::Served::start(&db.url, &[]);
     let ch = Channel::from_shared(format!("http://{}", served.addr))
         .expect("uri")
         .connect()
@@ -611,19 +601,8 @@ async fn tokens_jwts_and_payloads_never_reach_the_logs() {
         ),
     )
     .expect("config");
-    let mut cmd = std::process::Command::new(crate::cli::BIN);
-    cmd.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--database-url",
-        &db.url,
-        "--config",
-    ])
-    .arg(&config)
-    .env("RUST_LOG", "debug");
+    let mut cmd = crate::cli::serve_command(&db.url);
+    cmd.arg("--config").arg(&config).env("RUST_LOG", "debug");
     let served = crate::cli::Served::spawn(cmd);
     let ch = Channel::from_shared(format!("http://{}", served.addr))
         .expect("uri")

@@ -29,7 +29,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use tonic::transport::Channel;
 
-use crate::cli::{Served, BIN};
+use crate::cli::Served;
 use crate::helpers::{example, http_get, repo_path, spawn_app, StoreKind, TestDb};
 
 /// An OTLP/gRPC receiver keeping every span it is sent, and the names of the metrics.
@@ -206,20 +206,11 @@ async fn drive(ch: Channel, traceparent: &str) {
 
 async fn served_with_otlp(endpoint: &str, extra_env: &[(&str, &str)]) -> (Served, TestDb) {
     let db = TestDb::create(StoreKind::Sqlite).await;
-    let mut cmd = Command::new(BIN);
-    cmd.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--database-url",
-        &db.url,
-    ])
-    .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
-    .env("OTEL_SERVICE_NAME", "hcp-sense-test")
-    .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-    .env("OTEL_METRIC_EXPORT_INTERVAL", "200");
+    let mut cmd = crate::cli::serve_command(&db.url);
+    cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        .env("OTEL_SERVICE_NAME", "hcp-sense-test")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("OTEL_METRIC_EXPORT_INTERVAL", "200");
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
