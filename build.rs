@@ -26,6 +26,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Undecodable requests are INVALID_ARGUMENT naming the field (src/grpc/codec.rs).
+        .codec_path("crate::grpc::codec::Codec")
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

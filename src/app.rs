@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::server::HealthReporter;
 
@@ -14,10 +13,13 @@ use std::future::IntoFuture;
 use std::sync::Arc;
 
 use crate::auth::Authenticator;
+use crate::grpc::calls::{CallLayer, WatchLimits};
+use crate::grpc::conn::{self, effective_max_connections, ConnLimits};
 use crate::grpc::guard::GuardLayer;
 use crate::grpc::ingest::Ingest;
 use crate::grpc::layer::RpcLayer;
 use crate::grpc::packs::Packs;
+use crate::grpc::paging::PageTokens;
 use crate::grpc::pb::{
     self, audit_service_server::AuditServiceServer, bench_service_server::BenchServiceServer,
     ingest_service_server::IngestServiceServer, pack_service_server::PackServiceServer,
@@ -41,15 +43,21 @@ pub struct App {
     auth: Arc<Authenticator>,
     limits: ServerLimits,
     tls: Option<ServerTlsConfig>,
+    pages: PageTokens,
 }
 
 /// Transport limits of the gRPC server.
 #[derive(Debug, Clone, Copy)]
 struct ServerLimits {
     rate_per_sec: f64,
+    auth_failures_per_sec: f64,
     max_request_bytes: usize,
     max_concurrent_streams: u32,
     request_timeout: Duration,
+    conns: ConnLimits,
+    keepalive_interval: Option<Duration>,
+    keepalive_timeout: Duration,
+    watches: WatchLimits,
 }
 
 impl App {
@@ -81,12 +89,10 @@ impl App {
                 );
             }
         }
-        if let Some(secret) = &config.page_token_secret {
-            crate::grpc::paging::set_token_secret(secret);
-        }
+        let pages = PageTokens::new(config.page_token_secret.as_deref());
         let mut auth = Authenticator::from_config(&config.auth)?;
         if let Some(tls) = config.tls.as_ref().filter(|t| t.client_ca_file.is_some()) {
-            auth = auth.with_client_certificates(tls.client_role);
+            auth = auth.with_client_certificates(tls.client_role, tls.client_identity);
         }
         let auth = Arc::new(auth);
         let tls = match &config.tls {
@@ -96,7 +102,8 @@ impl App {
                     std::fs::read(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
                 };
                 let mut c = ServerTlsConfig::new()
-                    .identity(Identity::from_pem(read(&t.cert_file)?, read(&t.key_file)?));
+                    .identity(Identity::from_pem(read(&t.cert_file)?, read(&t.key_file)?))
+                    .timeout(config.first_request_timeout);
                 if let Some(ca) = &t.client_ca_file {
                     // Certificates are one way in; callers without one may still send a token.
                     c = c
@@ -149,10 +156,23 @@ impl App {
             tls,
             limits: ServerLimits {
                 rate_per_sec: config.rate_limit_per_sec,
+                auth_failures_per_sec: config.auth_failure_rate_per_sec,
                 max_request_bytes: config.max_request_bytes,
                 max_concurrent_streams: config.max_concurrent_streams,
                 request_timeout: config.request_timeout,
+                conns: ConnLimits {
+                    max_connections: effective_max_connections(config.max_connections),
+                    first_request_timeout: config.first_request_timeout,
+                    idle_timeout: config.idle_timeout,
+                },
+                keepalive_interval: config.http2_keepalive_interval,
+                keepalive_timeout: config.http2_keepalive_timeout,
+                watches: WatchLimits {
+                    per_connection: config.max_health_watches_per_connection,
+                    total: config.max_health_watches,
+                },
             },
+            pages,
         })
     }
 
@@ -274,23 +294,34 @@ impl App {
         if let Some(tls) = self.tls.clone() {
             builder = builder.tls_config(tls)?;
         }
+        let l = self.limits;
         let serve = builder
-            .max_concurrent_streams(self.limits.max_concurrent_streams)
-            .timeout(self.limits.request_timeout)
+            .max_concurrent_streams(l.max_concurrent_streams)
+            // A backstop: CallLayer answers UNAVAILABLE before this fires.
+            .timeout(l.request_timeout)
+            .http2_keepalive_interval(l.keepalive_interval)
+            .http2_keepalive_timeout(Some(l.keepalive_timeout))
+            .layer(CallLayer::new(l.watches, l.request_timeout))
             .layer(RpcLayer::new(self.service.metrics.clone()))
-            .layer(GuardLayer::new(self.auth.clone(), self.limits.rate_per_sec))
+            .layer(GuardLayer::new(
+                self.auth.clone(),
+                l.rate_per_sec,
+                l.auth_failures_per_sec,
+            ))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(
                 PackServiceServer::new(Packs {
                     service: self.service.clone(),
+                    pages: self.pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
             .add_service(
                 PolicyServiceServer::new(Policy {
                     service: self.service.clone(),
+                    pages: self.pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
@@ -303,12 +334,14 @@ impl App {
             .add_service(
                 RecordServiceServer::new(Records {
                     service: self.service.clone(),
+                    pages: self.pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
             .add_service(
                 AuditServiceServer::new(crate::grpc::audit::Audit {
                     service: self.service.clone(),
+                    pages: self.pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
@@ -316,18 +349,14 @@ impl App {
                 self.bench_baseline
                     .then(|| BenchServiceServer::new(crate::grpc::bench::Baseline)),
             )
-            // TCP_NODELAY: without it a multi-frame answer waits for a delayed ACK (~40 ms).
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(self.listener).with_nodelay(Some(true)),
-                async move {
-                    let _ = on_stop.wait_for(|s| *s).await;
-                    tracing::info!("shutting down: no new calls accepted");
-                    set_serving(&stop_health, false).await;
-                    stop_health
-                        .set_service_status(LIVENESS, tonic_health::ServingStatus::NotServing)
-                        .await;
-                },
-            );
+            .serve_with_incoming_shutdown(conn::incoming(self.listener, l.conns), async move {
+                let _ = on_stop.wait_for(|s| *s).await;
+                tracing::info!("shutting down: no new calls accepted");
+                set_serving(&stop_health, false).await;
+                stop_health
+                    .set_service_status(LIVENESS, tonic_health::ServingStatus::NotServing)
+                    .await;
+            });
         tracing::info!(addr = %self.addr, metrics_addr = %self.metrics_addr, "hcp-sense listening");
 
         let grace = self.shutdown_grace;

@@ -7,6 +7,11 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::domain::names::check_id;
+
+/// Shortest HS256 secret accepted: the hash's own size (RFC 7518 §3.2).
+pub const MIN_HS256_SECRET: usize = 32;
+
 /// What a caller may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -30,14 +35,70 @@ impl Role {
     }
 }
 
+/// How a caller proved who it is. Names are only unique within a kind: a JWT whose
+/// subject is `rt1` is not the static token named `rt1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CredentialKind {
+    Token,
+    Jwt,
+    Certificate,
+}
+
+impl CredentialKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialKind::Token => "token",
+            CredentialKind::Jwt => "jwt",
+            CredentialKind::Certificate => "certificate",
+        }
+    }
+}
+
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
-    /// Who, for logs, rate limits and the audit: a token's name or a JWT's subject.
+    pub kind: CredentialKind,
+    /// Who, for logs, rate limits and the audit: a token's name, a JWT's subject or a
+    /// certificate's identity. Never empty.
     pub subject: String,
     pub role: Role,
-    /// The principal a reader reads as.
+    /// The principal a reader reads as: a valid, non-empty id.
     pub principal: Option<String>,
+}
+
+impl Identity {
+    /// The key of this caller's rate-limit bucket: kind and name together.
+    pub fn bucket(&self) -> String {
+        format!("{}:{}", self.kind.as_str(), self.subject)
+    }
+}
+
+/// Why a call was refused authentication: for the debug log only. The caller is
+/// told no more than that credentials are missing or were refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No credentials were sent.
+    Missing,
+    /// Credentials were sent and refused, for this reason.
+    Refused(String),
+}
+
+impl Refusal {
+    /// What the caller is told.
+    pub fn public_message(&self) -> &'static str {
+        match self {
+            Refusal::Missing => "credentials required: send `authorization: Bearer <token>`",
+            Refusal::Refused(_) => "credentials refused",
+        }
+    }
+
+    /// Why, for the debug log.
+    pub fn detail(&self) -> &str {
+        match self {
+            Refusal::Missing => "no credentials",
+            Refusal::Refused(why) => why,
+        }
+    }
 }
 
 /// What the authentication layer found on a call, kept in the request's extensions.
@@ -46,8 +107,19 @@ pub enum Caller {
     /// Authentication is not configured: every RPC is open (loopback only unless told otherwise).
     Open,
     Known(Identity),
-    /// No credentials, or credentials that were refused; the reason is for the status message.
-    Refused(String),
+    /// No credentials, or credentials that were refused.
+    Refused(Refusal),
+}
+
+/// Which part of a verified client certificate names the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum CertIdentity {
+    /// The subject's common name (exactly one).
+    #[default]
+    CommonName,
+    /// The one URI subject alternative name, such as a SPIFFE id.
+    UriSan,
 }
 
 /// The `/package.Service/Method` path of the call, kept in the request's extensions.
@@ -110,27 +182,49 @@ struct Jwt {
 #[derive(Debug, Default)]
 pub struct Authenticator {
     enabled: bool,
-    /// The role of callers known by a client certificate (mutual TLS).
-    mtls_role: Option<Role>,
+    /// The role of callers known by a client certificate (mutual TLS), and what names them.
+    mtls: Option<(Role, CertIdentity)>,
     tokens: HashMap<[u8; 32], Identity>,
     jwt: Option<Jwt>,
 }
 
 impl Authenticator {
     pub fn from_config(cfg: &AuthConfig) -> anyhow::Result<Authenticator> {
-        let mut tokens = HashMap::new();
+        let mut tokens: HashMap<[u8; 32], Identity> = HashMap::new();
+        let mut names = std::collections::HashSet::new();
         for t in &cfg.tokens {
+            check_id("name", &t.name)
+                .map_err(|e| anyhow::anyhow!("auth token `{}`: {e}", t.name))?;
+            if !names.insert(t.name.as_str()) {
+                anyhow::bail!(
+                    "auth token `{}` is configured twice: names must be unique",
+                    t.name
+                );
+            }
             let raw = hex::decode(t.sha256.trim())
                 .map_err(|_| anyhow::anyhow!("auth token `{}`: sha256 must be hex", t.name))?;
             let hash: [u8; 32] = raw
                 .try_into()
                 .map_err(|_| anyhow::anyhow!("auth token `{}`: sha256 must be 32 bytes", t.name))?;
+            if let Some(p) = &t.principal {
+                check_id("principal", p)
+                    .map_err(|e| anyhow::anyhow!("auth token `{}`: {e}", t.name))?;
+            }
             if t.role == Role::Reader && t.principal.is_none() {
                 anyhow::bail!("auth token `{}`: a reader needs a principal", t.name);
+            }
+            if let Some(other) = tokens.get(&hash) {
+                // One secret cannot stand for two callers: which would it be?
+                anyhow::bail!(
+                    "auth tokens `{}` and `{}` have the same sha256: each token must be distinct",
+                    other.subject,
+                    t.name
+                );
             }
             tokens.insert(
                 hash,
                 Identity {
+                    kind: CredentialKind::Token,
                     subject: t.name.clone(),
                     role: t.role,
                     principal: t.principal.clone(),
@@ -142,9 +236,16 @@ impl Authenticator {
             Some(j) => {
                 let mut keys = Vec::new();
                 if let Some(path) = &j.hs256_secret_file {
+                    // The file's bytes, exactly: a secret is not text to be cleaned up.
                     let secret = std::fs::read(path)
                         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-                    let secret = String::from_utf8_lossy(&secret).trim().as_bytes().to_vec();
+                    if secret.len() < MIN_HS256_SECRET {
+                        anyhow::bail!(
+                            "{}: an HS256 secret must be at least {MIN_HS256_SECRET} bytes, not {}",
+                            path.display(),
+                            secret.len()
+                        );
+                    }
                     keys.push((None, DecodingKey::from_secret(&secret)?, Algorithm::HS256));
                 }
                 if let Some(path) = &j.jwks_file {
@@ -174,14 +275,20 @@ impl Authenticator {
                     let mut v = Validation::new(alg);
                     v.validate_nbf = true;
                     v.leeway = 5;
-                    v.set_required_spec_claims(&["exp"]);
+                    // A configured issuer or audience is required, not merely checked when present.
+                    let mut required = vec!["exp", "sub"];
                     if let Some(iss) = &j.issuer {
                         v.set_issuer(&[iss]);
+                        required.push("iss");
                     }
                     match &j.audience {
-                        Some(aud) => v.set_audience(&[aud]),
+                        Some(aud) => {
+                            v.set_audience(&[aud]);
+                            required.push("aud");
+                        }
                         None => v.validate_aud = false,
                     }
+                    v.set_required_spec_claims(&required);
                     validation_by_alg.insert(alg, v);
                 }
                 Some(Jwt {
@@ -194,7 +301,7 @@ impl Authenticator {
         };
         Ok(Authenticator {
             enabled: cfg.is_enabled(),
-            mtls_role: None,
+            mtls: None,
             tokens,
             jwt,
         })
@@ -204,23 +311,30 @@ impl Authenticator {
         self.enabled
     }
 
-    /// Also accept callers by a verified client certificate, with this role.
-    pub fn with_client_certificates(mut self, role: Role) -> Authenticator {
-        self.mtls_role = Some(role);
+    /// Also accept callers by a verified client certificate, with this role, named by
+    /// the certificate's subject common name or its URI SAN.
+    pub fn with_client_certificates(mut self, role: Role, by: CertIdentity) -> Authenticator {
+        self.mtls = Some((role, by));
         self.enabled = true;
         self
     }
 
-    /// The identity of a caller who sent no bearer credentials but a verified client
-    /// certificate (DER): its subject's common name is the subject and principal.
-    pub fn check_certificate(&self, der: &[u8]) -> Option<Identity> {
-        let role = self.mtls_role?;
-        let cn = common_name(der)?;
-        Some(Identity {
-            subject: cn.clone(),
-            role,
-            principal: Some(cn),
-        })
+    /// The identity of a caller who sent no bearer credentials but a client certificate
+    /// (DER) that TLS has verified against the client CA. The certificate is parsed as
+    /// X.509; only its subject's one common name (or its one URI SAN) names the caller.
+    pub fn check_certificate(&self, der: &[u8]) -> Caller {
+        let Some((role, by)) = self.mtls else {
+            return Caller::Refused(Refusal::Missing);
+        };
+        match certificate_identity(der, by) {
+            Ok(name) => Caller::Known(Identity {
+                kind: CredentialKind::Certificate,
+                subject: name.clone(),
+                role,
+                principal: Some(name),
+            }),
+            Err(why) => Caller::Refused(Refusal::Refused(format!("client certificate: {why}"))),
+        }
     }
 
     /// What the `authorization` header value says about the caller.
@@ -229,10 +343,11 @@ impl Authenticator {
             return Caller::Open;
         }
         let Some(value) = authorization else {
-            return Caller::Refused("no credentials: send `authorization: Bearer <token>`".into());
+            return Caller::Refused(Refusal::Missing);
         };
+        let refused = |why: &str| Caller::Refused(Refusal::Refused(why.to_owned()));
         let Some(token) = value.strip_prefix("Bearer ").map(str::trim) else {
-            return Caller::Refused("the authorization header must be `Bearer <token>`".into());
+            return refused("the authorization header must be `Bearer <token>`");
         };
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some(id) = self.tokens.get(&hash) {
@@ -241,9 +356,9 @@ impl Authenticator {
         match &self.jwt {
             Some(jwt) if token.matches('.').count() == 2 => match jwt.verify(token) {
                 Ok(id) => Caller::Known(id),
-                Err(why) => Caller::Refused(why),
+                Err(why) => refused(&why),
             },
-            _ => Caller::Refused("unknown token".into()),
+            _ => refused("unknown token"),
         }
     }
 }
@@ -272,10 +387,22 @@ impl Jwt {
                                 self.role_claim
                             )
                         })?;
-                    let principal = claims
-                        .get(&self.principal_claim)
-                        .and_then(serde_json::Value::as_str)
-                        .map(str::to_owned);
+                    // An empty or malformed principal is refused, never read as "no filter".
+                    let principal = match claims.get(&self.principal_claim) {
+                        None | Some(serde_json::Value::Null) => None,
+                        Some(serde_json::Value::String(p)) => {
+                            check_id("principal", p).map_err(|e| {
+                                format!("the JWT's `{}` claim: {e}", self.principal_claim)
+                            })?;
+                            Some(p.clone())
+                        }
+                        Some(_) => {
+                            return Err(format!(
+                                "the JWT's `{}` claim must be a string",
+                                self.principal_claim
+                            ))
+                        }
+                    };
                     if role == Role::Reader && principal.is_none() {
                         return Err(format!(
                             "a reader's JWT needs a `{}` claim",
@@ -285,10 +412,11 @@ impl Jwt {
                     let subject = claims
                         .get("sub")
                         .and_then(serde_json::Value::as_str)
-                        .unwrap_or("jwt")
-                        .to_owned();
+                        .ok_or("the JWT's `sub` must be a string")?;
+                    check_id("sub", subject).map_err(|e| format!("the JWT's {e}"))?;
                     return Ok(Identity {
-                        subject,
+                        kind: CredentialKind::Jwt,
+                        subject: subject.to_owned(),
                         role,
                         principal,
                     });
@@ -311,21 +439,45 @@ impl Jwt {
     }
 }
 
-/// The last common name (OID 2.5.4.3) in a DER certificate: the subject's, which
-/// follows the issuer's in the certificate body.
-fn common_name(der: &[u8]) -> Option<String> {
-    const CN: [u8; 5] = [0x06, 0x03, 0x55, 0x04, 0x03];
-    let at = der.windows(CN.len()).rposition(|w| w == CN)?;
-    let rest = der.get(at + CN.len()..)?;
-    let (&tag, &len) = (rest.first()?, rest.get(1)?);
-    // UTF8String, PrintableString or IA5String, short form length.
-    if !matches!(tag, 0x0c | 0x13 | 0x16) || len >= 0x80 {
-        return None;
+/// The name a certificate gives its holder: the one common name of its subject, or its
+/// one URI SAN. Anything else — a CN in an issuer, a SAN directory name, bytes inside
+/// another attribute or extension — is never read. The name must be a valid id.
+fn certificate_identity(der: &[u8], by: CertIdentity) -> Result<String, String> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let (rest, cert) =
+        X509Certificate::from_der(der).map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    if !rest.is_empty() {
+        return Err("trailing bytes after the certificate".into());
     }
-    let value = rest.get(2..2 + usize::from(len))?;
-    String::from_utf8(value.to_vec())
-        .ok()
-        .filter(|s| !s.is_empty())
+    let name = match by {
+        CertIdentity::CommonName => {
+            let mut cns = cert.subject().iter_common_name();
+            let cn = cns.next().ok_or("the subject has no common name")?;
+            if cns.next().is_some() {
+                return Err("the subject has more than one common name".into());
+            }
+            cn.as_str()
+                .map_err(|_| "the subject's common name is not a string".to_string())?
+                .to_owned()
+        }
+        CertIdentity::UriSan => {
+            let san = cert
+                .subject_alternative_name()
+                .map_err(|e| format!("bad subject alternative name: {e}"))?
+                .ok_or("no subject alternative name")?;
+            let mut uris = san.value.general_names.iter().filter_map(|n| match n {
+                GeneralName::URI(u) => Some(*u),
+                _ => None,
+            });
+            let uri = uris.next().ok_or("no URI subject alternative name")?;
+            if uris.next().is_some() {
+                return Err("more than one URI subject alternative name".into());
+            }
+            uri.to_owned()
+        }
+    };
+    check_id("certificate identity", &name)?;
+    Ok(name)
 }
 
 /// Methods every caller may call, authenticated or not: health and reflection.

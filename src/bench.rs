@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 use crate::config::StoreConfig;
 use crate::domain::pack::lint;
 use crate::grpc::convert::json_to_struct;
-use crate::grpc::paging::{encode_token, SEP};
+use crate::grpc::paging::{PageTokens, SEP};
 use crate::grpc::pb::{
     bench_service_client::BenchServiceClient, deliver_trigger_noop_request,
     deliver_trigger_request, ingest_service_client::IngestServiceClient,
@@ -531,7 +531,6 @@ const BENCH_TOKEN_SECRET: &str = "hcp-sense-bench";
 
 /// Runs every phase and prints the results.
 pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
-    crate::grpc::paging::set_token_secret(BENCH_TOKEN_SECRET);
     println!(
         "hcp-sense bench {}: {} s per phase, {} callers over {} HTTP/2 connections, {} packs, {} principals, {} cores",
         env!("CARGO_PKG_VERSION"),
@@ -660,7 +659,13 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
             let fp = filter_fingerprint(&crate::domain::model::RecordFilter::default());
             let deep = marks
                 .last()
-                .map(|(t, id)| encode_token("records", &fp, &format!("{t}{SEP}{id}")))
+                .map(|(t, id)| {
+                    PageTokens::new(Some(BENCH_TOKEN_SECRET)).encode(
+                        "records",
+                        &fp,
+                        &format!("{t}{SEP}{id}"),
+                    )
+                })
                 .unwrap_or_default();
             for (name, token) in [("first page", String::new()), ("deep page", deep)] {
                 let mut lat = Vec::new();

@@ -130,6 +130,60 @@ pub struct ServeOptions {
     /// [default: 60].
     #[arg(long, env = "HCP_SENSE_DB_STARTUP_WAIT_SECS", value_name = "SECS")]
     pub db_startup_wait_secs: Option<u64>,
+
+    /// Most client connections open at once; further clients wait in the listen backlog. Lowered to leave 64 of the process's open-file limit free [default: 10000].
+    #[arg(long, env = "HCP_SENSE_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<usize>,
+
+    /// A connection that has not started a call (TLS and HTTP/2 handshakes included) this long after it opened is closed [default: 10].
+    #[arg(
+        long,
+        env = "HCP_SENSE_FIRST_REQUEST_TIMEOUT_SECS",
+        value_name = "SECS"
+    )]
+    pub first_request_timeout_secs: Option<u64>,
+
+    /// A connection with no call in flight for this long is closed; clients reconnect on their next call [default: 300].
+    #[arg(long, env = "HCP_SENSE_IDLE_TIMEOUT_SECS", value_name = "SECS")]
+    pub idle_timeout_secs: Option<u64>,
+
+    /// Seconds between HTTP/2 PINGs on each connection, to find peers that vanished; 0 for none [default: 30].
+    #[arg(
+        long,
+        env = "HCP_SENSE_HTTP2_KEEPALIVE_INTERVAL_SECS",
+        value_name = "SECS"
+    )]
+    pub http2_keepalive_interval_secs: Option<u64>,
+
+    /// A connection whose PING is not answered within this is closed [default: 20].
+    #[arg(
+        long,
+        env = "HCP_SENSE_HTTP2_KEEPALIVE_TIMEOUT_SECS",
+        value_name = "SECS"
+    )]
+    pub http2_keepalive_timeout_secs: Option<u64>,
+
+    /// Most open grpc.health.v1 Watch streams on one connection [default: 16].
+    #[arg(
+        long,
+        env = "HCP_SENSE_MAX_HEALTH_WATCHES_PER_CONNECTION",
+        value_name = "N"
+    )]
+    pub max_health_watches_per_connection: Option<usize>,
+
+    /// Most open grpc.health.v1 Watch streams in all [default: 1024].
+    #[arg(long, env = "HCP_SENSE_MAX_HEALTH_WATCHES", value_name = "N")]
+    pub max_health_watches: Option<usize>,
+
+    /// Failed authentications a second one peer address may make, bursts of twice that; past it the address is refused RESOURCE_EXHAUSTED until its bucket refills; 0 for no limit [default: 5].
+    #[arg(long, env = "HCP_SENSE_AUTH_FAILURE_RATE_PER_SEC", value_name = "N")]
+    pub auth_failure_rate_per_sec: Option<f64>,
+
+    /// What names a caller known by its client certificate: `common-name` (the subject's one
+    /// CN) or `uri-san` (the one URI subject alternative name, such as a SPIFFE id)
+    /// [default: common-name].
+    #[arg(long, env = "HCP_SENSE_TLS_CLIENT_IDENTITY", value_name = "FROM")]
+    pub tls_client_identity: Option<crate::auth::CertIdentity>,
 }
 
 /// Where the store is. Shared by `serve` and `migrate`.
@@ -180,6 +234,14 @@ pub struct Config {
     pub request_timeout: Duration,
     pub tls: Option<TlsConfig>,
     pub page_token_secret: Option<String>,
+    pub max_connections: usize,
+    pub first_request_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub http2_keepalive_interval: Option<Duration>,
+    pub http2_keepalive_timeout: Duration,
+    pub max_health_watches_per_connection: usize,
+    pub max_health_watches: usize,
+    pub auth_failure_rate_per_sec: f64,
 }
 
 /// TLS files and the role of callers known by their client certificate.
@@ -189,6 +251,7 @@ pub struct TlsConfig {
     pub key_file: PathBuf,
     pub client_ca_file: Option<PathBuf>,
     pub client_role: crate::auth::Role,
+    pub client_identity: crate::auth::CertIdentity,
 }
 
 #[derive(Debug, Clone)]
@@ -315,8 +378,9 @@ impl ServeOptions {
             tls: match (
                 self.tls_cert_file.or(file.tls_cert_file),
                 self.tls_key_file.or(file.tls_key_file),
+                self.tls_client_ca_file.or(file.tls_client_ca_file),
             ) {
-                (Some(cert_file), Some(key_file)) => {
+                (Some(cert_file), Some(key_file), client_ca_file) => {
                     let role = self
                         .tls_client_role
                         .or(file.tls_client_role)
@@ -324,7 +388,11 @@ impl ServeOptions {
                     Some(TlsConfig {
                         cert_file,
                         key_file,
-                        client_ca_file: self.tls_client_ca_file.or(file.tls_client_ca_file),
+                        client_ca_file,
+                        client_identity: self
+                            .tls_client_identity
+                            .or(file.tls_client_identity)
+                            .unwrap_or_default(),
                         client_role: crate::auth::Role::parse(&role).ok_or_else(|| {
                             anyhow::anyhow!(
                                 "tls_client_role `{role}` must be admin, runtime or reader"
@@ -332,10 +400,23 @@ impl ServeOptions {
                         })?,
                     })
                 }
-                (None, None) => None,
+                (None, None, None) => None,
+                // Client certificates without TLS would be silently ignored: no caller could
+                // present one, and the operator would believe certificates are checked.
+                (None, None, Some(_)) => anyhow::bail!(
+                    "--tls-client-ca-file needs --tls-cert-file and --tls-key-file: client certificates are only read over TLS"
+                ),
                 _ => anyhow::bail!("TLS needs both --tls-cert-file and --tls-key-file"),
             },
             page_token_secret: self.page_token_secret.or(file.page_token_secret),
+            max_connections: self.max_connections.or(file.max_connections).unwrap_or(10_000),
+            first_request_timeout: Duration::from_secs(self.first_request_timeout_secs.or(file.first_request_timeout_secs).unwrap_or(10)),
+            idle_timeout: Duration::from_secs(self.idle_timeout_secs.or(file.idle_timeout_secs).unwrap_or(300)),
+            http2_keepalive_interval: Some(self.http2_keepalive_interval_secs.or(file.http2_keepalive_interval_secs).unwrap_or(30)).filter(|s| *s > 0).map(Duration::from_secs),
+            http2_keepalive_timeout: Duration::from_secs(self.http2_keepalive_timeout_secs.or(file.http2_keepalive_timeout_secs).unwrap_or(20)),
+            max_health_watches_per_connection: self.max_health_watches_per_connection.or(file.max_health_watches_per_connection).unwrap_or(16),
+            max_health_watches: self.max_health_watches.or(file.max_health_watches).unwrap_or(1024),
+            auth_failure_rate_per_sec: self.auth_failure_rate_per_sec.or(file.auth_failure_rate_per_sec).unwrap_or(5.0),
         })
     }
 }
@@ -371,6 +452,15 @@ struct FileConfig {
     tls_client_ca_file: Option<PathBuf>,
     tls_client_role: Option<String>,
     page_token_secret: Option<String>,
+    max_connections: Option<usize>,
+    first_request_timeout_secs: Option<u64>,
+    idle_timeout_secs: Option<u64>,
+    http2_keepalive_interval_secs: Option<u64>,
+    http2_keepalive_timeout_secs: Option<u64>,
+    max_health_watches_per_connection: Option<usize>,
+    max_health_watches: Option<usize>,
+    auth_failure_rate_per_sec: Option<f64>,
+    tls_client_identity: Option<crate::auth::CertIdentity>,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
@@ -424,6 +514,14 @@ impl Config {
             request_timeout: Duration::from_secs(30),
             tls: None,
             page_token_secret: None,
+            max_connections: 10_000,
+            first_request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            http2_keepalive_interval: Some(Duration::from_secs(30)),
+            http2_keepalive_timeout: Duration::from_secs(20),
+            max_health_watches_per_connection: 16,
+            max_health_watches: 1024,
+            auth_failure_rate_per_sec: 5.0,
         }
     }
 }

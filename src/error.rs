@@ -21,6 +21,12 @@ pub enum Error {
     FailedPrecondition(String),
     #[error("{0}")]
     PermissionDenied(String),
+    /// No credentials, or credentials that were refused; the message says no more than that.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A rate limit or a bound on open streams; the call may be retried later.
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// The store (or another dependency) cannot be reached; the call may be retried.
     #[error("{0}")]
     Unavailable(String),

@@ -2,16 +2,14 @@
 use serde_json::{Map, Value};
 use std::fmt;
 
-use super::names::{check_land, check_pack_id, check_ref};
+use super::names::{check_id, check_land, check_pack_id, check_ref};
 use super::pack::{BindingMode, TriggerSource, BINDING_DEGRADED};
-use super::policy::{Activation, BindingState, PolicyView, Route};
+use super::policy::{Activation, BindingRef, BindingState, PolicyView, Route};
 
 /// The binding identity of records made for public packs (§7.5.1).
 pub const PUBLIC_BINDING: &str = "public";
 /// The land whose records need project membership (§7.5.2).
 pub const BRAIN: &str = "brain";
-/// Longest principal, project or trigger id accepted.
-pub const MAX_ID_LEN: usize = 256;
 
 /// A well-formed trigger, as handed over by a runtime.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,16 +47,20 @@ pub enum DropReason {
     NoConnectedBinding,
     LandMismatch,
     ActivationOff,
+    /// The service's own `binding.degraded` whose Policy land is `brain`: a brain record
+    /// needs a project and a Binding has none (§7.5.2, §7.7.3).
+    NoProject,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 6] = [
+    pub const ALL: [DropReason; 7] = [
         DropReason::UnknownPack,
         DropReason::UndeclaredRef,
         DropReason::NoGrant,
         DropReason::NoConnectedBinding,
         DropReason::LandMismatch,
         DropReason::ActivationOff,
+        DropReason::NoProject,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -69,6 +71,7 @@ impl DropReason {
             DropReason::NoConnectedBinding => "no_connected_binding",
             DropReason::LandMismatch => "land_mismatch",
             DropReason::ActivationOff => "activation_off",
+            DropReason::NoProject => "no_project",
         }
     }
 
@@ -125,6 +128,58 @@ pub fn decide(view: &PolicyView, t: &Trigger) -> Decision {
         // 7. Record with the activation's route and the Binding identity.
         Activation::On(route) => Decision::Record { route, binding_id },
     }
+}
+
+/// §7.7.3: the `binding.degraded` trigger the service produces, as the runtime's hub, when a
+/// principal's Binding leaves `linked` — by a state change (`after` is the new state) or by
+/// its deletion (`after` is `None`; the payload says `pending` and `deleted`) — and the
+/// decision on it. `None` when there is nothing to produce: the Binding was not linked, is
+/// still linked, or the pack does not declare the trigger.
+///
+/// The trigger is decided on the view in which the Binding is still linked: the moment it
+/// degrades is when the principal must hear of it. A `brain` Policy land can never be
+/// recorded (a brain record needs a project, a Binding has none): that is `NoProject`.
+pub fn binding_degraded(
+    view: &PolicyView,
+    pack_id: &str,
+    principal: &str,
+    before: Option<&BindingRef>,
+    after: Option<BindingState>,
+) -> Option<(Trigger, Decision)> {
+    let before = before.filter(|b| b.state == BindingState::Linked)?;
+    if after == Some(BindingState::Linked) {
+        return None;
+    }
+    let land = view.pack(pack_id)?.lands.get(BINDING_DEGRADED)?.clone();
+    let mut payload = Map::new();
+    payload.insert(
+        "state".into(),
+        Value::from(after.unwrap_or(BindingState::Pending).as_str()),
+    );
+    payload.insert(
+        "previous_state".into(),
+        Value::from(BindingState::Linked.as_str()),
+    );
+    payload.insert("binding_id".into(), Value::from(before.binding_id.as_str()));
+    if after.is_none() {
+        payload.insert("deleted".into(), Value::Bool(true));
+    }
+    let t = Trigger {
+        pack_id: pack_id.to_owned(),
+        r#ref: BINDING_DEGRADED.to_owned(),
+        principal: principal.to_owned(),
+        land,
+        payload,
+        project: None,
+        trigger_id: None,
+    };
+    let decision = if t.land == BRAIN {
+        Decision::Drop(DropReason::NoProject)
+    } else {
+        let linked = view.with_principal(pack_id, principal, |p| p.binding = Some(before.clone()));
+        decide(&linked, &t)
+    };
+    Some((t, decision))
 }
 
 /// What became of a trigger, as the producer is told.
@@ -272,23 +327,6 @@ pub fn depth(v: &Value) -> usize {
         Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
         _ => 0,
     }
-}
-
-/// A principal, project or trigger id: 1 to 256 bytes, no control characters.
-pub fn check_id(what: &str, id: &str) -> Result<(), String> {
-    if id.is_empty() {
-        return Err(format!("{what} must be non-empty"));
-    }
-    if id.len() > MAX_ID_LEN {
-        return Err(format!("{what} must be at most {MAX_ID_LEN} bytes"));
-    }
-    if id.chars().any(char::is_control) {
-        return Err(format!("{what} must not contain control characters"));
-    }
-    if id.trim() != id {
-        return Err(format!("{what} must not start or end with whitespace"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -85,3 +85,11 @@ pub struct RecordFilter {
     pub end_time: Option<i64>,
     pub descending: bool,
 }
+
+/// A principal's membership of a project (§7.5.2: brain records are read by members).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub project: String,
+    pub principal: String,
+    pub create_time: i64,
+}

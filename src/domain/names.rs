@@ -4,6 +4,30 @@
 pub const MAX_REF_LEN: usize = 256;
 pub const MAX_PACK_ID_LEN: usize = 128;
 pub const MAX_LAND_LEN: usize = 64;
+/// Longest principal, project, Binding or trigger id accepted.
+pub const MAX_ID_LEN: usize = 256;
+
+/// Checks a principal, project, Binding or trigger id: 1 to 256 bytes, with no
+/// whitespace, no `=` and no control characters. Ids are written into logs and
+/// spans as `key=value`; a space or `=` inside one could forge another field.
+pub fn check_id(what: &str, id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err(format!("{what} must be non-empty"));
+    }
+    if id.len() > MAX_ID_LEN {
+        return Err(format!("{what} must be at most {MAX_ID_LEN} bytes"));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(format!("{what} must not contain control characters"));
+    }
+    if id.chars().any(char::is_whitespace) {
+        return Err(format!("{what} must not contain whitespace"));
+    }
+    if id.contains('=') {
+        return Err(format!("{what} must not contain `=`"));
+    }
+    Ok(())
+}
 
 /// Checks a trigger ref against §7.1.2: non-empty, lower-case, `.` separating
 /// non-empty segments of `[a-z0-9_-]`. Returns the rule broken, in words.
@@ -95,6 +119,33 @@ mod tests {
             "a:b",
         ] {
             assert!(check_ref(bad).is_err(), "{bad:?} should fail");
+        }
+    }
+
+    #[test]
+    fn ids_refuse_what_could_forge_a_log_field() {
+        for ok in [
+            "alice",
+            "u:42",
+            "spiffe://corp/ns/a",
+            "é",
+            &"x".repeat(MAX_ID_LEN),
+        ] {
+            assert!(check_id("principal", ok).is_ok(), "{ok:?} should pass");
+        }
+        for bad in [
+            "",
+            "alice bob",
+            "a=b",
+            "alice\tx",
+            "a\u{85}b",
+            "a\u{a0}b",
+            "a\u{2028}b",
+            " alice",
+            "x\u{1b}[31m",
+            &"x".repeat(MAX_ID_LEN + 1),
+        ] {
+            assert!(check_id("principal", bad).is_err(), "{bad:?} should fail");
         }
     }
 

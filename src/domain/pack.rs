@@ -466,6 +466,13 @@ pub fn lint(raw: &Value) -> LintReport {
                     l.error("s7_1_3", format!("{p}.land"), format!("the Policy entry for trigger `{r}` must name a land"));
                 } else if let Err(e) = check_land(&s.land) {
                     l.error("s7_1_3", format!("{p}.land"), e);
+                } else if r == BINDING_DEGRADED && s.land == super::decide::BRAIN {
+                    // The service produces this trigger for a Binding, which has no project.
+                    l.warn(
+                        "s7_7_3",
+                        format!("{p}.land"),
+                        format!("`{BINDING_DEGRADED}` with land `brain` can never be recorded: a brain record needs a project and a Binding has none, so each one is dropped as `no_project`"),
+                    );
                 }
             }
             Some(many) => l.error(
@@ -815,6 +822,20 @@ mod tests {
                 vec![("s7_8", "stimulusTriggers[0].source".into())]
             );
         }
+    }
+
+    #[test]
+    fn s7_7_3_binding_degraded_in_brain_draws_a_warning() {
+        let mut v = valid();
+        v["policy"]["stimuli"][1]["land"] = json!("brain");
+        let r = lint(&v);
+        assert!(r.is_valid(), "a warning, not an error");
+        assert_eq!(
+            rules(&v, Severity::Warning),
+            vec![("s7_7_3", "policy.stimuli[1].land".into())]
+        );
+        v["policy"]["stimuli"][1]["land"] = json!("user");
+        assert!(rules(&v, Severity::Warning).is_empty());
     }
 
     #[test]

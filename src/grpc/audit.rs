@@ -2,7 +2,7 @@
 use tonic::{Request, Response, Status};
 
 use super::convert::timestamp;
-use super::paging::{decode_token, encode_token, fingerprint, page_size, SEP};
+use super::paging::{fingerprint, page_size, PageTokens, SEP};
 use super::pb::{self, audit_service_server::AuditService};
 use super::policy::next_token;
 use crate::error::Error;
@@ -11,6 +11,7 @@ use crate::service::{valid_id, valid_pack_id, Service};
 #[derive(Clone, Debug)]
 pub struct Audit {
     pub service: Service,
+    pub pages: PageTokens,
 }
 
 #[tonic::async_trait]
@@ -31,7 +32,7 @@ impl AuditService for Audit {
         }
         let size = page_size(r.page_size)?;
         let fp = fingerprint(&[&r.pack_id, &r.principal]);
-        let token = decode_token(KIND, &fp, &r.page_token)?;
+        let token = self.pages.decode(KIND, &fp, &r.page_token)?;
         let before = match &token {
             None => None,
             Some(k) => {
@@ -50,7 +51,8 @@ impl AuditService for Audit {
             .list_audit_events(pack, principal, before, size + 1)
             .await?;
         let next_page_token = next_token(&mut events, size, |e| {
-            encode_token(KIND, &fp, &format!("{}{SEP}{}", e.time, e.event_id))
+            self.pages
+                .encode(KIND, &fp, &format!("{}{SEP}{}", e.time, e.event_id))
         });
         Ok(Response::new(pb::ListAuditEventsResponse {
             audit_events: events

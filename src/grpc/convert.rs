@@ -21,6 +21,44 @@ pub fn struct_to_json(s: Struct) -> Value {
     )
 }
 
+/// A protobuf Struct sent by a caller as a JSON object. JSON has no NaN or Infinity: a
+/// Struct holding one is refused naming `field` and the path to the number, rather than
+/// stored with `null` in its place.
+pub fn struct_to_json_checked(field: &str, s: Struct) -> Result<Value, Error> {
+    if let Some(path) = non_finite(&s.fields, String::new()) {
+        return Err(Error::invalid(
+            field,
+            format!("holds NaN or Infinity at `{path}`; JSON numbers are finite"),
+        ));
+    }
+    Ok(struct_to_json(s))
+}
+
+/// The path of the first NaN or infinite number in a Struct's fields.
+fn non_finite(fields: &std::collections::BTreeMap<String, PbValue>, at: String) -> Option<String> {
+    fields.iter().find_map(|(k, v)| {
+        let here = if at.is_empty() {
+            k.clone()
+        } else {
+            format!("{at}.{k}")
+        };
+        value_non_finite(v, here)
+    })
+}
+
+fn value_non_finite(v: &PbValue, at: String) -> Option<String> {
+    match &v.kind {
+        Some(Kind::NumberValue(n)) if !n.is_finite() => Some(at),
+        Some(Kind::StructValue(s)) => non_finite(&s.fields, at),
+        Some(Kind::ListValue(l)) => l
+            .values
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| value_non_finite(v, format!("{at}[{i}]"))),
+        _ => None,
+    }
+}
+
 fn value_to_json(v: PbValue) -> Value {
     match v.kind {
         None | Some(Kind::NullValue(_)) => Value::Null,
@@ -201,6 +239,7 @@ pub fn drop_reason(r: DropReason) -> pb::DropReason {
         DropReason::NoConnectedBinding => pb::DropReason::NoConnectedBinding,
         DropReason::LandMismatch => pb::DropReason::LandMismatch,
         DropReason::ActivationOff => pb::DropReason::ActivationOff,
+        DropReason::NoProject => pb::DropReason::NoProject,
     }
 }
 
@@ -213,6 +252,7 @@ pub fn drop_reason_from(field: &'static str, v: i32) -> Result<Option<DropReason
         Ok(pb::DropReason::NoConnectedBinding) => DropReason::NoConnectedBinding,
         Ok(pb::DropReason::LandMismatch) => DropReason::LandMismatch,
         Ok(pb::DropReason::ActivationOff) => DropReason::ActivationOff,
+        Ok(pb::DropReason::NoProject) => DropReason::NoProject,
         Err(_) => return Err(Error::invalid(field, format!("unknown drop reason {v}"))),
     }))
 }

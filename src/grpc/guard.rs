@@ -6,23 +6,29 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+use tonic::transport::server::TlsConnectInfo;
 use tonic::Status;
 
+use super::conn::ConnInfo;
 use crate::auth::{allowed, is_open, Authenticator, CalledMethod, Caller};
+use crate::error::Error;
 
 #[derive(Clone, Debug)]
 pub struct GuardLayer {
     auth: Arc<Authenticator>,
     limiter: Arc<RateLimiter>,
+    /// Failed authentications per peer address; an address past it is refused unheard.
+    failures: Arc<RateLimiter>,
 }
 
 impl GuardLayer {
-    /// `rate_per_sec` 0 means no rate limit.
-    pub fn new(auth: Arc<Authenticator>, rate_per_sec: f64) -> GuardLayer {
+    /// `rate_per_sec` 0 means no rate limit; `failures_per_sec` 0 means failed
+    /// authentications are not limited.
+    pub fn new(auth: Arc<Authenticator>, rate_per_sec: f64, failures_per_sec: f64) -> GuardLayer {
         GuardLayer {
             auth,
             limiter: Arc::new(RateLimiter::new(rate_per_sec)),
+            failures: Arc::new(RateLimiter::new(failures_per_sec)),
         }
     }
 }
@@ -58,7 +64,17 @@ impl RateLimiter {
         }
     }
 
+    /// Takes one token from `who`'s bucket; false when it is empty.
     fn allow(&self, who: &str) -> bool {
+        self.take(who, true)
+    }
+
+    /// Whether `who`'s bucket has a token, without taking it.
+    fn has_token(&self, who: &str) -> bool {
+        self.take(who, false)
+    }
+
+    fn take(&self, who: &str, consume: bool) -> bool {
         if self.rate <= 0.0 {
             return true;
         }
@@ -75,7 +91,9 @@ impl RateLimiter {
         *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(burst);
         *last = now;
         if *tokens >= 1.0 {
-            *tokens -= 1.0;
+            if consume {
+                *tokens -= 1.0;
+            }
             true
         } else {
             false
@@ -103,48 +121,69 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let path = req.uri().path().to_owned();
+        let open = is_open(&path);
+        let conn = req.extensions().get::<ConnInfo>().cloned().or_else(|| {
+            req.extensions()
+                .get::<TlsConnectInfo<ConnInfo>>()
+                .map(|t| t.get_ref().clone())
+        });
+        let peer = conn
+            .as_ref()
+            .and_then(|c| c.remote)
+            .map_or_else(|| "peer:unknown".to_owned(), |a| format!("peer:{}", a.ip()));
+        let refuse = |e: Error| -> Self::Future {
+            let status = Status::from(e);
+            Box::pin(async move { Ok(status.into_http()) })
+        };
+        // An address that keeps failing authentication is not heard until its bucket refills,
+        // so guessing costs the guesser time and the server no verification work.
+        if !open && self.layer.auth.is_enabled() && !self.layer.failures.has_token(&peer) {
+            return refuse(Error::ResourceExhausted(
+                "too many failed authentications from this address; retry later".into(),
+            ));
+        }
         let header = req
             .headers()
             .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
+            .map(|v| v.to_str().unwrap_or(""));
         let mut caller = self.layer.auth.check(header);
         if header.is_none() {
-            // No bearer credentials: a verified client certificate may name the caller.
+            // No bearer credentials: a client certificate verified by TLS may name the caller.
             let cert = req
                 .extensions()
-                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .get::<TlsConnectInfo<ConnInfo>>()
                 .and_then(|i| i.peer_certs())
-                .and_then(|certs| {
-                    certs
-                        .first()
-                        .and_then(|c| self.layer.auth.check_certificate(c))
-                });
-            if let Some(id) = cert {
-                caller = Caller::Known(id);
+                .and_then(|certs| certs.first().map(|c| self.layer.auth.check_certificate(c)));
+            if let Some(c) = cert {
+                caller = c;
             }
         }
-        let path = req.uri().path().to_owned();
-        let open = is_open(&path);
         let refusal = match &caller {
             _ if open => None,
             Caller::Open => None,
-            Caller::Refused(why) => Some(Status::unauthenticated(why.clone())),
-            Caller::Known(id) if !allowed(&path, id.role) => Some(Status::permission_denied(
+            Caller::Refused(why) => {
+                tracing::debug!(method = %path, %peer, why = why.detail(), "authentication refused");
+                self.layer.failures.allow(&peer);
+                Some(Error::Unauthenticated(why.public_message().to_owned()))
+            }
+            Caller::Known(id) if !allowed(&path, id.role) => Some(Error::PermissionDenied(
                 format!("role {:?} may not call {path}", id.role),
             )),
             Caller::Known(_) => None,
         };
-        let who = match &caller {
-            Caller::Known(id) => id.subject.clone(),
-            _ => "anonymous".to_owned(),
+        if let Some(e) = refusal {
+            return refuse(e);
+        }
+        // Buckets are per credential (kind and name); unauthenticated servers limit per address.
+        let bucket = match &caller {
+            Caller::Known(id) => id.bucket(),
+            _ => peer,
         };
-        let refusal = refusal.or_else(|| {
-            (!open && !self.layer.limiter.allow(&who)).then(|| {
-                Status::resource_exhausted(format!("rate limit for `{who}` exceeded; retry later"))
-            })
-        });
-        if let Some(status) = refusal {
-            return Box::pin(async move { Ok(status.into_http()) });
+        if !open && !self.layer.limiter.allow(&bucket) {
+            return refuse(Error::ResourceExhausted(
+                "rate limit for this caller exceeded; retry later".into(),
+            ));
         }
         req.extensions_mut().insert(caller);
         req.extensions_mut().insert(CalledMethod(path));

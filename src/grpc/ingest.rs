@@ -1,7 +1,7 @@
 //! IngestService: DeliverTrigger, translated and handed to the decision.
 use tonic::{Request, Response, Status};
 
-use super::convert::{disposition, drop_reason, struct_to_json, trigger_source_from};
+use super::convert::{disposition, drop_reason, struct_to_json_checked, trigger_source_from};
 use super::pb::{
     self, deliver_trigger_request::PayloadSource, ingest_service_server::IngestService,
 };
@@ -23,7 +23,7 @@ impl IngestService for Ingest {
         let r = req.into_inner();
         let payload = match r.payload_source {
             None => None,
-            Some(PayloadSource::Payload(s)) => Some(struct_to_json(s)),
+            Some(PayloadSource::Payload(s)) => Some(struct_to_json_checked("payload", s)?),
             Some(PayloadSource::PayloadJson(text)) => Some(
                 serde_json::from_str(&text)
                     .map_err(|e| Error::invalid("payload_json", format!("is not JSON: {e}")))?,

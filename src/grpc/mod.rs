@@ -1,6 +1,9 @@
 //! The gRPC edge: generated types, thin services that translate and delegate, and error mapping.
 pub mod audit;
 pub mod bench;
+pub mod calls;
+pub mod codec;
+pub mod conn;
 pub mod convert;
 pub mod guard;
 pub mod ingest;

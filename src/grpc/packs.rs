@@ -3,8 +3,8 @@ use serde_json::Value;
 use tonic::{Request, Response, Status};
 
 use super::actor_of;
-use super::convert::{finding, pack, struct_to_json};
-use super::paging::{decode_token, encode_token, page_size};
+use super::convert::{finding, pack, struct_to_json_checked};
+use super::paging::{page_size, PageTokens};
 use super::pb::{self, pack_service_server::PackService};
 use crate::domain::pack::{lint, parse_manifest_text, Severity};
 use crate::error::Error;
@@ -13,6 +13,7 @@ use crate::service::{detached, Service};
 #[derive(Clone, Debug)]
 pub struct Packs {
     pub service: Service,
+    pub pages: PageTokens,
 }
 
 const PAGE_KIND: &str = "packs";
@@ -22,7 +23,7 @@ fn manifest_of(
     text: Option<String>,
 ) -> Result<Value, Error> {
     match (manifest, text) {
-        (Some(s), _) => Ok(struct_to_json(s)),
+        (Some(s), _) => struct_to_json_checked("manifest", s),
         (None, Some(t)) => parse_manifest_text(&t).map_err(|e| Error::invalid("manifest_text", e)),
         (None, None) => Err(Error::invalid(
             "manifest",
@@ -105,7 +106,7 @@ impl PackService for Packs {
     ) -> Result<Response<pb::ListPacksResponse>, Status> {
         let req = req.into_inner();
         let size = page_size(req.page_size)?;
-        let after = decode_token(PAGE_KIND, "", &req.page_token)?;
+        let after = self.pages.decode(PAGE_KIND, "", &req.page_token)?;
         let mut packs = self
             .service
             .store
@@ -114,7 +115,7 @@ impl PackService for Packs {
         let more = packs.len() as u64 > size;
         packs.truncate(usize::try_from(size).unwrap_or(usize::MAX));
         let next_page_token = match (more, packs.last()) {
-            (true, Some(last)) => encode_token(PAGE_KIND, "", &last.manifest.pack_id),
+            (true, Some(last)) => self.pages.encode(PAGE_KIND, "", &last.manifest.pack_id),
             _ => String::new(),
         };
         Ok(Response::new(pb::ListPacksResponse {

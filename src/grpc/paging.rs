@@ -2,6 +2,7 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 
+use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
@@ -33,78 +34,86 @@ pub fn fingerprint(parts: &[&str]) -> String {
     format!("{h:016x}")
 }
 
-static SECRET: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
-
-/// Sets the key that signs page tokens; replicas that share tokens share it.
-/// Without it, each process draws its own at first use.
-pub fn set_token_secret(secret: &str) {
-    let _ = SECRET.set(Sha256::digest(secret.as_bytes()).into());
+/// The key that signs page tokens, owned by the server that issues them. Replicas that
+/// share tokens are given the same secret; without one, each server draws its own.
+#[derive(Clone)]
+pub struct PageTokens {
+    mac: HmacSha256,
 }
 
-fn secret() -> &'static [u8; 32] {
-    SECRET.get_or_init(|| {
-        let seed = format!(
-            "{}{}{}{:?}",
-            uuid::Uuid::now_v7(),
-            uuid::Uuid::now_v7(),
-            std::process::id(),
-            std::time::SystemTime::now()
-        );
-        Sha256::digest(seed.as_bytes()).into()
-    })
-}
-
-/// HMAC-SHA256 of a token body, truncated to 16 bytes.
-fn tag(body: &str) -> String {
-    let key = secret();
-    let (mut ipad, mut opad) = ([0x36u8; 64], [0x5cu8; 64]);
-    for (i, k) in key.iter().enumerate() {
-        ipad[i] ^= k;
-        opad[i] ^= k;
+impl std::fmt::Debug for PageTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PageTokens(..)")
     }
-    let inner = Sha256::new()
-        .chain_update(ipad)
-        .chain_update(body.as_bytes())
-        .finalize();
-    let outer = Sha256::new()
-        .chain_update(opad)
-        .chain_update(inner)
-        .finalize();
-    outer.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
 
-/// Encodes a keyset position under a kind tag and a filter fingerprint, signed
-/// so that a changed token is refused rather than read.
-pub fn encode_token(kind: &str, fp: &str, key: &str) -> String {
-    let body = format!("{kind}\n{fp}\n{key}");
-    let mac = tag(&body);
-    URL_SAFE_NO_PAD.encode(format!("{mac}\n{body}"))
-}
+type HmacSha256 = Hmac<Sha256>;
 
-/// Decodes a token made by `encode_token` for the same kind and filters;
-/// empty means the first page.
-pub fn decode_token(kind: &str, fp: &str, token: &str) -> Result<Option<String>> {
-    if token.is_empty() {
-        return Ok(None);
+/// Bytes of HMAC-SHA256 kept in a token.
+const TAG_BYTES: usize = 16;
+
+impl PageTokens {
+    pub fn new(secret: Option<&str>) -> PageTokens {
+        let key: [u8; 32] = match secret {
+            Some(s) => Sha256::digest(s.as_bytes()).into(),
+            None => {
+                let seed = format!(
+                    "{}{}{}{:?}",
+                    uuid::Uuid::now_v7(),
+                    uuid::Uuid::now_v7(),
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                );
+                Sha256::digest(seed.as_bytes()).into()
+            }
+        };
+        // HMAC takes a key of any length; a 32-byte key is padded to its block.
+        let mac = HmacSha256::new_from_slice(&key)
+            .unwrap_or_else(|_| HmacSha256::new(&Default::default()));
+        PageTokens { mac }
     }
-    let bad = || Error::invalid("page_token", "is not a page token this list returned");
-    let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
-    let text = String::from_utf8(bytes).map_err(|_| bad())?;
-    let (mac, body) = text.split_once('\n').ok_or_else(bad)?;
-    if mac != tag(body) {
-        return Err(Error::invalid(
-            "page_token",
-            "has been altered or was not issued by this service",
-        ));
+
+    fn mac(&self, body: &str) -> HmacSha256 {
+        let mut mac = self.mac.clone();
+        mac.update(body.as_bytes());
+        mac
     }
-    let mut parts = body.splitn(3, '\n');
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some(k), Some(f), Some(key)) if k == kind && f == fp => Ok(Some(key.to_owned())),
-        (Some(k), Some(_), Some(_)) if k == kind => Err(Error::invalid(
-            "page_token",
-            "was issued for a listing with other filters or order",
-        )),
-        _ => Err(bad()),
+
+    /// Encodes a keyset position under a kind tag and a filter fingerprint, signed
+    /// so that a changed token is refused rather than read.
+    pub fn encode(&self, kind: &str, fp: &str, key: &str) -> String {
+        let body = format!("{kind}\n{fp}\n{key}");
+        let tag = self.mac(&body).finalize().into_bytes();
+        let tag = hex::encode(&tag[..TAG_BYTES]);
+        URL_SAFE_NO_PAD.encode(format!("{tag}\n{body}"))
+    }
+
+    /// Decodes a token made by `encode` for the same kind and filters; empty means the
+    /// first page. The tag is checked in constant time.
+    pub fn decode(&self, kind: &str, fp: &str, token: &str) -> Result<Option<String>> {
+        if token.is_empty() {
+            return Ok(None);
+        }
+        let bad = || Error::invalid("page_token", "is not a page token this list returned");
+        let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
+        let text = String::from_utf8(bytes).map_err(|_| bad())?;
+        let (tag, body) = text.split_once('\n').ok_or_else(bad)?;
+        let tag = hex::decode(tag).map_err(|_| bad())?;
+        if tag.len() != TAG_BYTES || self.mac(body).verify_truncated_left(&tag).is_err() {
+            return Err(Error::invalid(
+                "page_token",
+                "has been altered or was not issued by this service",
+            ));
+        }
+        let mut parts = body.splitn(3, '\n');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(k), Some(f), Some(key)) if k == kind && f == fp => Ok(Some(key.to_owned())),
+            (Some(k), Some(_), Some(_)) if k == kind => Err(Error::invalid(
+                "page_token",
+                "was issued for a listing with other filters or order",
+            )),
+            _ => Err(bad()),
+        }
     }
 }
 
@@ -114,6 +123,9 @@ mod tests {
 
     #[test]
     fn tokens_round_trip_and_refuse_others() {
+        let tokens = PageTokens::new(Some("k"));
+        let encode_token = |k: &str, f: &str, key: &str| tokens.encode(k, f, key);
+        let decode_token = |k: &str, f: &str, t: &str| tokens.decode(k, f, t);
         let fp = fingerprint(&["a", "b"]);
         assert_eq!(fp, fingerprint(&["a", "b"]));
         assert_ne!(fp, fingerprint(&["ab", ""]));
@@ -130,6 +142,12 @@ mod tests {
         let forged = URL_SAFE_NO_PAD.encode(raw.replace("github", "gitlab"));
         assert!(decode_token("packs", &fp, &forged).is_err());
         assert!(decode_token("packs", &fp, "").ok().flatten().is_none());
+        // Another key's token is refused; the same secret reads it (replicas).
+        assert!(PageTokens::new(Some("other"))
+            .decode("packs", &fp, &t)
+            .is_err());
+        assert!(PageTokens::new(None).decode("packs", &fp, &t).is_err());
+        assert!(PageTokens::new(Some("k")).decode("packs", &fp, &t).is_ok());
         assert!(page_size(-1).is_err());
         assert_eq!(page_size(0).ok(), Some(DEFAULT_PAGE_SIZE));
         assert_eq!(page_size(5000).ok(), Some(MAX_PAGE_SIZE));

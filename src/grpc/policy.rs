@@ -4,9 +4,9 @@ use tonic::{Request, Response, Status};
 use super::actor_of;
 use super::convert::{
     activation, binding, binding_state, binding_state_from, execute_state, grant, outcome, route,
-    route_from,
+    route_from, timestamp,
 };
-use super::paging::{decode_token, encode_token, fingerprint, page_size, SEP};
+use super::paging::{fingerprint, page_size as page_size_of, PageTokens, SEP};
 use super::pb::{self, policy_service_server::PolicyService};
 use crate::domain::model::ExecuteState;
 use crate::domain::policy::Activation;
@@ -16,12 +16,57 @@ use crate::service::{detached, Service};
 #[derive(Clone, Debug)]
 pub struct Policy {
     pub service: Service,
+    pub pages: PageTokens,
 }
 
 type Reply<T> = Result<Response<T>, Status>;
 
 fn opt(s: &str) -> Option<&str> {
     (!s.is_empty()).then_some(s)
+}
+
+impl Policy {
+    /// The start of an AIP-158 page of a listing keyed by two strings: the page size, the
+    /// position the token continues from, and the listing's fingerprint (its filters).
+    fn page_of_two(
+        &self,
+        kind: &str,
+        filters: (&str, &str),
+        page_size: i32,
+        page_token: &str,
+    ) -> Result<(u64, Option<(String, String)>, String), Error> {
+        let size = page_size_of(page_size)?;
+        let fp = fingerprint(&[filters.0, filters.1]);
+        let after = match self.pages.decode(kind, &fp, page_token)? {
+            Some(k) => {
+                let (a, b) = k
+                    .split_once(SEP)
+                    .ok_or_else(|| Error::invalid("page_token", "is malformed"))?;
+                Some((a.to_owned(), b.to_owned()))
+            }
+            None => None,
+        };
+        Ok((size, after, fp))
+    }
+
+    /// The end of that page: `rows` (fetched one past the page) cut to it, and the next token.
+    fn next_of_two<T>(
+        &self,
+        kind: &str,
+        fp: &str,
+        rows: &mut Vec<T>,
+        size: u64,
+        key: impl Fn(&T) -> (&str, &str),
+    ) -> String {
+        next_token(rows, size, |r| {
+            let (a, b) = key(r);
+            self.pages.encode(kind, fp, &format!("{a}{SEP}{b}"))
+        })
+    }
+}
+
+fn pair(after: &Option<(String, String)>) -> Option<(&str, &str)> {
+    after.as_ref().map(|(a, b)| (a.as_str(), b.as_str()))
 }
 
 #[tonic::async_trait]
@@ -62,27 +107,89 @@ impl PolicyService for Policy {
         &self,
         req: Request<pb::ListGrantsRequest>,
     ) -> Reply<pb::ListGrantsResponse> {
-        const KIND: &str = "grants";
         let r = req.into_inner();
-        let size = page_size(r.page_size)?;
-        let fp = fingerprint(&[&r.pack_id, &r.principal]);
-        let after = decode_token(KIND, &fp, &r.page_token)?;
-        let after = match &after {
-            Some(k) => Some(
-                k.split_once(SEP)
-                    .ok_or_else(|| Error::invalid("page_token", "is malformed"))?,
-            ),
-            None => None,
-        };
+        const KIND: &str = "grants";
+        let (size, after, fp) =
+            self.page_of_two(KIND, (&r.pack_id, &r.principal), r.page_size, &r.page_token)?;
         let mut grants = self
             .service
-            .list_grants(opt(&r.pack_id), opt(&r.principal), after, size + 1)
+            .list_grants(opt(&r.pack_id), opt(&r.principal), pair(&after), size + 1)
             .await?;
-        let next_page_token = next_token(&mut grants, size, |g| {
-            encode_token(KIND, &fp, &format!("{}{SEP}{}", g.pack_id, g.principal))
+        let next_page_token = self.next_of_two(KIND, &fp, &mut grants, size, |g| {
+            (g.pack_id.as_str(), g.principal.as_str())
         });
         Ok(Response::new(pb::ListGrantsResponse {
             grants: grants.iter().map(grant).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn list_bindings(
+        &self,
+        req: Request<pb::ListBindingsRequest>,
+    ) -> Reply<pb::ListBindingsResponse> {
+        let r = req.into_inner();
+        const KIND: &str = "bindings";
+        let (size, after, fp) =
+            self.page_of_two(KIND, (&r.pack_id, &r.principal), r.page_size, &r.page_token)?;
+        let mut bindings = self
+            .service
+            .list_bindings(opt(&r.pack_id), opt(&r.principal), pair(&after), size + 1)
+            .await?;
+        let next_page_token = self.next_of_two(KIND, &fp, &mut bindings, size, |b| {
+            (b.pack_id.as_str(), b.principal.as_str())
+        });
+        Ok(Response::new(pb::ListBindingsResponse {
+            bindings: bindings.iter().map(binding).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn list_activations(
+        &self,
+        req: Request<pb::ListActivationsRequest>,
+    ) -> Reply<pb::ListActivationsResponse> {
+        let r = req.into_inner();
+        const KIND: &str = "activations";
+        let (size, after, fp) =
+            self.page_of_two(KIND, (&r.pack_id, &r.principal), r.page_size, &r.page_token)?;
+        let mut rows = self
+            .service
+            .list_activations(opt(&r.pack_id), opt(&r.principal), pair(&after), size + 1)
+            .await?;
+        let next_page_token = self.next_of_two(KIND, &fp, &mut rows, size, |a| {
+            (a.pack_id.as_str(), a.principal.as_str())
+        });
+        Ok(Response::new(pb::ListActivationsResponse {
+            activations: rows.iter().map(activation).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn list_project_members(
+        &self,
+        req: Request<pb::ListProjectMembersRequest>,
+    ) -> Reply<pb::ListProjectMembersResponse> {
+        let r = req.into_inner();
+        const KIND: &str = "members";
+        let (size, after, fp) =
+            self.page_of_two(KIND, (&r.project, &r.principal), r.page_size, &r.page_token)?;
+        let mut members = self
+            .service
+            .list_members(opt(&r.project), opt(&r.principal), pair(&after), size + 1)
+            .await?;
+        let next_page_token = self.next_of_two(KIND, &fp, &mut members, size, |m| {
+            (m.project.as_str(), m.principal.as_str())
+        });
+        Ok(Response::new(pb::ListProjectMembersResponse {
+            members: members
+                .iter()
+                .map(|m| pb::ProjectMember {
+                    project: m.project.clone(),
+                    principal: m.principal.clone(),
+                    create_time: Some(timestamp(m.create_time)),
+                })
+                .collect(),
             next_page_token,
         }))
     }
@@ -194,11 +301,13 @@ impl PolicyService for Policy {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        detached(actor, async move {
+        let degraded = detached(actor, async move {
             svc.delete_binding(&r.principal, &r.pack_id).await
         })
         .await?;
-        Ok(Response::new(pb::DeleteBindingResponse {}))
+        Ok(Response::new(pb::DeleteBindingResponse {
+            binding_degraded: degraded.as_ref().map(outcome),
+        }))
     }
 
     async fn report_binding_health(

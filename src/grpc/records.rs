@@ -2,7 +2,7 @@
 use tonic::{Request, Response, Status};
 
 use super::convert::{drop_reason_from, drop_report, micros, record, route_from};
-use super::paging::{decode_token, encode_token, fingerprint, page_size, SEP};
+use super::paging::{fingerprint, page_size, PageTokens, SEP};
 use super::pb::{self, record_service_server::RecordService};
 use super::policy::next_token;
 use crate::auth::{Caller, Role};
@@ -13,6 +13,7 @@ use crate::service::Service;
 #[derive(Clone, Debug)]
 pub struct Records {
     pub service: Service,
+    pub pages: PageTokens,
 }
 
 fn opt(s: String) -> Option<String> {
@@ -96,7 +97,7 @@ impl RecordService for Records {
         };
         let fp = filter_fingerprint(&filter);
         let size = page_size(r.page_size)?;
-        let after = match decode_token(KIND, &fp, &r.page_token)? {
+        let after = match self.pages.decode(KIND, &fp, &r.page_token)? {
             None => None,
             Some(k) => {
                 let Some((t, id)) = k.split_once(SEP) else {
@@ -111,7 +112,7 @@ impl RecordService for Records {
             .list_records(&filter, after.as_ref(), size + 1)
             .await?;
         let next_page_token = next_token(&mut records, size, |r| {
-            encode_token(
+            self.pages.encode(
                 KIND,
                 &fp,
                 &format!("{}{SEP}{}", r.received_time, r.record_id),
@@ -132,7 +133,7 @@ impl RecordService for Records {
         let size = page_size(r.page_size)?;
         let reason = drop_reason_from("reason", r.reason)?;
         let fp = fingerprint(&[&r.pack_id, &r.reason.to_string()]);
-        let token = decode_token(KIND, &fp, &r.page_token)?;
+        let token = self.pages.decode(KIND, &fp, &r.page_token)?;
         let after = match &token {
             None => None,
             Some(k) => {
@@ -149,7 +150,7 @@ impl RecordService for Records {
             .list_drop_reports(pack, reason, after, size + 1)
             .await?;
         let next_page_token = next_token(&mut reports, size, |d| {
-            encode_token(
+            self.pages.encode(
                 KIND,
                 &fp,
                 &format!("{}{SEP}{}{SEP}{}", d.pack_id, d.r#ref, d.reason.as_str()),

@@ -19,6 +19,8 @@ impl From<Error> for Status {
             }
             Error::FailedPrecondition(m) => Status::failed_precondition(m),
             Error::PermissionDenied(m) => Status::permission_denied(m),
+            Error::Unauthenticated(m) => Status::unauthenticated(m),
+            Error::ResourceExhausted(m) => Status::resource_exhausted(m),
             Error::Unavailable(m) => Status::unavailable(m),
             // The cause was logged where it happened; the client learns nothing internal.
             Error::Internal(_) => Status::internal("internal error"),

@@ -1,16 +1,16 @@
 //! DeliverTrigger: validate, decide on the policy view, then record or drop — traced and counted.
 use std::time::Instant;
 
-use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
 use super::Service;
-use crate::domain::decide::{decide, validate, Decision, Outcome, RawTrigger, Trigger, BRAIN};
+use crate::domain::decide::{
+    binding_degraded, decide, validate, Decision, Outcome, RawTrigger, Trigger,
+};
 use crate::domain::model::{Binding, Record};
-use crate::domain::pack::BINDING_DEGRADED;
-use crate::domain::policy::{BindingState, PolicyView, Route};
+use crate::domain::policy::{BindingRef, PolicyView, Route};
 use crate::error::{Error, Result, Violation};
 use crate::store::Stored;
 
@@ -60,6 +60,12 @@ fn note(span: &Span, o: &Outcome) {
     }
 }
 
+fn conflict(trigger_id: &str) -> Error {
+    Error::AlreadyExists(format!(
+        "trigger_id `{trigger_id}` was already used for a different trigger of this pack"
+    ))
+}
+
 /// A record for a trigger; its id and receive time are stamped when it is written.
 fn new_record(t: &Trigger, route: Route, binding_id: String) -> Record {
     Record {
@@ -104,11 +110,31 @@ impl Service {
             ));
         }
         let started = Instant::now();
-        let decision = decide(&self.policy.view.load(), &t);
+        let mut decision = decide(&self.policy.view.load(), &t);
         let decided = started.elapsed();
+        // Idempotency comes before policy: a retry of a trigger that was recorded is answered
+        // with its record, even if policy has changed since (a grant revoked meanwhile must
+        // not turn an acknowledged record into a drop). Recorded triggers meet their first
+        // record in the sink; dropped ones look it up here.
+        let mut first = None;
+        if let (Decision::Drop(_), Some(id)) = (&decision, &t.trigger_id) {
+            if let Some(r) = self.store.record_for_trigger(&t.pack_id, id).await? {
+                if r.principal != t.principal || r.r#ref != t.r#ref || r.land != t.land {
+                    return Err(conflict(id));
+                }
+                decision = Decision::Record {
+                    route: r.route,
+                    binding_id: r.binding_id.clone(),
+                };
+                first = Some(r);
+            }
+        }
         let span = decision_span(&t, &decision, self.limits.hash_principals);
         async {
             let outcome = match decision {
+                Decision::Record { route, .. } if first.is_some() => {
+                    Outcome::recorded(route, first.map(|r| r.record_id).unwrap_or_default(), true)
+                }
                 Decision::Drop(reason) => {
                     self.drops.count(&t.pack_id, &t.r#ref, reason);
                     Outcome::dropped(reason)
@@ -135,77 +161,83 @@ impl Service {
         Ok(match self.sink.write(r).await? {
             Stored::Inserted { record_id } => Outcome::recorded(route, record_id, false),
             Stored::Duplicate { record_id, route } => Outcome::recorded(route, record_id, true),
-            Stored::Conflict => {
-                return Err(Error::AlreadyExists(format!(
-                "trigger_id `{trigger_id}` was already used for a different trigger of this pack"
-            )))
-            }
+            Stored::Conflict => return Err(conflict(&trigger_id)),
         })
     }
 
-    /// Stores a Binding and, when it moves away from `linked` in a pack that
-    /// declares `binding.degraded`, the trigger the service produces for it as
-    /// the runtime's hub (§7.7.3). The trigger is decided on the view in which
-    /// the Binding is still linked: the moment it degrades is when the
-    /// principal must hear of it. The record, if any, is written in the
-    /// Binding's transaction. The caller holds the writer's turn.
+    /// Stores a Binding (or deletes it, when `b.state` is `None`) and, when it leaves
+    /// `linked` in a pack that declares `binding.degraded`, decides the trigger the service
+    /// produces for it as the runtime's hub (§7.7.3). The Binding as it was is read inside
+    /// the write's transaction, so two replicas flipping one Binding produce the trigger
+    /// once; a record is written in that same transaction. The drop or record is traced
+    /// and counted like any delivery. Returns the state before and the outcome, if any.
+    /// The caller holds the writer's turn.
     pub(super) async fn store_binding(
         &self,
         view: &PolicyView,
-        b: &Binding,
-        previous: Option<BindingState>,
-    ) -> Result<Option<Outcome>> {
-        let degraded = previous == Some(BindingState::Linked) && b.state != BindingState::Linked;
-        let trigger = if degraded {
-            view.pack(&b.pack_id)
-                .and_then(|p| p.lands.get(BINDING_DEGRADED))
-                // A brain land needs a project, which a Binding does not have.
-                .filter(|land| land.as_str() != BRAIN)
-                .map(|land| Trigger {
-                    pack_id: b.pack_id.clone(),
-                    r#ref: BINDING_DEGRADED.to_owned(),
-                    principal: b.principal.clone(),
-                    land: land.clone(),
-                    payload: match json!({
-                        "state": b.state.as_str(),
-                        "previous_state": BindingState::Linked.as_str(),
-                        "binding_id": b.binding_id,
-                    }) {
-                        Value::Object(m) => m,
-                        _ => serde_json::Map::new(),
-                    },
-                    project: None,
-                    trigger_id: None,
-                })
-        } else {
-            None
-        };
-        let Some(t) = trigger else {
-            self.store.put_binding(b, None).await?;
-            return Ok(None);
+        change: BindingChange<'_>,
+    ) -> Result<(Option<Binding>, Option<Outcome>)> {
+        let produce = |before: Option<&Binding>| {
+            let before_ref = before.map(|b| BindingRef {
+                binding_id: b.binding_id.clone(),
+                state: b.state,
+            });
+            let (pack_id, principal, after) = match change {
+                BindingChange::Put(b) => (b.pack_id.as_str(), b.principal.as_str(), Some(b.state)),
+                BindingChange::Delete { principal, pack_id } => (pack_id, principal, None),
+            };
+            let produced = binding_degraded(view, pack_id, principal, before_ref.as_ref(), after);
+            let record = match &produced {
+                Some((t, Decision::Record { route, binding_id })) => {
+                    Some(new_record(t, *route, binding_id.clone()))
+                }
+                _ => None,
+            };
+            ((before.cloned(), produced), record)
         };
         let started = Instant::now();
-        let decision = decide(view, &t);
+        let ((before, produced), record) = match change {
+            BindingChange::Put(b) => self.store.put_binding(b, produce).await?,
+            BindingChange::Delete { principal, pack_id } => {
+                self.store
+                    .delete_binding(principal, pack_id, produce)
+                    .await?
+            }
+        };
+        let Some((t, decision)) = produced else {
+            return Ok((before, None));
+        };
         let decided = started.elapsed();
         let span = decision_span(&t, &decision, self.limits.hash_principals);
-        async {
-            let outcome = match decision {
-                Decision::Drop(reason) => {
-                    self.store.put_binding(b, None).await?;
-                    self.drops.count(&t.pack_id, &t.r#ref, reason);
-                    Outcome::dropped(reason)
-                }
-                Decision::Record { route, binding_id } => {
-                    let mut r = new_record(&t, route, binding_id);
-                    self.store.put_binding(b, Some(&mut r)).await?;
-                    Outcome::recorded(route, r.record_id, false)
-                }
-            };
+        let outcome = match (decision, record) {
+            (Decision::Record { route, .. }, Some(r)) => {
+                Outcome::recorded(route, r.record_id, false)
+            }
+            (Decision::Drop(reason), _) => {
+                self.drops.count(&t.pack_id, &t.r#ref, reason);
+                Outcome::dropped(reason)
+            }
+            (Decision::Record { .. }, None) => {
+                return Err(Error::Internal("a produced record was not stored".into()))
+            }
+        };
+        span.in_scope(|| {
             note(&Span::current(), &outcome);
-            self.metrics.delivered(&t.pack_id, &outcome, decided);
-            Ok(Some(outcome))
-        }
-        .instrument(span)
-        .await
+            if let Some(reason) = outcome.drop_reason {
+                tracing::debug!(reason = reason.as_str(), "binding.degraded dropped");
+            }
+        });
+        self.metrics.delivered(&t.pack_id, &outcome, decided);
+        Ok((before, Some(outcome)))
     }
+}
+
+/// A change to a Binding, as `store_binding` applies it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum BindingChange<'a> {
+    Put(&'a Binding),
+    Delete {
+        principal: &'a str,
+        pack_id: &'a str,
+    },
 }

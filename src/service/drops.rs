@@ -11,31 +11,45 @@ use crate::store::{now_micros, Store};
 
 /// How often pending counts are written.
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
-/// Distinct (pack, ref, reason) keys held between flushes; beyond this, drops
-/// are counted under the pack and ref `*`, so producers inventing ids cannot
-/// grow memory.
-const MAX_PENDING_KEYS: usize = 10_000;
+/// Distinct (pack, ref, reason) keys a drop log keeps, stored and pending together; beyond
+/// this, drops are counted under the pack and ref `*`, so producers inventing pack ids or
+/// refs grow neither memory nor the drop reports table, however many flushes go by.
+pub const MAX_KEYS: usize = 10_000;
 /// The pack and ref of counts that overflowed the pending keys.
 pub const OVERFLOW: &str = "*";
 
 type Key = (String, String, DropReason);
 
+/// Counts not yet written, and the keys already in the store.
+#[derive(Debug, Default)]
+struct Pending {
+    counts: HashMap<Key, (i64, i64, i64)>,
+    /// Keys stored in the drop reports (as of the last flush), at most `MAX_KEYS`.
+    stored: std::collections::HashSet<Key>,
+    /// Pending keys not among `stored`.
+    new_keys: usize,
+}
+
 #[derive(Debug)]
 pub struct DropLog {
     store: Store,
     metrics: Arc<Metrics>,
-    pending: Mutex<HashMap<Key, (i64, i64, i64)>>,
+    pending: Mutex<Pending>,
     /// One flush at a time, so counts are added exactly once.
     flushing: tokio::sync::Mutex<()>,
 }
 
 impl DropLog {
-    /// A drop log with a background flusher that stops when the log is dropped.
-    pub fn start(store: Store, metrics: Arc<Metrics>) -> Arc<DropLog> {
+    /// A drop log with a background flusher that stops when the log is dropped. `stored`
+    /// are the keys the store's drop reports already have.
+    pub fn start(store: Store, metrics: Arc<Metrics>, stored: Vec<Key>) -> Arc<DropLog> {
         let log = Arc::new(DropLog {
             store,
             metrics,
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending {
+                stored: stored.into_iter().collect(),
+                ..Default::default()
+            }),
             flushing: tokio::sync::Mutex::new(()),
         });
         let weak: Weak<DropLog> = Arc::downgrade(&log);
@@ -57,19 +71,26 @@ impl DropLog {
         let Ok(mut pending) = self.pending.lock() else {
             return;
         };
+        let p = &mut *pending;
         let key = (pack_id.to_owned(), r#ref.to_owned(), reason);
-        if let Some(e) = pending.get_mut(&key) {
+        if let Some(e) = p.counts.get_mut(&key) {
             e.0 += 1;
             e.2 = now;
-        } else if pending.len() < MAX_PENDING_KEYS {
-            pending.insert(key, (1, now, now));
+            return;
+        }
+        let stored = p.stored.contains(&key);
+        let key = if stored || p.stored.len() + p.new_keys < MAX_KEYS {
+            key
         } else {
             // Still counted, under pack and ref `*`, so no drop goes uncounted.
-            let e = pending
-                .entry((OVERFLOW.to_owned(), OVERFLOW.to_owned(), reason))
-                .or_insert((0, now, now));
-            e.0 += 1;
-            e.2 = now;
+            (OVERFLOW.to_owned(), OVERFLOW.to_owned(), reason)
+        };
+        let is_new = !p.counts.contains_key(&key) && !p.stored.contains(&key);
+        let e = p.counts.entry(key).or_insert((0, now, now));
+        e.0 += 1;
+        e.2 = now;
+        if is_new {
+            p.new_keys += 1;
         }
     }
 
@@ -77,7 +98,10 @@ impl DropLog {
     pub async fn flush(&self) -> Result<()> {
         let _one = self.flushing.lock().await;
         let batch: Vec<(Key, (i64, i64, i64))> = match self.pending.lock() {
-            Ok(mut p) if !p.is_empty() => p.drain().collect(),
+            Ok(mut p) if !p.counts.is_empty() => {
+                p.new_keys = 0;
+                p.counts.drain().collect()
+            }
             _ => return Ok(()),
         };
         let deltas: Vec<DropReport> = batch
@@ -95,13 +119,25 @@ impl DropLog {
             // Put the counts back, merged with any counted meanwhile.
             if let Ok(mut p) = self.pending.lock() {
                 for (key, (count, first, last)) in batch {
-                    let e = p.entry(key).or_insert((0, first, last));
+                    if !p.counts.contains_key(&key) && !p.stored.contains(&key) {
+                        p.new_keys += 1;
+                    }
+                    let e = p.counts.entry(key).or_insert((0, first, last));
                     e.0 += count;
                     e.1 = e.1.min(first);
                     e.2 = e.2.max(last);
                 }
             }
             return Err(e);
+        }
+        if let Ok(mut p) = self.pending.lock() {
+            for (key, _) in batch {
+                if p.counts.contains_key(&key) && !p.stored.contains(&key) {
+                    // Counted again meanwhile, as a new key; it is stored now.
+                    p.new_keys = p.new_keys.saturating_sub(1);
+                }
+                p.stored.insert(key);
+            }
         }
         self.metrics
             .drop_counts_written(deltas.iter().map(|d| d.count.unsigned_abs()).sum());

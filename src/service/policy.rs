@@ -1,9 +1,10 @@
 //! Admin writes to Sense policy. Each commits to the store, then patches the view, under the writer's turn.
 use std::sync::Arc;
 
+use super::deliver::BindingChange;
 use super::{unknown_pack, valid_id, valid_pack_id, Service};
 use crate::domain::decide::{Outcome, PUBLIC_BINDING};
-use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant};
+use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, Member};
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, BindingRef, BindingState, PolicyView, Route};
 use crate::error::{Error, Result};
@@ -67,20 +68,60 @@ impl Service {
         after: Option<(&str, &str)>,
         limit: u64,
     ) -> Result<Vec<Grant>> {
-        if let Some(p) = pack_id {
-            valid_pack_id(p)?;
-        }
-        if let Some(p) = principal {
-            valid_id("principal", p)?;
-        }
+        valid_filters(pack_id, principal)?;
         self.store
             .list_grants(pack_id, principal, after, limit)
             .await
     }
 
+    pub async fn list_bindings(
+        &self,
+        pack_id: Option<&str>,
+        principal: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u64,
+    ) -> Result<Vec<Binding>> {
+        valid_filters(pack_id, principal)?;
+        self.store
+            .list_bindings(pack_id, principal, after, limit)
+            .await
+    }
+
+    pub async fn list_activations(
+        &self,
+        pack_id: Option<&str>,
+        principal: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u64,
+    ) -> Result<Vec<ActivationRow>> {
+        valid_filters(pack_id, principal)?;
+        self.store
+            .list_activations(pack_id, principal, after, limit)
+            .await
+    }
+
+    pub async fn list_members(
+        &self,
+        project: Option<&str>,
+        principal: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u64,
+    ) -> Result<Vec<Member>> {
+        if let Some(p) = project {
+            valid_id("project", p)?;
+        }
+        if let Some(p) = principal {
+            valid_id("principal", p)?;
+        }
+        self.store
+            .list_members(project, principal, after, limit)
+            .await
+    }
+
     /// Switches Sense on or off for a principal, or pack-wide when the principal
-    /// is empty. Without a route, the last one chosen is kept (`inbox` at
-    /// first). Never touches Execute state (§7.4.1).
+    /// is empty. Without a route the route is `inbox`, whatever was chosen before: an
+    /// admin who leaves it out expects records to surface. Never touches Execute
+    /// state (§7.4.1).
     pub async fn set_activation(
         &self,
         principal: &str,
@@ -95,19 +136,11 @@ impl Service {
         let _turn = self.policy.writer.lock().await;
         let view = self.view_with_pack(pack_id)?;
 
-        let keep = match route {
-            Some(r) => r,
-            None => self
-                .store
-                .get_activation(principal, pack_id)
-                .await?
-                .map_or(Route::Inbox, |a| a.route),
-        };
         let row = ActivationRow {
             principal: principal.to_owned(),
             pack_id: pack_id.to_owned(),
             enabled: on,
-            route: keep,
+            route: route.unwrap_or(Route::Inbox),
             update_time: now_micros(),
         };
         self.store.put_activation(&row).await?;
@@ -121,10 +154,12 @@ impl Service {
         Ok(row)
     }
 
-    /// Mirrors Execute's state. It is never read by a decision.
+    /// Mirrors Execute's state. It is never read by a decision. Like every per-pack
+    /// admin write, it needs the pack registered.
     pub async fn put_execute_state(&self, e: ExecuteState) -> Result<ExecuteState> {
         valid_id("principal", &e.principal)?;
         valid_pack_id(&e.pack_id)?;
+        self.view_with_pack(&e.pack_id)?;
         let e = ExecuteState {
             update_time: now_micros(),
             ..e
@@ -183,20 +218,16 @@ impl Service {
         }
         let _turn = self.policy.writer.lock().await;
         let view = self.view_with_pack(pack_id)?;
-        let previous = self
-            .store
-            .get_binding(principal, pack_id)
-            .await?
-            .map(|b| b.state);
-        self.change_binding(
-            &view,
-            principal,
-            pack_id,
-            binding_id,
-            state.unwrap_or(BindingState::Linked),
-            previous,
-        )
-        .await
+        let (b, _, outcome) = self
+            .change_binding(
+                &view,
+                principal,
+                pack_id,
+                Some(binding_id),
+                state.unwrap_or(BindingState::Linked),
+            )
+            .await?;
+        Ok((b, outcome))
     }
 
     /// Records a Binding's health reported by the runtime.
@@ -210,68 +241,73 @@ impl Service {
         valid_pack_id(pack_id)?;
         let _turn = self.policy.writer.lock().await;
         let view = self.view_with_pack(pack_id)?;
-        let Some(existing) = self.store.get_binding(principal, pack_id).await? else {
-            return Err(Error::NotFound(format!(
-                "principal `{principal}` has no Binding to pack `{pack_id}`"
-            )));
-        };
-        let (b, outcome) = self
-            .change_binding(
-                &view,
-                principal,
-                pack_id,
-                &existing.binding_id,
-                state,
-                Some(existing.state),
-            )
+        let (b, before, outcome) = self
+            .change_binding(&view, principal, pack_id, None, state)
             .await?;
-        Ok((b, existing.state, outcome))
+        Ok((b, before.state, outcome))
     }
 
+    /// Stores a Binding's new state; without `binding_id` the Binding must exist and keeps
+    /// its id.
     async fn change_binding(
         &self,
         view: &PolicyView,
         principal: &str,
         pack_id: &str,
-        binding_id: &str,
+        binding_id: Option<&str>,
         state: BindingState,
-        previous: Option<BindingState>,
-    ) -> Result<(Binding, Option<Outcome>)> {
+    ) -> Result<(Binding, Binding, Option<Outcome>)> {
         let mode = view
             .pack(pack_id)
             .map(|p| p.binding_mode)
             .ok_or_else(|| unknown_pack(pack_id))?;
+        let binding_id = match binding_id {
+            Some(id) => id.to_owned(),
+            // The id of the Binding as stored now; the write below rereads it under lock.
+            None => {
+                self.store
+                    .get_binding(principal, pack_id)
+                    .await?
+                    .ok_or_else(|| no_binding(principal, pack_id))?
+                    .binding_id
+            }
+        };
         let b = Binding {
             principal: principal.to_owned(),
             pack_id: pack_id.to_owned(),
-            binding_id: binding_id.to_owned(),
+            binding_id,
             mode,
             state,
             update_time: now_micros(),
         };
-        let outcome = self.store_binding(view, &b, previous).await?;
+        let (before, outcome) = self.store_binding(view, BindingChange::Put(&b)).await?;
+        let before = before.unwrap_or_else(|| Binding { state, ..b.clone() });
         self.publish(view.with_principal(pack_id, principal, |p| {
             p.binding = Some(BindingRef {
                 binding_id: b.binding_id.clone(),
                 state,
             });
         }));
-        tracing::info!(principal, pack_id, state = %state, previous = ?previous.map(BindingState::as_str), "binding stored");
-        Ok((b, outcome))
+        tracing::info!(principal, pack_id, state = %state, previous = %before.state, "binding stored");
+        Ok((b, before, outcome))
     }
 
-    pub async fn delete_binding(&self, principal: &str, pack_id: &str) -> Result<()> {
+    /// Deletes a Binding. A linked Binding that goes away has left `linked`: it produces
+    /// `binding.degraded` like any other departure.
+    pub async fn delete_binding(&self, principal: &str, pack_id: &str) -> Result<Option<Outcome>> {
         valid_id("principal", principal)?;
         valid_pack_id(pack_id)?;
         let _turn = self.policy.writer.lock().await;
-        if !self.store.delete_binding(principal, pack_id).await? {
-            return Err(Error::NotFound(format!(
-                "principal `{principal}` has no Binding to pack `{pack_id}`"
-            )));
-        }
         let view = self.policy.view.load_full();
+        let (before, outcome) = self
+            .store_binding(&view, BindingChange::Delete { principal, pack_id })
+            .await?;
+        if before.is_none() {
+            return Err(no_binding(principal, pack_id));
+        }
         self.publish(view.with_principal(pack_id, principal, |p| p.binding = None));
-        Ok(())
+        tracing::info!(principal, pack_id, "binding deleted");
+        Ok(outcome)
     }
 
     pub async fn add_member(&self, project: &str, principal: &str) -> Result<()> {
@@ -287,4 +323,21 @@ impl Service {
         valid_id("principal", principal)?;
         self.store.remove_member(project, principal).await
     }
+}
+
+/// The optional pack and principal filters of a listing, checked when given.
+fn valid_filters(pack_id: Option<&str>, principal: Option<&str>) -> Result<()> {
+    if let Some(p) = pack_id {
+        valid_pack_id(p)?;
+    }
+    if let Some(p) = principal {
+        valid_id("principal", p)?;
+    }
+    Ok(())
+}
+
+fn no_binding(principal: &str, pack_id: &str) -> Error {
+    Error::NotFound(format!(
+        "principal `{principal}` has no Binding to pack `{pack_id}`"
+    ))
 }

@@ -10,8 +10,8 @@ use super::entity::{
     bindings, execute_states, pack_stimuli, pack_triggers, packs, project_members,
     sense_activations, sense_grants,
 };
-use super::{classify, Store};
-use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, Record};
+use super::{classify, Store, WriteTxn};
+use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, Member, Record};
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, BindingRef, BindingState, PackPolicy, PolicyView, Route};
 use crate::error::{Error, Result};
@@ -67,6 +67,43 @@ impl ActivationRow {
             Activation::Off
         }
     }
+}
+
+/// A listing over a two-column key `(a, b)`: filtered by either when given, in key order,
+/// after the position `after`.
+fn keyset<E: EntityTrait, C: ColumnTrait>(
+    q: sea_orm::Select<E>,
+    (a, a_is): (C, Option<&str>),
+    (b, b_is): (C, Option<&str>),
+    after: Option<(&str, &str)>,
+) -> sea_orm::Select<E> {
+    let mut q = q.order_by_asc(a).order_by_asc(b);
+    if let Some(v) = a_is {
+        q = q.filter(a.eq(v));
+    }
+    if let Some(v) = b_is {
+        q = q.filter(b.eq(v));
+    }
+    if let Some((x, y)) = after {
+        q = q.filter(
+            Condition::any()
+                .add(a.gt(x))
+                .add(Condition::all().add(a.eq(x)).add(b.gt(y))),
+        );
+    }
+    q
+}
+
+/// A Binding read for a write, locked until the transaction ends (PostgreSQL; on SQLite the
+/// writer's turn already excludes other writers).
+async fn locked_binding(w: &WriteTxn, principal: &str, pack_id: &str) -> Result<Option<Binding>> {
+    bindings::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
+        .lock_exclusive()
+        .one(&w.txn)
+        .await
+        .map_err(classify)?
+        .map(binding)
+        .transpose()
 }
 
 impl Store {
@@ -231,6 +268,82 @@ impl Store {
         Ok(r.rows_affected > 0)
     }
 
+    /// Bindings in (pack_id, principal) order after the given position.
+    pub async fn list_bindings(
+        &self,
+        pack_id: Option<&str>,
+        principal: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u64,
+    ) -> Result<Vec<Binding>> {
+        use bindings::Column as C;
+        keyset(
+            bindings::Entity::find(),
+            (C::PackId, pack_id),
+            (C::Principal, principal),
+            after,
+        )
+        .limit(limit)
+        .all(&self.db)
+        .await
+        .map_err(classify)?
+        .into_iter()
+        .map(binding)
+        .collect()
+    }
+
+    /// Sense activations in (pack_id, principal) order after the given position.
+    pub async fn list_activations(
+        &self,
+        pack_id: Option<&str>,
+        principal: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u64,
+    ) -> Result<Vec<ActivationRow>> {
+        use sense_activations::Column as C;
+        keyset(
+            sense_activations::Entity::find(),
+            (C::PackId, pack_id),
+            (C::Principal, principal),
+            after,
+        )
+        .limit(limit)
+        .all(&self.db)
+        .await
+        .map_err(classify)?
+        .into_iter()
+        .map(activation)
+        .collect()
+    }
+
+    /// Project members in (project, principal) order after the given position.
+    pub async fn list_members(
+        &self,
+        project: Option<&str>,
+        principal: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u64,
+    ) -> Result<Vec<Member>> {
+        use project_members::Column as C;
+        Ok(keyset(
+            project_members::Entity::find(),
+            (C::Project, project),
+            (C::Principal, principal),
+            after,
+        )
+        .limit(limit)
+        .all(&self.db)
+        .await
+        .map_err(classify)?
+        .into_iter()
+        .map(|m| Member {
+            project: m.project,
+            principal: m.principal,
+            create_time: m.create_time,
+        })
+        .collect())
+    }
+
     /// Grants in (pack_id, principal) order after the given position.
     pub async fn list_grants(
         &self,
@@ -239,26 +352,13 @@ impl Store {
         after: Option<(&str, &str)>,
         limit: u64,
     ) -> Result<Vec<Grant>> {
-        let mut q = sense_grants::Entity::find()
-            .order_by_asc(sense_grants::Column::PackId)
-            .order_by_asc(sense_grants::Column::Principal);
-        if let Some(p) = pack_id {
-            q = q.filter(sense_grants::Column::PackId.eq(p));
-        }
-        if let Some(p) = principal {
-            q = q.filter(sense_grants::Column::Principal.eq(p));
-        }
-        if let Some((pack, princ)) = after {
-            q = q.filter(
-                Condition::any()
-                    .add(sense_grants::Column::PackId.gt(pack))
-                    .add(
-                        Condition::all()
-                            .add(sense_grants::Column::PackId.eq(pack))
-                            .add(sense_grants::Column::Principal.gt(princ)),
-                    ),
-            );
-        }
+        use sense_grants::Column as C;
+        let q = keyset(
+            sense_grants::Entity::find(),
+            (C::PackId, pack_id),
+            (C::Principal, principal),
+            after,
+        );
         Ok(q.limit(limit)
             .all(&self.db)
             .await
@@ -393,19 +493,19 @@ impl Store {
             .transpose()
     }
 
-    /// Creates or replaces a Binding, and in the same transaction stores the
-    /// record its `binding.degraded` trigger produced, if any.
-    pub async fn put_binding(&self, b: &Binding, degraded: Option<&mut Record>) -> Result<()> {
-        let w = if degraded.is_some() {
-            self.begin_sink_write().await?
-        } else {
-            self.begin_write().await?
-        };
-        let before = bindings::Entity::find_by_id((b.principal.clone(), b.pack_id.clone()))
-            .one(&w.txn)
-            .await
-            .map_err(classify)?
-            .map(|r| format!("{r:?}"));
+    /// Creates or replaces a Binding. The Binding as it was is read inside the write's
+    /// transaction (locked on PostgreSQL, so two replicas changing one Binding take turns),
+    /// and `produce` turns it into whatever the change produces: the record of its
+    /// `binding.degraded` trigger, if any, is stored in the same transaction.
+    pub async fn put_binding<T>(
+        &self,
+        b: &Binding,
+        produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
+    ) -> Result<(T, Option<Record>)> {
+        // The sink's turn: a record may be written, and records commit in stamp order.
+        let w = self.begin_sink_write().await?;
+        let before = locked_binding(&w, &b.principal, &b.pack_id).await?;
+        let (produced, mut record) = produce(before.as_ref());
         bindings::Entity::insert(bindings::ActiveModel {
             principal: Set(b.principal.clone()),
             pack_id: Set(b.pack_id.clone()),
@@ -427,7 +527,7 @@ impl Store {
         .exec_without_returning(&w.txn)
         .await
         .map_err(classify)?;
-        if let Some(r) = degraded {
+        if let Some(r) = record.as_mut() {
             super::stamp(r);
             super::records::insert_records(&w.txn, std::slice::from_ref(r)).await?;
         }
@@ -435,27 +535,46 @@ impl Store {
             &w.txn,
             Some(&b.pack_id),
             Some(&b.principal),
-            before,
+            before.map(|r| format!("{r:?}")),
             Some(format!("{b:?}")),
         )
         .await?;
-        w.commit_announcing(&b.pack_id).await
+        w.commit_announcing(&b.pack_id).await?;
+        Ok((produced, record))
     }
 
-    pub async fn delete_binding(&self, principal: &str, pack_id: &str) -> Result<bool> {
-        let w = self.begin_write().await?;
-        let before = bindings::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
-            .one(&w.txn)
-            .await
-            .map_err(classify)?
-            .map(|r| format!("{r:?}"));
-        let r = bindings::Entity::delete_by_id((principal.to_owned(), pack_id.to_owned()))
+    /// Deletes a Binding, reading it inside the transaction as `put_binding` does; `produce`
+    /// gets the Binding deleted (`None`: there was none, and nothing is written).
+    pub async fn delete_binding<T>(
+        &self,
+        principal: &str,
+        pack_id: &str,
+        produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
+    ) -> Result<(T, Option<Record>)> {
+        let w = self.begin_sink_write().await?;
+        let before = locked_binding(&w, principal, pack_id).await?;
+        let (produced, mut record) = produce(before.as_ref());
+        let Some(before) = before else {
+            return Ok((produced, None));
+        };
+        bindings::Entity::delete_by_id((principal.to_owned(), pack_id.to_owned()))
             .exec(&w.txn)
             .await
             .map_err(classify)?;
-        super::audit::record(&w.txn, Some(pack_id), Some(principal), before, None).await?;
+        if let Some(r) = record.as_mut() {
+            super::stamp(r);
+            super::records::insert_records(&w.txn, std::slice::from_ref(r)).await?;
+        }
+        super::audit::record(
+            &w.txn,
+            Some(pack_id),
+            Some(principal),
+            Some(format!("{before:?}")),
+            None,
+        )
+        .await?;
         w.commit_announcing(pack_id).await?;
-        Ok(r.rows_affected > 0)
+        Ok((produced, record))
     }
 
     pub async fn add_member(&self, project: &str, principal: &str, now: i64) -> Result<()> {

@@ -191,6 +191,39 @@ impl Store {
         w.commit().await
     }
 
+    /// The (pack, ref, reason) keys of the drop reports stored, at most `limit`.
+    pub async fn drop_report_keys(&self, limit: u64) -> Result<Vec<(String, String, DropReason)>> {
+        use drop_reports::Column as C;
+        let rows: Vec<(String, String, String)> = drop_reports::Entity::find()
+            .select_only()
+            .columns([C::PackId, C::Ref, C::Reason])
+            .limit(limit)
+            .into_tuple()
+            .all(&self.db)
+            .await
+            .map_err(classify)?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(p, r, why)| DropReason::parse(&why).map(|why| (p, r, why)))
+            .collect())
+    }
+
+    /// The first record stored for a pack's trigger id: what a retried delivery is answered.
+    pub async fn record_for_trigger(
+        &self,
+        pack_id: &str,
+        trigger_id: &str,
+    ) -> Result<Option<Record>> {
+        records::Entity::find()
+            .filter(records::Column::PackId.eq(pack_id))
+            .filter(records::Column::ProducerTriggerId.eq(trigger_id))
+            .one(&self.db)
+            .await
+            .map_err(classify)?
+            .map(record)
+            .transpose()
+    }
+
     /// Drop reports in (pack_id, ref, reason) order after the given position.
     pub async fn list_drop_reports(
         &self,

@@ -190,7 +190,8 @@ both_stores! {
     async fn s7_3_every_drop_decision_is_traced_with_its_reason(app) {
         let mut app = app;
         let who = format!("tracer-{}", app.count("packs").await + i64::from(std::process::id() as u16));
-        let who = format!("{who}-{:?}", std::time::SystemTime::now());
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let who = format!("{who}-{nanos}");
         register(&mut app, &example("github.pack.json")).await;
         let mut unknown = opened(&who);
         unknown.pack_id = "nowhere".into();

@@ -1,0 +1,266 @@
+//! Client connections: a capped accept loop that backs off on errors, and sockets that close when they carry no call for too long.
+//!
+//! A TCP connection costs a file descriptor and some memory whether or not it is used, so one
+//! that never sends a request, that sends half a handshake, or that sits idle between calls is
+//! closed on a timer; calls in flight keep it open. HTTP/2 keepalive (set on the server) finds
+//! peers that vanished while a call was open.
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::Connected;
+
+/// Limits on client connections.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// Most connections open at once; further clients wait in the listen backlog.
+    pub max_connections: usize,
+    /// A connection must start its first call (after TLS and the HTTP/2 preface) within this.
+    pub first_request_timeout: Duration,
+    /// A connection with no call in flight for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+/// What is known of one connection, shared between the socket and the calls it carries.
+#[derive(Debug)]
+pub struct ConnState {
+    opened: Instant,
+    /// Calls whose response has not finished.
+    in_flight: AtomicUsize,
+    /// Milliseconds after `opened` when the last call finished.
+    last_done_ms: AtomicU64,
+    started: AtomicBool,
+    /// Open health Watch streams on this connection.
+    pub(crate) watches: AtomicUsize,
+}
+
+impl ConnState {
+    fn new() -> ConnState {
+        ConnState {
+            opened: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            last_done_ms: AtomicU64::new(0),
+            started: AtomicBool::new(false),
+            watches: AtomicUsize::new(0),
+        }
+    }
+
+    /// A call starts; the connection is busy until the returned guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> InFlight {
+        self.started.store(true, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.clone())
+    }
+
+    /// When the connection may be closed, if nothing starts meanwhile.
+    fn close_at(&self, limits: &ConnLimits) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        if !self.started.load(Ordering::Relaxed) {
+            return Some(self.opened + limits.first_request_timeout);
+        }
+        let done = Duration::from_millis(self.last_done_ms.load(Ordering::Relaxed));
+        Some(self.opened + done + limits.idle_timeout)
+    }
+}
+
+/// A call in flight on a connection.
+#[derive(Debug)]
+pub struct InFlight(Arc<ConnState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let ms = u64::try_from(self.0.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.last_done_ms.fetch_max(ms, Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The connection's facts, in every request's extensions (under TLS, inside `TlsConnectInfo`).
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub remote: Option<SocketAddr>,
+    pub state: Arc<ConnState>,
+}
+
+/// An accepted TCP connection that fails its reads once it has outlived its timers.
+#[derive(Debug)]
+pub struct Conn {
+    io: TcpStream,
+    info: ConnInfo,
+    limits: ConnLimits,
+    timer: Pin<Box<Sleep>>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ConnInfo;
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl Conn {
+    /// Polls the timer: `Ready(Err)` once the connection should close.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        loop {
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let now = Instant::now();
+            match self.info.state.close_at(&self.limits) {
+                Some(at) if at <= now => {
+                    let why = if self.info.state.started.load(Ordering::Relaxed) {
+                        "idle connection closed"
+                    } else {
+                        "no request within the first-request timeout"
+                    };
+                    tracing::debug!(remote = ?self.info.remote, why, "closing connection");
+                    return Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, why));
+                }
+                Some(at) => self.timer.as_mut().reset(at.into()),
+                // Busy: look again after a full idle period.
+                None => self
+                    .timer
+                    .as_mut()
+                    .reset((now + self.limits.idle_timeout).into()),
+            }
+        }
+    }
+}
+
+use std::future::Future as _;
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Pending => match this.poll_expired(cx) {
+                Poll::Ready(e) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            },
+            ready => ready,
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// The process's soft limit on open files, from /proc (Linux); `None` elsewhere.
+fn open_files_limit() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// The connection cap in force: the configured one, lowered so that client connections
+/// leave file descriptors for the store's connections, files and the metrics listener.
+pub fn effective_max_connections(configured: usize) -> usize {
+    match open_files_limit() {
+        Some(files) => {
+            let reserve = 64.min(files / 2);
+            configured.min(files.saturating_sub(reserve)).max(1)
+        }
+        None => configured.max(1),
+    }
+}
+
+/// Longest pause after an accept error (out of file descriptors, for one).
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Accepts connections until the returned stream is dropped. At the cap it stops accepting
+/// (clients wait in the backlog); after an accept error it pauses, doubling up to a second,
+/// instead of retrying at once.
+pub fn incoming(
+    listener: TcpListener,
+    limits: ConnLimits,
+) -> ReceiverStream<Result<Conn, io::Error>> {
+    let (tx, rx) = mpsc::channel(1);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            let slot = tokio::select! {
+                _ = tx.closed() => return,
+                s = slots.clone().acquire_owned() => match s {
+                    Ok(s) => s,
+                    Err(_) => return,
+                },
+            };
+            let accepted = tokio::select! {
+                _ = tx.closed() => return,
+                a = listener.accept() => a,
+            };
+            match accepted {
+                Ok((io, remote)) => {
+                    backoff = Duration::from_millis(5);
+                    // Without TCP_NODELAY a multi-frame answer waits for a delayed ACK (~40 ms).
+                    let _ = io.set_nodelay(true);
+                    let state = Arc::new(ConnState::new());
+                    let first = Instant::now() + limits.first_request_timeout;
+                    let conn = Conn {
+                        io,
+                        info: ConnInfo {
+                            remote: Some(remote),
+                            state,
+                        },
+                        limits,
+                        timer: Box::pin(tokio::time::sleep_until(first.into())),
+                        _slot: slot,
+                    };
+                    if tx.send(Ok(conn)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    drop(slot);
+                    tracing::warn!(error = %e, pause_ms = backoff.as_millis() as u64, "accepting a connection failed; pausing");
+                    tokio::select! {
+                        _ = tx.closed() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
+                }
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
