@@ -16,6 +16,7 @@ pub use drops::DropLog;
 pub use packs::Registered;
 pub use policy::PackState;
 
+use crate::domain::decide::DropReason;
 use crate::domain::names::{check_id, check_pack_id};
 use crate::domain::policy::PolicyView;
 use crate::error::{Error, Result};
@@ -83,7 +84,10 @@ impl Service {
         // On PostgreSQL another replica may change policy between this load and the moment
         // the listener subscribes; the view is current only once the listener has reloaded.
         let current = store.engine() != crate::store::Engine::Postgres;
-        let stored_keys = store.drop_report_keys(drops::MAX_KEYS as u64).await?;
+        // Every stored key: at most MAX_KEYS, plus one overflow row per reason.
+        let stored_keys = store
+            .drop_report_keys((drops::MAX_KEYS + DropReason::ALL.len()) as u64)
+            .await?;
         let drops = DropLog::start(store.clone(), metrics.clone(), stored_keys);
         let sink = Sink::start(store.clone(), metrics.clone(), limits.batch_timeout);
         if let Some(age) = limits.record_retention {

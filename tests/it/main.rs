@@ -3,8 +3,11 @@
 mod helpers;
 
 mod hostile;
+mod identity;
+mod transport;
 
 mod cli;
+mod contract;
 mod deploy;
 mod migrations;
 mod packs;

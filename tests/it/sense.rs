@@ -380,13 +380,15 @@ both_stores! {
         assert_eq!(deliver(&mut app, opened("alice")).await.disposition, Disposition::RecordedSilent as i32);
         deactivate(&mut app, "alice", "github").await;
         assert_eq!(dropped(&deliver(&mut app, opened("alice")).await), Some(DropReason::ActivationOff), "own off beats pack-wide on");
-        // Switching on again without a route keeps the last one.
+        // Switching on again without a route means inbox, as the proto says, not the earlier silent:
+        // an admin who leaves the route out expects records to surface.
+        activate(&mut app, "alice", "github", Route::Silent).await;
         app.policy.activate_sense(ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 0 })
             .await.expect("activate");
-        assert_eq!(deliver(&mut app, opened("alice")).await.disposition, Disposition::RecordedSilent as i32);
+        assert_eq!(deliver(&mut app, opened("alice")).await.disposition, Disposition::RecordedInbox as i32);
         let recs = list(&mut app, ListRecordsRequest { principal: "alice".into(), ..Default::default() }).await;
         let routes: Vec<i32> = recs.iter().map(|r| r.route).collect();
-        assert_eq!(routes, [Route::Inbox as i32, Route::Silent as i32, Route::Silent as i32]);
+        assert_eq!(routes, [Route::Inbox as i32, Route::Silent as i32, Route::Inbox as i32]);
         let err = app.policy.activate_sense(ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 9 })
             .await.expect_err("unknown route");
         assert_eq!(err.code(), Code::InvalidArgument);
@@ -523,6 +525,7 @@ both_stores! {
 
     async fn s7_2_4_sense_rpcs_never_write_execute_state(app) {
         let mut app = app;
+        register(&mut app, &example("github.pack.json")).await;
         app.policy.put_execute_state(PutExecuteStateRequest {
             principal: "alice".into(), pack_id: "github".into(), installed: true, activated: true, connected: false,
         }).await.expect("execute state");
