@@ -34,7 +34,7 @@ impl Policy {
         filters: (&str, &str),
         page_size: i32,
         page_token: &str,
-    ) -> Result<(u64, Option<(String, String)>, String), Error> {
+    ) -> Result<PageStart, Error> {
         let size = page_size_of(page_size)?;
         let fp = fingerprint(&[filters.0, filters.1]);
         let after = match self.pages.decode(kind, &fp, page_token)? {
@@ -64,6 +64,9 @@ impl Policy {
         })
     }
 }
+
+/// A page's size, the position it continues from, and its listing's fingerprint.
+type PageStart = (u64, Option<(String, String)>, String);
 
 fn pair(after: &Option<(String, String)>) -> Option<(&str, &str)> {
     after.as_ref().map(|(a, b)| (a.as_str(), b.as_str()))

@@ -399,6 +399,9 @@ fn jwt_config(dir: &std::path::Path, secret: &[u8]) -> JwtConfig {
     }
 }
 
+/// A change to a test server's configuration.
+type Adjust = Box<dyn FnOnce(&mut Config)>;
+
 async fn build(adjust: impl FnOnce(&mut Config)) -> anyhow::Result<()> {
     let db = crate::helpers::TestDb::create(StoreKind::Sqlite).await;
     let mut config = Config::for_database(db.url.clone());
@@ -409,7 +412,7 @@ async fn build(adjust: impl FnOnce(&mut Config)) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_at_start_empty_principals_short_secrets_duplicate_tokens_and_orphan_client_ca() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Config)>, &str)> = vec![
+    let cases: Vec<(&str, Adjust, &str)> = vec![
         (
             "reader with an empty principal",
             Box::new(|c: &mut Config| {
