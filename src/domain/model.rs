@@ -93,3 +93,13 @@ pub struct Member {
     pub principal: String,
     pub create_time: i64,
 }
+
+/// One page of a listing keyed by two strings — (pack, principal) or (project, principal):
+/// optional equality filters on each, the key the page starts after, and how many rows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeyPage<'a> {
+    pub first: Option<&'a str>,
+    pub second: Option<&'a str>,
+    pub after: Option<(&'a str, &'a str)>,
+    pub limit: u64,
+}

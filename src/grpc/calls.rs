@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tonic::transport::server::TlsConnectInfo;
 use tonic::Status;
 
 use super::conn::{ConnInfo, InFlight};
@@ -111,14 +110,47 @@ impl http_body::Body for Tracked {
 struct WatchSlot {
     total: Arc<AtomicUsize>,
     conn: Option<ConnInfo>,
+    /// Whether `total` counts this slot.
+    counted: bool,
 }
 
 impl Drop for WatchSlot {
     fn drop(&mut self) {
-        self.total.fetch_sub(1, Ordering::AcqRel);
+        if self.counted {
+            self.total.fetch_sub(1, Ordering::AcqRel);
+        }
         if let Some(c) = &self.conn {
             c.state.watches.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+}
+
+impl WatchSlot {
+    /// A slot for one more Watch stream on this connection, within both bounds.
+    fn take(layer: &CallLayer, conn: Option<ConnInfo>) -> Result<WatchSlot, Error> {
+        let limits = layer.watch;
+        if let Some(c) = &conn {
+            if !take(&c.state.watches, limits.per_connection) {
+                return Err(Error::ResourceExhausted(format!(
+                    "at most {} health Watch streams per connection",
+                    limits.per_connection
+                )));
+            }
+        }
+        // From here the slot exists: dropping it gives back what it holds.
+        let mut slot = WatchSlot {
+            total: layer.watches.clone(),
+            conn,
+            counted: false,
+        };
+        if !take(&layer.watches, limits.total) {
+            return Err(Error::ResourceExhausted(format!(
+                "at most {} health Watch streams in all; retry later",
+                limits.total
+            )));
+        }
+        slot.counted = true;
+        Ok(slot)
     }
 }
 
@@ -130,7 +162,13 @@ fn take(counter: &AtomicUsize, max: usize) -> bool {
         .is_ok()
 }
 
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+pub(super) type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+/// Answers a call with an error at once, without reaching the service.
+pub(super) fn answer<E>(e: Error) -> BoxFuture<http::Response<tonic::body::Body>, E> {
+    let status = Status::from(e);
+    Box::pin(async move { Ok(status.into_http()) })
+}
 
 impl<S, B> tower::Service<http::Request<B>> for Calls<S>
 where
@@ -150,43 +188,13 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let conn = req.extensions().get::<ConnInfo>().cloned().or_else(|| {
-            req.extensions()
-                .get::<TlsConnectInfo<ConnInfo>>()
-                .map(|t| t.get_ref().clone())
-        });
+        let conn = ConnInfo::of(req.extensions());
         let in_flight = conn.as_ref().map(|c| c.state.begin());
-        let refuse =
-            |status: Status| -> Self::Future { Box::pin(async move { Ok(status.into_http()) }) };
         let watch = if req.uri().path() == HEALTH_WATCH {
-            let limits = self.layer.watch;
-            if let Some(c) = &conn {
-                if !take(&c.state.watches, limits.per_connection) {
-                    return refuse(
-                        Error::ResourceExhausted(format!(
-                            "at most {} health Watch streams per connection",
-                            limits.per_connection
-                        ))
-                        .into(),
-                    );
-                }
+            match WatchSlot::take(&self.layer, conn) {
+                Ok(slot) => Some(slot),
+                Err(e) => return answer(e),
             }
-            if !take(&self.layer.watches, limits.total) {
-                if let Some(c) = &conn {
-                    c.state.watches.fetch_sub(1, Ordering::AcqRel);
-                }
-                return refuse(
-                    Error::ResourceExhausted(format!(
-                        "at most {} health Watch streams in all; retry later",
-                        limits.total
-                    ))
-                    .into(),
-                );
-            }
-            Some(WatchSlot {
-                total: self.layer.watches.clone(),
-                conn: conn.clone(),
-            })
         } else {
             None
         };

@@ -90,7 +90,21 @@ impl Drop for InFlight {
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     pub remote: Option<SocketAddr>,
+    /// `peer:<address>`, the rate-limit key of callers not known by credentials; made once
+    /// per connection, not per call.
+    pub peer: Arc<str>,
     pub state: Arc<ConnState>,
+}
+
+impl ConnInfo {
+    /// The connection a request came on, with or without TLS.
+    pub fn of(extensions: &http::Extensions) -> Option<ConnInfo> {
+        extensions.get::<ConnInfo>().cloned().or_else(|| {
+            extensions
+                .get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
+                .map(|t| t.get_ref().clone())
+        })
+    }
 }
 
 /// An accepted TCP connection that fails its reads once it has outlived its timers.
@@ -240,6 +254,7 @@ pub fn incoming(
                         io,
                         info: ConnInfo {
                             remote: Some(remote),
+                            peer: format!("peer:{}", remote.ip()).into(),
                             state,
                         },
                         limits,

@@ -1,14 +1,12 @@
 //! The authentication and authorization layer: every call is authenticated, checked against its method's roles, and rate limited per caller.
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use tonic::transport::server::TlsConnectInfo;
-use tonic::Status;
 
+use super::calls::{answer, BoxFuture};
 use super::conn::ConnInfo;
 use crate::auth::{allowed, is_open, Authenticator, CalledMethod, Caller};
 use crate::error::Error;
@@ -64,6 +62,10 @@ impl RateLimiter {
         }
     }
 
+    fn is_on(&self) -> bool {
+        self.rate > 0.0
+    }
+
     /// Takes one token from `who`'s bucket; false when it is empty.
     fn allow(&self, who: &str) -> bool {
         self.take(who, true)
@@ -101,8 +103,6 @@ impl RateLimiter {
     }
 }
 
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
-
 impl<S, B> tower::Service<http::Request<B>> for Guard<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
@@ -123,23 +123,12 @@ where
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         let path = req.uri().path().to_owned();
         let open = is_open(&path);
-        let conn = req.extensions().get::<ConnInfo>().cloned().or_else(|| {
-            req.extensions()
-                .get::<TlsConnectInfo<ConnInfo>>()
-                .map(|t| t.get_ref().clone())
-        });
-        let peer = conn
-            .as_ref()
-            .and_then(|c| c.remote)
-            .map_or_else(|| "peer:unknown".to_owned(), |a| format!("peer:{}", a.ip()));
-        let refuse = |e: Error| -> Self::Future {
-            let status = Status::from(e);
-            Box::pin(async move { Ok(status.into_http()) })
-        };
+        let conn = ConnInfo::of(req.extensions());
+        let peer: Arc<str> = conn.map_or_else(|| Arc::from("peer:unknown"), |c| c.peer);
         // An address that keeps failing authentication is not heard until its bucket refills,
         // so guessing costs the guesser time and the server no verification work.
         if !open && self.layer.auth.is_enabled() && !self.layer.failures.has_token(&peer) {
-            return refuse(Error::ResourceExhausted(
+            return answer(Error::ResourceExhausted(
                 "too many failed authentications from this address; retry later".into(),
             ));
         }
@@ -173,17 +162,19 @@ where
             Caller::Known(_) => None,
         };
         if let Some(e) = refusal {
-            return refuse(e);
+            return answer(e);
         }
         // Buckets are per credential (kind and name); unauthenticated servers limit per address.
-        let bucket = match &caller {
-            Caller::Known(id) => id.bucket(),
-            _ => peer,
-        };
-        if !open && !self.layer.limiter.allow(&bucket) {
-            return refuse(Error::ResourceExhausted(
-                "rate limit for this caller exceeded; retry later".into(),
-            ));
+        if !open && self.layer.limiter.is_on() {
+            let bucket = match &caller {
+                Caller::Known(id) => id.bucket(),
+                _ => peer.to_string(),
+            };
+            if !self.layer.limiter.allow(&bucket) {
+                return answer(Error::ResourceExhausted(
+                    "rate limit for this caller exceeded; retry later".into(),
+                ));
+            }
         }
         req.extensions_mut().insert(caller);
         req.extensions_mut().insert(CalledMethod(path));

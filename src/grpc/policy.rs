@@ -8,7 +8,7 @@ use super::convert::{
 };
 use super::paging::{fingerprint, page_size as page_size_of, PageTokens, SEP};
 use super::pb::{self, policy_service_server::PolicyService};
-use crate::domain::model::ExecuteState;
+use crate::domain::model::{ExecuteState, KeyPage};
 use crate::domain::policy::Activation;
 use crate::error::Error;
 use crate::service::{detached, Service};
@@ -25,18 +25,38 @@ fn opt(s: &str) -> Option<&str> {
     (!s.is_empty()).then_some(s)
 }
 
+/// One request's page of an AIP-158 listing keyed by two strings, filtered by each when set.
+struct Listing<'r> {
+    kind: &'static str,
+    /// The listing's fingerprint: a token continues only the listing it came from.
+    fp: String,
+    size: u64,
+    first: &'r str,
+    second: &'r str,
+    after: Option<(String, String)>,
+}
+
+impl Listing<'_> {
+    /// What to fetch: one row past the page, to know whether another follows.
+    fn page(&self) -> KeyPage<'_> {
+        KeyPage {
+            first: opt(self.first),
+            second: opt(self.second),
+            after: self.after.as_ref().map(|(a, b)| (a.as_str(), b.as_str())),
+            limit: self.size + 1,
+        }
+    }
+}
+
 impl Policy {
-    /// The start of an AIP-158 page of a listing keyed by two strings: the page size, the
-    /// position the token continues from, and the listing's fingerprint (its filters).
-    fn page_of_two(
+    fn listing<'r>(
         &self,
-        kind: &str,
-        filters: (&str, &str),
+        kind: &'static str,
+        (first, second): (&'r str, &'r str),
         page_size: i32,
         page_token: &str,
-    ) -> Result<PageStart, Error> {
-        let size = page_size_of(page_size)?;
-        let fp = fingerprint(&[filters.0, filters.1]);
+    ) -> Result<Listing<'r>, Error> {
+        let fp = fingerprint(&[first, second]);
         let after = match self.pages.decode(kind, &fp, page_token)? {
             Some(k) => {
                 let (a, b) = k
@@ -46,30 +66,28 @@ impl Policy {
             }
             None => None,
         };
-        Ok((size, after, fp))
-    }
-
-    /// The end of that page: `rows` (fetched one past the page) cut to it, and the next token.
-    fn next_of_two<T>(
-        &self,
-        kind: &str,
-        fp: &str,
-        rows: &mut Vec<T>,
-        size: u64,
-        key: impl Fn(&T) -> (&str, &str),
-    ) -> String {
-        next_token(rows, size, |r| {
-            let (a, b) = key(r);
-            self.pages.encode(kind, fp, &format!("{a}{SEP}{b}"))
+        Ok(Listing {
+            kind,
+            fp,
+            size: page_size_of(page_size)?,
+            first,
+            second,
+            after,
         })
     }
-}
 
-/// A page's size, the position it continues from, and its listing's fingerprint.
-type PageStart = (u64, Option<(String, String)>, String);
-
-fn pair(after: &Option<(String, String)>) -> Option<(&str, &str)> {
-    after.as_ref().map(|(a, b)| (a.as_str(), b.as_str()))
+    /// `rows` cut to the page, and the token of the next page (empty on the last).
+    fn next_page<T>(
+        &self,
+        l: &Listing<'_>,
+        rows: &mut Vec<T>,
+        key: impl Fn(&T) -> (&str, &str),
+    ) -> String {
+        next_token(rows, l.size, |r| {
+            let (a, b) = key(r);
+            self.pages.encode(l.kind, &l.fp, &format!("{a}{SEP}{b}"))
+        })
+    }
 }
 
 #[tonic::async_trait]
@@ -111,14 +129,14 @@ impl PolicyService for Policy {
         req: Request<pb::ListGrantsRequest>,
     ) -> Reply<pb::ListGrantsResponse> {
         let r = req.into_inner();
-        const KIND: &str = "grants";
-        let (size, after, fp) =
-            self.page_of_two(KIND, (&r.pack_id, &r.principal), r.page_size, &r.page_token)?;
-        let mut grants = self
-            .service
-            .list_grants(opt(&r.pack_id), opt(&r.principal), pair(&after), size + 1)
-            .await?;
-        let next_page_token = self.next_of_two(KIND, &fp, &mut grants, size, |g| {
+        let l = self.listing(
+            "grants",
+            (&r.pack_id, &r.principal),
+            r.page_size,
+            &r.page_token,
+        )?;
+        let mut grants = self.service.list_grants(&l.page()).await?;
+        let next_page_token = self.next_page(&l, &mut grants, |g| {
             (g.pack_id.as_str(), g.principal.as_str())
         });
         Ok(Response::new(pb::ListGrantsResponse {
@@ -132,14 +150,14 @@ impl PolicyService for Policy {
         req: Request<pb::ListBindingsRequest>,
     ) -> Reply<pb::ListBindingsResponse> {
         let r = req.into_inner();
-        const KIND: &str = "bindings";
-        let (size, after, fp) =
-            self.page_of_two(KIND, (&r.pack_id, &r.principal), r.page_size, &r.page_token)?;
-        let mut bindings = self
-            .service
-            .list_bindings(opt(&r.pack_id), opt(&r.principal), pair(&after), size + 1)
-            .await?;
-        let next_page_token = self.next_of_two(KIND, &fp, &mut bindings, size, |b| {
+        let l = self.listing(
+            "bindings",
+            (&r.pack_id, &r.principal),
+            r.page_size,
+            &r.page_token,
+        )?;
+        let mut bindings = self.service.list_bindings(&l.page()).await?;
+        let next_page_token = self.next_page(&l, &mut bindings, |b| {
             (b.pack_id.as_str(), b.principal.as_str())
         });
         Ok(Response::new(pb::ListBindingsResponse {
@@ -153,14 +171,14 @@ impl PolicyService for Policy {
         req: Request<pb::ListActivationsRequest>,
     ) -> Reply<pb::ListActivationsResponse> {
         let r = req.into_inner();
-        const KIND: &str = "activations";
-        let (size, after, fp) =
-            self.page_of_two(KIND, (&r.pack_id, &r.principal), r.page_size, &r.page_token)?;
-        let mut rows = self
-            .service
-            .list_activations(opt(&r.pack_id), opt(&r.principal), pair(&after), size + 1)
-            .await?;
-        let next_page_token = self.next_of_two(KIND, &fp, &mut rows, size, |a| {
+        let l = self.listing(
+            "activations",
+            (&r.pack_id, &r.principal),
+            r.page_size,
+            &r.page_token,
+        )?;
+        let mut rows = self.service.list_activations(&l.page()).await?;
+        let next_page_token = self.next_page(&l, &mut rows, |a| {
             (a.pack_id.as_str(), a.principal.as_str())
         });
         Ok(Response::new(pb::ListActivationsResponse {
@@ -174,14 +192,14 @@ impl PolicyService for Policy {
         req: Request<pb::ListProjectMembersRequest>,
     ) -> Reply<pb::ListProjectMembersResponse> {
         let r = req.into_inner();
-        const KIND: &str = "members";
-        let (size, after, fp) =
-            self.page_of_two(KIND, (&r.project, &r.principal), r.page_size, &r.page_token)?;
-        let mut members = self
-            .service
-            .list_members(opt(&r.project), opt(&r.principal), pair(&after), size + 1)
-            .await?;
-        let next_page_token = self.next_of_two(KIND, &fp, &mut members, size, |m| {
+        let l = self.listing(
+            "members",
+            (&r.project, &r.principal),
+            r.page_size,
+            &r.page_token,
+        )?;
+        let mut members = self.service.list_members(&l.page()).await?;
+        let next_page_token = self.next_page(&l, &mut members, |m| {
             (m.project.as_str(), m.principal.as_str())
         });
         Ok(Response::new(pb::ListProjectMembersResponse {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use super::deliver::BindingChange;
 use super::{unknown_pack, valid_id, valid_pack_id, Service};
 use crate::domain::decide::{Outcome, PUBLIC_BINDING};
-use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, Member};
+use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member};
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, BindingRef, BindingState, PolicyView, Route};
 use crate::error::{Error, Result};
@@ -61,61 +61,29 @@ impl Service {
         Ok(revoked)
     }
 
-    pub async fn list_grants(
-        &self,
-        pack_id: Option<&str>,
-        principal: Option<&str>,
-        after: Option<(&str, &str)>,
-        limit: u64,
-    ) -> Result<Vec<Grant>> {
-        valid_filters(pack_id, principal)?;
-        self.store
-            .list_grants(pack_id, principal, after, limit)
-            .await
+    /// Grants; `first` filters by pack, `second` by principal.
+    pub async fn list_grants(&self, p: &KeyPage<'_>) -> Result<Vec<Grant>> {
+        valid_pack_filters(p)?;
+        self.store.list_grants(p).await
     }
 
-    pub async fn list_bindings(
-        &self,
-        pack_id: Option<&str>,
-        principal: Option<&str>,
-        after: Option<(&str, &str)>,
-        limit: u64,
-    ) -> Result<Vec<Binding>> {
-        valid_filters(pack_id, principal)?;
-        self.store
-            .list_bindings(pack_id, principal, after, limit)
-            .await
+    /// Bindings; `first` filters by pack, `second` by principal.
+    pub async fn list_bindings(&self, p: &KeyPage<'_>) -> Result<Vec<Binding>> {
+        valid_pack_filters(p)?;
+        self.store.list_bindings(p).await
     }
 
-    pub async fn list_activations(
-        &self,
-        pack_id: Option<&str>,
-        principal: Option<&str>,
-        after: Option<(&str, &str)>,
-        limit: u64,
-    ) -> Result<Vec<ActivationRow>> {
-        valid_filters(pack_id, principal)?;
-        self.store
-            .list_activations(pack_id, principal, after, limit)
-            .await
+    /// Sense activations; `first` filters by pack, `second` by principal.
+    pub async fn list_activations(&self, p: &KeyPage<'_>) -> Result<Vec<ActivationRow>> {
+        valid_pack_filters(p)?;
+        self.store.list_activations(p).await
     }
 
-    pub async fn list_members(
-        &self,
-        project: Option<&str>,
-        principal: Option<&str>,
-        after: Option<(&str, &str)>,
-        limit: u64,
-    ) -> Result<Vec<Member>> {
-        if let Some(p) = project {
-            valid_id("project", p)?;
-        }
-        if let Some(p) = principal {
-            valid_id("principal", p)?;
-        }
-        self.store
-            .list_members(project, principal, after, limit)
-            .await
+    /// Project members; `first` filters by project, `second` by principal.
+    pub async fn list_members(&self, p: &KeyPage<'_>) -> Result<Vec<Member>> {
+        p.first.map(|v| valid_id("project", v)).transpose()?;
+        p.second.map(|v| valid_id("principal", v)).transpose()?;
+        self.store.list_members(p).await
     }
 
     /// Switches Sense on or off for a principal, or pack-wide when the principal
@@ -325,14 +293,10 @@ impl Service {
     }
 }
 
-/// The optional pack and principal filters of a listing, checked when given.
-fn valid_filters(pack_id: Option<&str>, principal: Option<&str>) -> Result<()> {
-    if let Some(p) = pack_id {
-        valid_pack_id(p)?;
-    }
-    if let Some(p) = principal {
-        valid_id("principal", p)?;
-    }
+/// The pack and principal filters of a listing, checked when given.
+fn valid_pack_filters(p: &KeyPage<'_>) -> Result<()> {
+    p.first.map(valid_pack_id).transpose()?;
+    p.second.map(|v| valid_id("principal", v)).transpose()?;
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use super::entity::{
     sense_activations, sense_grants,
 };
 use super::{classify, Store, WriteTxn};
-use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, Member, Record};
+use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member, Record};
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, BindingRef, BindingState, PackPolicy, PolicyView, Route};
 use crate::error::{Error, Result};
@@ -268,108 +268,61 @@ impl Store {
         Ok(r.rows_affected > 0)
     }
 
-    /// Bindings in (pack_id, principal) order after the given position.
-    pub async fn list_bindings(
+    /// A page of a table keyed by the two columns `key`, mapped to the domain by `map`.
+    async fn key_page<E: EntityTrait, T>(
         &self,
-        pack_id: Option<&str>,
-        principal: Option<&str>,
-        after: Option<(&str, &str)>,
-        limit: u64,
-    ) -> Result<Vec<Binding>> {
-        use bindings::Column as C;
-        keyset(
-            bindings::Entity::find(),
-            (C::PackId, pack_id),
-            (C::Principal, principal),
-            after,
-        )
-        .limit(limit)
-        .all(&self.db)
-        .await
-        .map_err(classify)?
-        .into_iter()
-        .map(binding)
-        .collect()
-    }
-
-    /// Sense activations in (pack_id, principal) order after the given position.
-    pub async fn list_activations(
-        &self,
-        pack_id: Option<&str>,
-        principal: Option<&str>,
-        after: Option<(&str, &str)>,
-        limit: u64,
-    ) -> Result<Vec<ActivationRow>> {
-        use sense_activations::Column as C;
-        keyset(
-            sense_activations::Entity::find(),
-            (C::PackId, pack_id),
-            (C::Principal, principal),
-            after,
-        )
-        .limit(limit)
-        .all(&self.db)
-        .await
-        .map_err(classify)?
-        .into_iter()
-        .map(activation)
-        .collect()
-    }
-
-    /// Project members in (project, principal) order after the given position.
-    pub async fn list_members(
-        &self,
-        project: Option<&str>,
-        principal: Option<&str>,
-        after: Option<(&str, &str)>,
-        limit: u64,
-    ) -> Result<Vec<Member>> {
-        use project_members::Column as C;
-        Ok(keyset(
-            project_members::Entity::find(),
-            (C::Project, project),
-            (C::Principal, principal),
-            after,
-        )
-        .limit(limit)
-        .all(&self.db)
-        .await
-        .map_err(classify)?
-        .into_iter()
-        .map(|m| Member {
-            project: m.project,
-            principal: m.principal,
-            create_time: m.create_time,
-        })
-        .collect())
-    }
-
-    /// Grants in (pack_id, principal) order after the given position.
-    pub async fn list_grants(
-        &self,
-        pack_id: Option<&str>,
-        principal: Option<&str>,
-        after: Option<(&str, &str)>,
-        limit: u64,
-    ) -> Result<Vec<Grant>> {
-        use sense_grants::Column as C;
-        let q = keyset(
-            sense_grants::Entity::find(),
-            (C::PackId, pack_id),
-            (C::Principal, principal),
-            after,
-        );
-        Ok(q.limit(limit)
+        key: (E::Column, E::Column),
+        p: &KeyPage<'_>,
+        map: impl Fn(E::Model) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        keyset(E::find(), (key.0, p.first), (key.1, p.second), p.after)
+            .limit(p.limit)
             .all(&self.db)
             .await
             .map_err(classify)?
             .into_iter()
-            .map(|g| Grant {
+            .map(map)
+            .collect()
+    }
+
+    /// Grants in (pack_id, principal) order.
+    pub async fn list_grants(&self, p: &KeyPage<'_>) -> Result<Vec<Grant>> {
+        use sense_grants::Column as C;
+        self.key_page::<sense_grants::Entity, _>((C::PackId, C::Principal), p, |g| {
+            Ok(Grant {
                 principal: g.principal,
                 pack_id: g.pack_id,
                 create_time: g.create_time,
             })
-            .collect())
+        })
+        .await
+    }
+
+    /// Bindings in (pack_id, principal) order.
+    pub async fn list_bindings(&self, p: &KeyPage<'_>) -> Result<Vec<Binding>> {
+        use bindings::Column as C;
+        self.key_page::<bindings::Entity, _>((C::PackId, C::Principal), p, binding)
+            .await
+    }
+
+    /// Sense activations in (pack_id, principal) order; a pack-wide one has principal "".
+    pub async fn list_activations(&self, p: &KeyPage<'_>) -> Result<Vec<ActivationRow>> {
+        use sense_activations::Column as C;
+        self.key_page::<sense_activations::Entity, _>((C::PackId, C::Principal), p, activation)
+            .await
+    }
+
+    /// Project members in (project, principal) order.
+    pub async fn list_members(&self, p: &KeyPage<'_>) -> Result<Vec<Member>> {
+        use project_members::Column as C;
+        self.key_page::<project_members::Entity, _>((C::Project, C::Principal), p, |m| {
+            Ok(Member {
+                project: m.project,
+                principal: m.principal,
+                create_time: m.create_time,
+            })
+        })
+        .await
     }
 
     /// Sets an activation (an empty principal is pack-wide).

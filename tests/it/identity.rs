@@ -2,7 +2,7 @@
 //! JWT claims required, secrets read as bytes, refusals that say nothing, and limits keyed by credential.
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hcp_sense::auth::{AuthConfig, CertIdentity, JwtConfig, Role, TokenConfig};
+use hcp_sense::auth::{AuthConfig, CertIdentity, JwtConfig, Role};
 use hcp_sense::config::Config;
 use hcp_sense::grpc::pb::{
     self, ingest_service_client::IngestServiceClient, policy_service_client::PolicyServiceClient,
@@ -12,42 +12,17 @@ use rcgen::{
     BasicConstraints, CertificateParams, CustomExtension, DistinguishedName, DnType, DnValue,
     ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, SanType,
 };
-use sha2::{Digest, Sha256};
-use tonic::metadata::MetadataValue;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::Code;
 
 use crate::helpers::{example, spawn_app_with, StoreKind, TestApp};
 use crate::packs::register_req;
+use crate::security::{bearer, token};
 
 const ADMIN: &str = "admin-token-identity";
 const RUNTIME: &str = "runtime-token-identity";
 /// Exactly the shortest secret accepted.
 const SECRET32: &[u8; 32] = b"0123456789abcdef0123456789abcdef";
-
-pub fn token(name: &str, secret: &str, role: Role, principal: Option<&str>) -> TokenConfig {
-    TokenConfig {
-        name: name.into(),
-        sha256: hex::encode(Sha256::digest(secret.as_bytes())),
-        role,
-        principal: principal.map(str::to_owned),
-    }
-}
-
-pub fn bearer(
-    ch: &Channel,
-    token: &str,
-) -> InterceptedService<
-    Channel,
-    impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone,
-> {
-    let value: MetadataValue<_> = format!("Bearer {token}").parse().expect("metadata");
-    InterceptedService::new(ch.clone(), move |mut req: tonic::Request<()>| {
-        req.metadata_mut().insert("authorization", value.clone());
-        Ok(req)
-    })
-}
 
 fn now() -> i64 {
     SystemTime::now()

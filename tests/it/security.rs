@@ -24,7 +24,7 @@ const RUNTIME: &str = "runtime-token-71ab";
 const READER: &str = "reader-token-alice";
 const SECRET: &str = "jwt-shared-secret-for-tests-32-bytes-long";
 
-fn token(name: &str, secret: &str, role: Role, principal: Option<&str>) -> TokenConfig {
+pub fn token(name: &str, secret: &str, role: Role, principal: Option<&str>) -> TokenConfig {
     TokenConfig {
         name: name.into(),
         sha256: hex::encode(Sha256::digest(secret.as_bytes())),
@@ -72,7 +72,7 @@ async fn secured(kind: StoreKind) -> (TestApp, tempfile::TempDir) {
     (app, dir)
 }
 
-fn bearer(
+pub fn bearer(
     ch: &Channel,
     token: &str,
 ) -> InterceptedService<
