@@ -15,6 +15,7 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto/ proto/
 COPY migrations/ migrations/
 COPY src/ src/
+COPY .cargo/ .cargo/
 COPY examples/ examples/
 COPY tests/ tests/
 # Verbatim the commands of .ci/run, then the release build it also runs.

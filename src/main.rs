@@ -10,6 +10,12 @@ use hcp_sense::domain::pack::{lint, parse_manifest_text, Severity};
 use hcp_sense::store::Store;
 use hcp_sense::telemetry::init_logging;
 
+/// jemalloc, configured in `.cargo/config.toml` to hand memory freed after a burst of
+/// connections or streams back to the system within about a second; glibc's allocator keeps
+/// it, and the resident size stays where the burst took it.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// hcp-sense decides, clause by clause of HCP §7, whether a pack's trigger may reach a sink.
 #[derive(Parser)]
 #[command(version, args_conflicts_with_subcommands = true)]

@@ -288,21 +288,16 @@ async fn ten_thousand_watch_attempts_leave_memory_where_it_was() {
         );
         drop(open);
         drop(chans);
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The allocator hands freed memory back within about a second (.cargo/config.toml).
+        tokio::time::sleep(Duration::from_millis(2500)).await;
         after.push(rss_kib(server.pid()));
     }
     health_ok(&probe).await;
-    // Bounded and not growing: what the first burst's connections left in the allocator is
-    // reused by the next ones (unbounded, three rounds grew it by ~94 MiB).
-    let (first, last) = (after[0], after[2]);
     assert!(
-        last <= start + 24 * 1024,
+        after.iter().all(|rss| *rss <= start + 10 * 1024),
         "RSS {start} KiB at the start, {after:?} KiB after each round"
     );
-    assert!(
-        last <= first + 5 * 1024,
-        "RSS grows round over round: {after:?} KiB"
-    );
+    eprintln!("watch rounds: RSS {start} KiB at the start, {after:?} KiB after each round");
 }
 
 /// Deliveries that would record, each with its own trigger id.
