@@ -287,16 +287,38 @@ async fn s7_7_3_two_replicas_emit_binding_degraded_once_per_departure() {
     }
     let mut departures = 0;
     let mut produced = 0;
+    let (mut prev_linked, mut wrote_linked) = (0, 0);
     for t in tasks {
         let r = t.await.expect("task");
         let to = r.binding.as_ref().map(|b| b.state).unwrap_or_default();
-        if r.previous_state == BindingState::Linked as i32 && to != BindingState::Linked as i32 {
+        let linked = BindingState::Linked as i32;
+        prev_linked += usize::from(r.previous_state == linked);
+        wrote_linked += usize::from(to == linked);
+        if r.previous_state == linked && to != linked {
             departures += 1;
         }
         if r.binding_degraded.is_some() {
             produced += 1;
         }
     }
+    // The writes took turns: each saw the state the one before it wrote, so the states seen
+    // before are the first state (linked) and every state written but the last.
+    let last = a
+        .policy
+        .list_bindings(pb::ListBindingsRequest {
+            principal: "alice".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("bindings")
+        .into_inner()
+        .bindings[0]
+        .state;
+    assert_eq!(
+        prev_linked,
+        1 + wrote_linked - usize::from(last == BindingState::Linked as i32),
+        "two writers saw the same previous state"
+    );
     let recorded = degraded_records(&mut a, "alice").await.len();
     assert!(departures > 0, "the flips left linked at least once");
     assert_eq!(
