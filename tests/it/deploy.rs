@@ -1097,3 +1097,74 @@ fn dockerfile_builds_with_the_commands_ci_runs_and_runs_as_non_root() {
     let values = std::fs::read_to_string(repo_path("helm/hcp-sense/values.yaml")).expect("values");
     assert!(values.contains("runAsUser: 65532"));
 }
+
+/// The database goes silent under callers: each is answered UNAVAILABLE — which producers
+/// retry — before its own deadline or the server's, never CANCELLED or DEADLINE_EXCEEDED; the
+/// retries after it comes back leave every trigger recorded exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_database_is_unavailable_before_every_deadline_postgres() {
+    use hcp_sense::grpc::pb::ingest_service_client::IngestServiceClient;
+    let db = TestDb::create(StoreKind::Postgres).await;
+    let (proxy, served) = FreezingProxy::serve(&db, &["--request-timeout-secs", "3"]).await;
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    let deliver = |id: String, deadline: Option<Duration>| {
+        let ch = ch.clone();
+        async move {
+            let mut req = tonic::Request::new(storm_warning(id));
+            if let Some(d) = deadline {
+                req.set_timeout(d);
+            }
+            let started = Instant::now();
+            let r = IngestServiceClient::new(ch)
+                .deliver_trigger(req)
+                .await
+                .map(tonic::Response::into_inner);
+            (r, started.elapsed())
+        }
+    };
+    assert!(recorded(&deliver("warm-up".into(), None).await.0));
+    proxy.freeze(true);
+    let mut calls = Vec::new();
+    for i in 0..50 {
+        // 40 bounded by the server's 3 s, 10 by their own 1 s deadline.
+        let deadline = (i >= 40).then_some(Duration::from_secs(1));
+        calls.push((
+            deadline.unwrap_or(Duration::from_secs(3)),
+            tokio::spawn(deliver(format!("silent-{i}"), deadline)),
+        ));
+    }
+    for (bound, call) in calls {
+        let (r, took) = call.await.expect("call");
+        let code = r.as_ref().err().map(tonic::Status::code);
+        assert_eq!(code, Some(tonic::Code::Unavailable), "{r:?} after {took:?}");
+        assert!(
+            took < bound,
+            "answered after {took:?}, its deadline was {bound:?}"
+        );
+    }
+    proxy.freeze(false);
+    let thawed = Instant::now();
+    for i in 0..50 {
+        while !recorded(&deliver(format!("silent-{i}"), None).await.0) {
+            assert!(thawed.elapsed() < Duration::from_secs(20), "not recovered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let conn = db.connect().await;
+    use sea_orm::ConnectionTrait;
+    let row = conn
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT COUNT(*) AS n, COUNT(DISTINCT producer_trigger_id) AS d FROM records",
+        ))
+        .await
+        .expect("count")
+        .expect("row");
+    let (n, d): (i64, i64) = (
+        row.try_get("", "n").expect("n"),
+        row.try_get("", "d").expect("d"),
+    );
+    assert_eq!((n, d), (51, 51), "every trigger once, the warm-up included");
+    assert!(served.terminate());
+}
