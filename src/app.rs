@@ -146,6 +146,7 @@ impl App {
                     max_json_depth: config.max_json_depth,
                     // A batch past the call's own deadline can no longer answer anyone.
                     batch_timeout: config.request_timeout,
+                    sink_writers: config.sink_writers,
                 },
                 metrics,
             )

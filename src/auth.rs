@@ -501,7 +501,7 @@ pub fn allowed(method: &str, role: Role) -> bool {
             (service, rpc, role),
             (
                 "hcp.sense.v1.IngestService",
-                "DeliverTrigger",
+                "DeliverTrigger" | "DeliverTriggers",
                 Role::Runtime
             ) | (
                 "hcp.sense.v1.PolicyService",
@@ -567,6 +567,14 @@ mod tests {
         assert!(!allowed(
             "/hcp.sense.v1.IngestService/DeliverTrigger",
             Role::Admin
+        ));
+        assert!(allowed(
+            "/hcp.sense.v1.IngestService/DeliverTriggers",
+            Role::Runtime
+        ));
+        assert!(!allowed(
+            "/hcp.sense.v1.IngestService/DeliverTriggers",
+            Role::Reader
         ));
         assert!(allowed("/grpc.health.v1.Health/Check", Role::Reader));
         assert!(!allowed("/unknown.Service/X", Role::Admin));

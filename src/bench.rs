@@ -31,9 +31,9 @@ pub struct BenchOptions {
     /// Seconds each measured phase runs.
     #[arg(long, default_value_t = 5)]
     pub duration_secs: u64,
-    /// Concurrent callers.
-    #[arg(long, default_value_t = 32)]
-    pub concurrency: usize,
+    /// Concurrent callers: the recorded and no-op phases run at each, in turn.
+    #[arg(long, value_delimiter = ',', default_value = "32,64,128,256,512")]
+    pub concurrency: Vec<usize>,
     /// HTTP/2 connections the callers share.
     #[arg(long, default_value_t = 4)]
     pub channels: usize,
@@ -61,6 +61,34 @@ pub struct BenchOptions {
     /// Old records seeded for the retention phase (0 skips).
     #[arg(long, default_value_t = 200_000)]
     pub retention_records: usize,
+    /// Sink writers of the servers measured (PostgreSQL); the server's default when not given.
+    #[arg(long)]
+    pub sink_writers: Option<usize>,
+    /// Measure DeliverTriggers, one stream per HTTP/2 connection.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub stream: bool,
+    /// Measure the store's own bulk-insert rate for the same rows into the same schema.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub store_limit: bool,
+    /// Sink writer counts compared on PostgreSQL behind a proxy adding --postgres-delay-ms to
+    /// every round trip, at the largest concurrency (empty skips).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    pub writers_compare: Vec<usize>,
+    /// Milliseconds the proxy of --writers-compare adds to each round trip to PostgreSQL.
+    #[arg(long, default_value_t = 1.0)]
+    pub postgres_delay_ms: f64,
+    /// Also write every result row to this file as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Every result row printed, kept for `--json`.
+static RESULTS: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
+
+fn result(v: serde_json::Value) {
+    if let Ok(mut r) = RESULTS.lock() {
+        r.push(v);
+    }
 }
 
 /// Latency samples and throughput of one phase.
@@ -86,6 +114,16 @@ impl Phase {
 
 fn row(store: &str, name: &str, p: &Phase, base: Option<&Phase>) {
     let ratio = base.map_or(String::from("-"), |b| format!("{:.2}", p.rate() / b.rate()));
+    result(json!({
+        "store": store,
+        "phase": name,
+        "calls_per_sec": p.rate(),
+        "p50_ms": p.pct(0.50),
+        "p99_ms": p.pct(0.99),
+        "p999_ms": p.pct(0.999),
+        "errors": p.errors,
+        "ratio": base.map(|b| p.rate() / b.rate()),
+    }));
     println!(
         "{store:<9} {name:<28} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>7} {:>7}",
         p.rate(),
@@ -108,6 +146,7 @@ fn header() {
 struct Server {
     child: Child,
     addr: String,
+    metrics: String,
 }
 
 impl Server {
@@ -151,17 +190,27 @@ impl Server {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                match line.split("addr=").nth(1) {
-                    Some(a) => {
-                        let _ = tx.send(a.split_whitespace().next().unwrap_or("").to_owned());
+                let word = |key: &str| {
+                    line.split(key)
+                        .nth(1)
+                        .and_then(|a| a.split_whitespace().next())
+                        .map(str::to_owned)
+                };
+                match (word(" addr="), word("metrics_addr=")) {
+                    (Some(a), Some(m)) => {
+                        let _ = tx.send((a, m));
                     }
                     // The server's own log lines go to stderr.
-                    None => eprintln!("{line}"),
+                    _ => eprintln!("{line}"),
                 }
             }
         });
-        let addr = rx.recv_timeout(Duration::from_secs(120))?;
-        Ok(Server { child, addr })
+        let (addr, metrics) = rx.recv_timeout(Duration::from_secs(120))?;
+        Ok(Server {
+            child,
+            addr,
+            metrics,
+        })
     }
 
     /// Resident and peak resident set size in KiB, from /proc.
@@ -177,6 +226,32 @@ impl Server {
                 .unwrap_or(0)
         };
         (get("VmRSS:"), get("VmHWM:"))
+    }
+
+    /// The server's Prometheus samples: `name{labels}` to value.
+    async fn scrape(&self) -> std::collections::HashMap<String, f64> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut out = std::collections::HashMap::new();
+        let Ok(mut s) = tokio::net::TcpStream::connect(&self.metrics).await else {
+            return out;
+        };
+        let req = format!(
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.metrics
+        );
+        let mut text = String::new();
+        if s.write_all(req.as_bytes()).await.is_err() || s.read_to_string(&mut text).await.is_err()
+        {
+            return out;
+        }
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            if let Some((k, v)) = line.rsplit_once(' ') {
+                if let Ok(v) = v.parse() {
+                    out.insert(k.to_owned(), v);
+                }
+            }
+        }
+        out
     }
 
     async fn channels(&self, n: usize) -> anyhow::Result<Vec<Channel>> {
@@ -267,14 +342,20 @@ async fn call(ch: &Channel, req: DeliverTriggerRequest, load: Load) -> bool {
 }
 
 /// Closed loop: `concurrency` callers, each calling again as soon as answered.
-async fn closed(chs: &[Channel], o: &BenchOptions, principals: usize, load: Load) -> Phase {
+async fn closed(
+    chs: &[Channel],
+    o: &BenchOptions,
+    concurrency: usize,
+    principals: usize,
+    load: Load,
+) -> Phase {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for w in 0..o.concurrency {
+    for w in 0..concurrency {
         let ch = chs[w % chs.len()].clone();
         let stop = stop.clone();
-        let (packs, conc) = (o.packs, o.concurrency);
+        let (packs, conc) = (o.packs, concurrency);
         tasks.push(tokio::spawn(async move {
             let (mut lat, mut errors, mut i) = (Vec::new(), 0, w);
             while !stop.load(Ordering::Relaxed) {
@@ -472,8 +553,9 @@ async fn seed_policy(store: &Store, packs: usize, principals: usize) -> anyhow::
     Ok(())
 }
 
-/// Inserts `n` records received at `base` + i microseconds; returns the (time, id) of each 100,000th.
-async fn seed_records(store: &Store, n: usize, base: i64) -> anyhow::Result<Vec<(i64, String)>> {
+/// Inserts `n` records received at `base` + i microseconds, at positions (0, i + 1) as records
+/// written before positions existed have; returns the position of each 100,000th.
+async fn seed_records(store: &Store, n: usize, base: i64) -> anyhow::Result<Vec<(i64, i64)>> {
     let db = store.connection();
     let mut marks = Vec::new();
     let mut i = 0;
@@ -489,7 +571,7 @@ async fn seed_records(store: &Store, n: usize, base: i64) -> anyhow::Result<Vec<
                     let id = format!("{:08x}-0000-7000-8000-{:012x}", j / 65536, j);
                     let t = base + j as i64;
                     if j % 100_000 == 0 {
-                        marks.push((t, id.clone()));
+                        marks.push((0, j as i64 + 1));
                     }
                     records::ActiveModel {
                         record_id: Set(id),
@@ -503,6 +585,8 @@ async fn seed_records(store: &Store, n: usize, base: i64) -> anyhow::Result<Vec<
                         project: Set(None),
                         producer_trigger_id: Set(None),
                         received_time: Set(t),
+                        commit_txid: Set(0),
+                        seq: Set(j as i64 + 1),
                     }
                 })
                 .collect();
@@ -513,6 +597,12 @@ async fn seed_records(store: &Store, n: usize, base: i64) -> anyhow::Result<Vec<
         }
         txn.commit().await?;
     }
+    // New records number on from the seeded ones.
+    db.execute_unprepared(match store.engine() {
+        crate::store::Engine::Sqlite => "UPDATE record_sequence SET next = (SELECT max(seq) + 1 FROM records)",
+        crate::store::Engine::Postgres => "SELECT setval('records_seq', (SELECT max(seq) + 1 FROM records), false)",
+    })
+    .await?;
     Ok(marks)
 }
 
@@ -532,7 +622,7 @@ const BENCH_TOKEN_SECRET: &str = "hcp-sense-bench";
 /// Runs every phase and prints the results.
 pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
     println!(
-        "hcp-sense bench {}: {} s per phase, {} callers over {} HTTP/2 connections, {} packs, {} principals, {} cores",
+        "hcp-sense bench {}: {} s per phase, {:?} callers over {} HTTP/2 connections, {} packs, {} principals, {} cores",
         env!("CARGO_PKG_VERSION"),
         o.duration_secs,
         o.concurrency,
@@ -544,23 +634,66 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
     println!(
         "ratio = calls/s over the no-op baseline's calls/s in the same run, on the same server\n"
     );
+    let first = o.concurrency.first().copied().unwrap_or(32).max(1);
+    let writers = o.sink_writers.map(|n| n.to_string());
+    let mut extra: Vec<&str> = Vec::new();
+    if let Some(n) = &writers {
+        extra.extend(["--sink-writers", n.as_str()]);
+    }
     header();
     for kind in o.stores.clone() {
+        let limit = if o.store_limit {
+            Some(store_limit(&kind, &o).await?)
+        } else {
+            None
+        };
         let db = BenchDb::create(&kind, &o, "deliver").await?;
         let store = open_store(&db.url).await?;
         seed_policy(&store, o.packs, o.principals).await?;
         store.close().await;
-        let server = Server::start(&db.url, &[])?;
+        let server = Server::start(&db.url, &extra)?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let (idle_rss, _) = server.rss_kib();
         let chs = server.channels(o.channels).await?;
-        let base = closed(&chs, &o, o.principals, Load::Noop).await;
-        row(&kind, "baseline (no-op)", &base, None);
-        let rec = closed(&chs, &o, o.principals, Load::Recorded).await;
-        row(&kind, "recorded", &rec, Some(&base));
-        let dropped = closed(&chs, &o, o.principals, Load::Dropped).await;
-        row(&kind, "dropped", &dropped, Some(&base));
-        let half = rec.rate().min(base.rate()) * 0.5;
+        let (mut peak_base, mut peak_rec) = (0f64, 0f64);
+        for &c in &o.concurrency {
+            let c = c.max(1);
+            let base = closed(&chs, &o, c, o.principals, Load::Noop).await;
+            row(&kind, &format!("baseline (no-op), C={c}"), &base, None);
+            let before = server.scrape().await;
+            let rec = closed(&chs, &o, c, o.principals, Load::Recorded).await;
+            let after = server.scrape().await;
+            row(&kind, &format!("recorded, C={c}"), &rec, Some(&base));
+            let w = Writer::between(&before, &after);
+            println!(
+                "{kind:<9}   sink at C={c}: {:.0} records per batch, batch commit p99 {:.2} ms, writer {:.1} us per record{}",
+                w.per_batch,
+                w.commit_p99_ms,
+                w.us_per_record,
+                limit.map_or(String::new(), |l| format!(" ({:.2} x the raw insert's {l:.1} us)", w.us_per_record / l))
+            );
+            println!(
+                "{kind:<9}   p99 bound at C={c}: {:.2} ms (2 x (commit p99 + no-op p99)); recorded p99 {:.2} ms",
+                2.0 * (w.commit_p99_ms + base.pct(0.99)),
+                rec.pct(0.99)
+            );
+            result(json!({
+                "store": kind, "phase": "sink", "concurrency": c,
+                "records_per_batch": w.per_batch, "commit_p99_ms": w.commit_p99_ms,
+                "writer_us_per_record": w.us_per_record,
+                "p99_bound_ms": 2.0 * (w.commit_p99_ms + base.pct(0.99)),
+            }));
+            peak_base = peak_base.max(base.rate());
+            peak_rec = peak_rec.max(rec.rate());
+        }
+        println!(
+            "{kind:<9} peak recorded {peak_rec:.0}/s over peak no-op {peak_base:.0}/s: {:.2}",
+            peak_rec / peak_base
+        );
+        let dropped = closed(&chs, &o, first, o.principals, Load::Dropped).await;
+        row(&kind, &format!("dropped, C={first}"), &dropped, None);
+        let rec = closed(&chs, &o, first, o.principals, Load::Recorded).await;
+        let half = rec.rate() * 0.5;
         let base_half = open(&chs, &o, o.principals, Load::Noop, half).await;
         row(&kind, &format!("baseline @ {half:.0}/s"), &base_half, None);
         let rec_half = open(&chs, &o, o.principals, Load::Recorded, half).await;
@@ -571,9 +704,26 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
             Some(&base_half),
         );
         println!(
-            "{kind:<9} p99 at half of the recorded peak: {:.2} x the baseline's p99",
+            "{kind:<9} p99 at half of the recorded rate: {:.2} x the baseline's p99",
             rec_half.pct(0.99) / base_half.pct(0.99)
         );
+        if o.stream {
+            let streamed = stream(&chs, &o).await;
+            row(
+                &kind,
+                &format!("DeliverTriggers, {} streams", chs.len()),
+                &streamed,
+                None,
+            );
+            if let Some(l) = limit {
+                println!(
+                    "{kind:<9} DeliverTriggers {:.0}/s over the raw insert's {:.0} rows/s: {:.2}",
+                    streamed.rate(),
+                    1e6 / l,
+                    streamed.rate() * l / 1e6
+                );
+            }
+        }
         let (_, peak) = server.rss_kib();
         println!(
             "{kind:<9} server RSS: idle {:.1} MiB, peak {:.1} MiB\n",
@@ -582,6 +732,10 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
         );
         server.stop();
         db.drop_db().await;
+    }
+
+    if o.stores.iter().any(|s| s == "postgres") && !o.writers_compare.is_empty() {
+        writers_compare(&o).await?;
     }
 
     let scaling: Vec<usize> = o.scaling.iter().copied().filter(|n| *n > 0).collect();
@@ -605,9 +759,9 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(500)).await;
             let (rss, _) = server.rss_kib();
             let chs = server.channels(o.channels).await?;
-            let rec = closed(&chs, &o, *n, Load::Recorded).await;
+            let rec = closed(&chs, &o, first, *n, Load::Recorded).await;
             row("sqlite", &format!("recorded, {n} principals"), &rec, None);
-            let dropped = closed(&chs, &o, *n, Load::Dropped).await;
+            let dropped = closed(&chs, &o, first, *n, Load::Dropped).await;
             row(
                 "sqlite",
                 &format!("dropped, {n} principals"),
@@ -659,11 +813,11 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
             let fp = filter_fingerprint(&crate::domain::model::RecordFilter::default());
             let deep = marks
                 .last()
-                .map(|(t, id)| {
+                .map(|(txid, seq)| {
                     PageTokens::new(Some(BENCH_TOKEN_SECRET)).encode(
                         "records",
                         &fp,
-                        &format!("{t}{SEP}{id}"),
+                        &format!("{txid}{SEP}{seq}"),
                     )
                 })
                 .unwrap_or_default();
@@ -728,9 +882,9 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
             ],
         )?;
         let chs = server.channels(o.channels).await?;
-        let base = closed(&chs, &o, o.principals, Load::Noop).await;
+        let base = closed(&chs, &o, first, o.principals, Load::Noop).await;
         row("sqlite", "baseline (no-op)", &base, None);
-        let rec = closed(&chs, &o, o.principals, Load::Recorded).await;
+        let rec = closed(&chs, &o, first, o.principals, Load::Recorded).await;
         row("sqlite", "recorded while pruning", &rec, Some(&base));
         server.stop();
         let store = open_store(&db.url).await?;
@@ -753,7 +907,282 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
         store.close().await;
         db.drop_db().await;
     }
+    if let Some(path) = &o.json {
+        let rows = RESULTS.lock().map(|r| r.clone()).unwrap_or_default();
+        std::fs::write(path, serde_json::to_string_pretty(&json!({ "results": rows }))?)?;
+    }
     Ok(())
+}
+
+/// What the sink did between two scrapes of the server's metrics.
+struct Writer {
+    per_batch: f64,
+    commit_p99_ms: f64,
+    us_per_record: f64,
+}
+
+impl Writer {
+    fn between(
+        a: &std::collections::HashMap<String, f64>,
+        b: &std::collections::HashMap<String, f64>,
+    ) -> Writer {
+        let d = |k: &str| b.get(k).copied().unwrap_or(0.0) - a.get(k).copied().unwrap_or(0.0);
+        let records = d("hcp_sense_sink_batch_records_sum");
+        let batches = d("hcp_sense_sink_batch_records_count");
+        let secs = d("hcp_sense_sink_commit_duration_seconds_sum");
+        // The 99th percentile's bucket bound, from the bucket counts' deltas.
+        let mut buckets: Vec<(f64, f64)> = b
+            .keys()
+            .filter_map(|k| {
+                let le = k
+                    .strip_prefix("hcp_sense_sink_commit_duration_seconds_bucket{le=\"")?
+                    .strip_suffix("\"}")?;
+                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+                Some((le, d(k)))
+            })
+            .collect();
+        buckets.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let total = buckets.last().map_or(0.0, |x| x.1);
+        let p99 = buckets
+            .iter()
+            .find(|(_, n)| *n >= total * 0.99)
+            .map_or(f64::NAN, |(le, _)| *le);
+        Writer {
+            per_batch: records / batches.max(1.0),
+            commit_p99_ms: p99 * 1000.0,
+            us_per_record: secs * 1e6 / records.max(1.0),
+        }
+    }
+}
+
+/// Triggers a benchmark stream keeps sent and unanswered.
+const STREAM_IN_FLIGHT: usize = 2048;
+
+/// DeliverTriggers: one stream per connection, each sending as fast as the server takes them.
+async fn stream(chs: &[Channel], o: &BenchOptions) -> Phase {
+    use crate::grpc::pb::DeliverTriggersRequest;
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (k, ch) in chs.iter().enumerate() {
+        let (ch, stop) = (ch.clone(), stop.clone());
+        let (packs, principals, streams) = (o.packs, o.principals, chs.len());
+        tasks.push(tokio::spawn(async move {
+            let (tx, rx) = tokio::sync::mpsc::channel::<DeliverTriggersRequest>(64);
+            let sent = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+            // A relay keeps a bounded number of triggers unanswered; latency counts from send.
+            let window = Arc::new(tokio::sync::Semaphore::new(STREAM_IN_FLIGHT));
+            let feeder = {
+                let (stop, sent, window) = (stop.clone(), sent.clone(), window.clone());
+                tokio::spawn(async move {
+                    let mut i = k;
+                    while !stop.load(Ordering::Relaxed) {
+                        match window.acquire().await {
+                            Ok(p) => p.forget(),
+                            Err(_) => break,
+                        }
+                        let req = DeliverTriggersRequest {
+                            trigger: Some(trigger(i, principals, packs, Load::Recorded)),
+                        };
+                        if let Ok(mut q) = sent.lock() {
+                            q.push_back(Instant::now());
+                        }
+                        if tx.send(req).await.is_err() {
+                            break;
+                        }
+                        i += streams;
+                    }
+                })
+            };
+            let (mut lat, mut errors) = (Vec::new(), 0);
+            match IngestServiceClient::new(ch)
+                .deliver_triggers(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+            {
+                Ok(resp) => {
+                    let mut answers = resp.into_inner();
+                    while let Ok(Some(a)) = answers.message().await {
+                        window.add_permits(1);
+                        let at = sent.lock().ok().and_then(|mut q| q.pop_front());
+                        match (a.result, at) {
+                            (
+                                Some(crate::grpc::pb::deliver_triggers_response::Result::Outcome(_)),
+                                Some(t),
+                            ) => lat.push(t.elapsed().as_micros() as u64),
+                            _ => errors += 1,
+                        }
+                    }
+                }
+                Err(_) => errors += 1,
+            }
+            let _ = feeder.await;
+            (lat, errors)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(o.duration_secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    gather(tasks, start).await
+}
+
+/// Recorded throughput at the largest concurrency for each sink writer count, on PostgreSQL
+/// reached through a proxy that delays every round trip, as a network between them would.
+async fn writers_compare(o: &BenchOptions) -> anyhow::Result<()> {
+    let c = o.concurrency.iter().copied().max().unwrap_or(256).max(1);
+    println!(
+        "sink writers (postgres through a proxy adding {} ms per round trip), C={c}",
+        o.postgres_delay_ms
+    );
+    header();
+    let db = BenchDb::create("postgres", o, "writers").await?;
+    let store = open_store(&db.url).await?;
+    seed_policy(&store, o.packs, o.principals).await?;
+    store.close().await;
+    let (head, rest) = db
+        .url
+        .split_once('@')
+        .ok_or_else(|| anyhow::anyhow!("the PostgreSQL URL names no user"))?;
+    let (upstream, tail) = rest
+        .split_once('/')
+        .ok_or_else(|| anyhow::anyhow!("the PostgreSQL URL names no database"))?;
+    let proxy = delay_proxy(
+        upstream.to_owned(),
+        Duration::from_secs_f64(o.postgres_delay_ms / 1000.0),
+    )
+    .await?;
+    let url = format!("{head}@{proxy}/{tail}");
+    let mut rates = Vec::new();
+    for &w in &o.writers_compare {
+        let n = w.to_string();
+        let server = Server::start(&url, &["--sink-writers", &n])?;
+        let chs = server.channels(o.channels).await?;
+        let rec = closed(&chs, o, c, o.principals, Load::Recorded).await;
+        row("postgres", &format!("recorded, {w} writers"), &rec, None);
+        rates.push((w, rec.rate()));
+        server.stop();
+    }
+    if let (Some(lo), Some(hi)) = (rates.first(), rates.last()) {
+        println!(
+            "{} writers / {} writer(s): {:.2}\n",
+            hi.0,
+            lo.0,
+            hi.1 / lo.1
+        );
+        result(json!({ "phase": "writers compare", "delay_ms": o.postgres_delay_ms, "concurrency": c, "rates": rates }));
+    }
+    db.drop_db().await;
+    Ok(())
+}
+
+/// A TCP proxy on an ephemeral port that holds every chunk bound for the database `delay`
+/// before passing it on (tokio's timer rounds up to its 1 ms tick), without limiting
+/// throughput; answers pass straight back. Returns its address.
+async fn delay_proxy(upstream: String, delay: Duration) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(delay_pipe(cr, sw, delay));
+                tokio::spawn(delay_pipe(sr, cw, Duration::ZERO));
+            });
+        }
+    });
+    Ok(addr)
+}
+
+async fn delay_pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    one_way: Duration,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    tokio::spawn(async move {
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if tx
+                    .send((tokio::time::Instant::now() + one_way, buf[..n].to_vec()))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The store's own limit: the same rows inserted into the same schema from this process, 256
+/// to a multi-row INSERT and one INSERT to a transaction, on one connection. Returns the
+/// microseconds per row.
+async fn store_limit(kind: &str, o: &BenchOptions) -> anyhow::Result<f64> {
+    let db = BenchDb::create(kind, o, "limit").await?;
+    let store = open_store(&db.url).await?;
+    let conn = store.connection();
+    let sqlite = store.engine() == crate::store::Engine::Sqlite;
+    let start = Instant::now();
+    let mut n: usize = 0;
+    while start.elapsed() < Duration::from_secs(o.duration_secs) {
+        let txn = conn.begin().await?;
+        let rows: Vec<records::ActiveModel> = (n..n + 256)
+            .map(|j| {
+                let p = j % o.principals.max(1);
+                records::ActiveModel {
+                    record_id: Set(uuid::Uuid::now_v7().to_string()),
+                    principal: Set(format!("principal-{p}")),
+                    binding_id: Set(format!("b-principal-{p}")),
+                    land: Set("user".into()),
+                    pack_id: Set(format!("pack-{}", p % o.packs.max(1))),
+                    r#ref: Set("issue.opened".into()),
+                    payload: Set(json!({ "issue": j, "title": "benchmark" }).to_string()),
+                    route: Set("inbox".into()),
+                    project: Set(None),
+                    producer_trigger_id: Set(None),
+                    received_time: Set(now_micros()),
+                    // PostgreSQL fills both from their defaults, as the sink's insert does.
+                    commit_txid: if sqlite { Set(0) } else { sea_orm::ActiveValue::NotSet },
+                    seq: if sqlite { Set(j as i64 + 1) } else { sea_orm::ActiveValue::NotSet },
+                }
+            })
+            .collect();
+        records::Entity::insert_many(rows)
+            .exec_without_returning(&txn)
+            .await?;
+        txn.commit().await?;
+        n += 256;
+    }
+    let us = start.elapsed().as_secs_f64() * 1e6 / n.max(1) as f64;
+    let p = Phase {
+        calls: n,
+        errors: 0,
+        secs: start.elapsed().as_secs_f64(),
+        lat_us: vec![us as u64],
+    };
+    println!(
+        "{kind:<9} store limit: {:.0} rows/s, {us:.1} us per row (multi-row INSERT of 256, one per transaction)",
+        p.rate()
+    );
+    result(json!({ "store": kind, "phase": "store limit", "rows_per_sec": p.rate(), "us_per_row": us }));
+    store.close().await;
+    db.drop_db().await;
+    Ok(us)
 }
 
 /// An OTLP/gRPC receiver that counts the spans it is sent.
@@ -792,6 +1221,7 @@ impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::Tra
 async fn telemetry_cost(o: &BenchOptions) -> anyhow::Result<()> {
     use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
     println!("telemetry (sqlite): OTLP export of every span to a local receiver, against none");
+    let first = o.concurrency.first().copied().unwrap_or(32).max(1);
     header();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let endpoint = format!("http://{}", listener.local_addr()?);
@@ -820,9 +1250,9 @@ async fn telemetry_cost(o: &BenchOptions) -> anyhow::Result<()> {
     ] {
         let server = Server::start_env(&db.url, &[], &env)?;
         let chs = server.channels(o.channels).await?;
-        let rec = closed(&chs, o, o.principals, Load::Recorded).await;
+        let rec = closed(&chs, o, first, o.principals, Load::Recorded).await;
         row("sqlite", &format!("recorded, telemetry {name}"), &rec, None);
-        let dropped = closed(&chs, o, o.principals, Load::Dropped).await;
+        let dropped = closed(&chs, o, first, o.principals, Load::Dropped).await;
         row(
             "sqlite",
             &format!("dropped, telemetry {name}"),

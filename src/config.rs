@@ -10,6 +10,9 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://hcp-sense.db?mode=rwc";
 
+/// Most sink writers: each holds a database connection.
+pub const MAX_SINK_WRITERS: usize = 64;
+
 /// Options of `hcp-sense serve`. Every option may also be set in the TOML file
 /// (same name, with `_` for `-`) or in the environment variable shown.
 #[derive(Debug, Clone, Default, Args)]
@@ -122,6 +125,11 @@ pub struct ServeOptions {
     #[arg(long, env = "HCP_SENSE_REQUEST_TIMEOUT_SECS", value_name = "SECS")]
     pub request_timeout_secs: Option<u64>,
 
+    /// Sink writers committing record batches concurrently, each on a database connection of
+    /// its own, 1 to 64; PostgreSQL only, SQLite always has one [default: 2].
+    #[arg(long, env = "HCP_SENSE_SINK_WRITERS", value_name = "N")]
+    pub sink_writers: Option<usize>,
+
     /// Seconds to wait for in-flight calls after SIGINT/SIGTERM before exiting [default: 30].
     #[arg(long, env = "HCP_SENSE_SHUTDOWN_GRACE_SECS", value_name = "SECS")]
     pub shutdown_grace_secs: Option<u64>,
@@ -232,6 +240,7 @@ pub struct Config {
     pub max_json_depth: usize,
     pub max_concurrent_streams: u32,
     pub request_timeout: Duration,
+    pub sink_writers: usize,
     pub tls: Option<TlsConfig>,
     pub page_token_secret: Option<String>,
     pub max_connections: usize,
@@ -375,6 +384,13 @@ impl ServeOptions {
                     .or(file.request_timeout_secs)
                     .unwrap_or(30),
             ),
+            sink_writers: match self.sink_writers.or(file.sink_writers) {
+                Some(n) if !(1..=MAX_SINK_WRITERS).contains(&n) => anyhow::bail!(
+                    "--sink-writers must be from 1 to {MAX_SINK_WRITERS}, not {n}"
+                ),
+                Some(n) => n,
+                None => crate::service::DEFAULT_SINK_WRITERS,
+            },
             tls: match (
                 self.tls_cert_file.or(file.tls_cert_file),
                 self.tls_key_file.or(file.tls_key_file),
@@ -447,6 +463,7 @@ struct FileConfig {
     max_json_depth: Option<usize>,
     max_concurrent_streams: Option<u32>,
     request_timeout_secs: Option<u64>,
+    sink_writers: Option<usize>,
     tls_cert_file: Option<PathBuf>,
     tls_key_file: Option<PathBuf>,
     tls_client_ca_file: Option<PathBuf>,
@@ -512,6 +529,7 @@ impl Config {
             max_json_depth: 32,
             max_concurrent_streams: 256,
             request_timeout: Duration::from_secs(30),
+            sink_writers: crate::service::DEFAULT_SINK_WRITERS,
             tls: None,
             page_token_secret: None,
             max_connections: 10_000,

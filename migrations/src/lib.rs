@@ -3,6 +3,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261130_000001_init;
 mod m20261130_000002_audit;
+mod m20261130_000003_record_position;
 
 /// Every migration, in the order it is applied.
 pub struct Migrator;
@@ -13,6 +14,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261130_000001_init::Migration),
             Box::new(m20261130_000002_audit::Migration),
+            Box::new(m20261130_000003_record_position::Migration),
         ]
     }
 }

@@ -56,7 +56,19 @@ pub struct Record {
     pub route: Route,
     pub project: Option<String>,
     pub trigger_id: Option<String>,
+    /// When the service received it, by its clock: data, not order.
     pub received_time: i64,
+    /// Where it sits in commit order; zero until the store has written it.
+    pub position: Position,
+}
+
+/// A record's place in commit order, assigned by the store: the id of the transaction that
+/// wrote it (0 where the store has one writer), then a number from the store's sequence.
+/// Every record committed after a listing has read position `p` gets a position above `p`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Position {
+    pub txid: i64,
+    pub seq: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

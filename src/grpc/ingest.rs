@@ -1,18 +1,85 @@
-//! IngestService: DeliverTrigger, translated and handed to the decision.
-use tonic::{Request, Response, Status};
+//! IngestService: DeliverTrigger and the DeliverTriggers stream, translated and handed to the decision.
+use std::pin::Pin;
+
+use tokio::sync::mpsc;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{disposition, drop_reason, struct_to_json_checked, trigger_source_from};
 use super::pb::{
-    self, deliver_trigger_request::PayloadSource, ingest_service_server::IngestService,
+    self, deliver_trigger_request::PayloadSource, deliver_triggers_response,
+    ingest_service_server::IngestService,
 };
-use crate::domain::decide::RawTrigger;
+use crate::domain::decide::{Outcome, RawTrigger};
 use crate::error::Error;
 use crate::service::Service;
+
+/// Triggers of one DeliverTriggers stream being decided and written at once: enough to fill
+/// the sink's batches from a single producer, bounded so a fast producer waits on HTTP/2 flow
+/// control instead of growing the server's memory.
+pub const STREAM_WINDOW: usize = 1024;
 
 #[derive(Clone, Debug)]
 pub struct Ingest {
     pub service: Service,
 }
+
+/// The trigger a request carries, or the field it breaks.
+fn raw_trigger(r: pb::DeliverTriggerRequest) -> Result<RawTrigger, Error> {
+    let payload = match r.payload_source {
+        None => None,
+        Some(PayloadSource::Payload(s)) => Some(struct_to_json_checked("payload", s)?),
+        Some(PayloadSource::PayloadJson(text)) => Some(
+            serde_json::from_str(&text)
+                .map_err(|e| Error::invalid("payload_json", format!("is not JSON: {e}")))?,
+        ),
+    };
+    Ok(RawTrigger {
+        pack_id: r.pack_id,
+        r#ref: r.r#ref,
+        principal: r.principal,
+        land: r.land,
+        payload,
+        project: r.project,
+        trigger_id: r.trigger_id,
+        source: trigger_source_from(r.source),
+    })
+}
+
+fn response(o: Outcome) -> pb::DeliverTriggerResponse {
+    pb::DeliverTriggerResponse {
+        disposition: disposition(&o) as i32,
+        drop_reason: o
+            .drop_reason
+            .map_or(pb::DropReason::Unspecified, drop_reason) as i32,
+        record_id: o.record_id.unwrap_or_default(),
+        duplicate: o.duplicate,
+    }
+}
+
+/// One trigger of a stream, decided and written exactly as DeliverTrigger would.
+async fn deliver_one(service: Service, r: Option<pb::DeliverTriggerRequest>) -> deliver_triggers_response::Result {
+    use deliver_triggers_response::Result as R;
+    let outcome = match r {
+        None => Err(Error::invalid("trigger", "is required")),
+        Some(r) => match raw_trigger(r) {
+            Ok(t) => service.deliver(t).await,
+            Err(e) => Err(e),
+        },
+    };
+    match outcome {
+        Ok(o) => R::Outcome(response(o)),
+        Err(e) => {
+            let status = Status::from(e);
+            R::Error(pb::TriggerError {
+                code: status.code() as i32,
+                message: status.message().to_owned(),
+            })
+        }
+    }
+}
+
+type Outcomes = Pin<Box<dyn Stream<Item = Result<pb::DeliverTriggersResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl IngestService for Ingest {
@@ -20,35 +87,66 @@ impl IngestService for Ingest {
         &self,
         req: Request<pb::DeliverTriggerRequest>,
     ) -> Result<Response<pb::DeliverTriggerResponse>, Status> {
-        let r = req.into_inner();
-        let payload = match r.payload_source {
-            None => None,
-            Some(PayloadSource::Payload(s)) => Some(struct_to_json_checked("payload", s)?),
-            Some(PayloadSource::PayloadJson(text)) => Some(
-                serde_json::from_str(&text)
-                    .map_err(|e| Error::invalid("payload_json", format!("is not JSON: {e}")))?,
-            ),
-        };
-        let o = self
-            .service
-            .deliver(RawTrigger {
-                pack_id: r.pack_id,
-                r#ref: r.r#ref,
-                principal: r.principal,
-                land: r.land,
-                payload,
-                project: r.project,
-                trigger_id: r.trigger_id,
-                source: trigger_source_from(r.source),
-            })
-            .await?;
-        Ok(Response::new(pb::DeliverTriggerResponse {
-            disposition: disposition(&o) as i32,
-            drop_reason: o
-                .drop_reason
-                .map_or(pb::DropReason::Unspecified, drop_reason) as i32,
-            record_id: o.record_id.unwrap_or_default(),
-            duplicate: o.duplicate,
-        }))
+        let o = self.service.deliver(raw_trigger(req.into_inner())?).await?;
+        Ok(Response::new(response(o)))
     }
+
+    type DeliverTriggersStream = Outcomes;
+
+    /// Each trigger read is started at once as a task of its own, so one stream fills the
+    /// sink's batches; outcomes are sent in the order the triggers came, at most
+    /// STREAM_WINDOW of them in flight. A request that cannot be decoded ends the stream with
+    /// its status, after the outcomes of every trigger before it.
+    async fn deliver_triggers(
+        &self,
+        req: Request<Streaming<pb::DeliverTriggersRequest>>,
+    ) -> Result<Response<Self::DeliverTriggersStream>, Status> {
+        let mut inbound = req.into_inner();
+        let service = self.service.clone();
+        let (tx, mut pending) = mpsc::channel(STREAM_WINDOW);
+        tokio::spawn(async move {
+            let mut index: u64 = 0;
+            while let Some(item) = inbound.next().await {
+                let next = match item {
+                    Ok(r) => Ok(tokio::spawn(deliver_one(service.clone(), r.trigger))),
+                    Err(status) => Err(status),
+                };
+                let end = next.is_err();
+                if tx.send((index, next)).await.is_err() || end {
+                    break;
+                }
+                index += 1;
+            }
+        });
+        let outcomes = async_stream(move |out| async move {
+            while let Some((index, next)) = pending.recv().await {
+                let item = match next {
+                    Ok(task) => match task.await {
+                        Ok(result) => Ok(pb::DeliverTriggersResponse {
+                            index,
+                            result: Some(result),
+                        }),
+                        Err(_) => Err(Status::internal("internal error")),
+                    },
+                    Err(status) => Err(status),
+                };
+                let end = item.is_err();
+                if out.send(item).await.is_err() || end {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(outcomes))
+    }
+}
+
+/// A stream fed by a task through a channel of one: the task waits for each item to be taken.
+fn async_stream<F, Fut>(body: F) -> Outcomes
+where
+    F: FnOnce(mpsc::Sender<Result<pb::DeliverTriggersResponse, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(body(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }

@@ -6,7 +6,7 @@ use super::paging::{fingerprint, page_size, PageTokens, SEP};
 use super::pb::{self, record_service_server::RecordService};
 use super::policy::next_token;
 use crate::auth::{Caller, Role};
-use crate::domain::model::RecordFilter;
+use crate::domain::model::{Position, RecordFilter};
 use crate::error::Error;
 use crate::service::Service;
 
@@ -100,27 +100,38 @@ impl RecordService for Records {
         let after = match self.pages.decode(KIND, &fp, &r.page_token)? {
             None => None,
             Some(k) => {
-                let Some((t, id)) = k.split_once(SEP) else {
+                let Some((txid, seq)) = k.split_once(SEP) else {
                     return Err(bad_token("is malformed").into());
                 };
-                let t: i64 = t.parse().map_err(|_| bad_token("is malformed"))?;
-                Some((t, id.to_owned()))
+                Some(Position {
+                    txid: txid.parse().map_err(|_| bad_token("is malformed"))?,
+                    seq: seq.parse().map_err(|_| bad_token("is malformed"))?,
+                })
             }
         };
-        let mut records = self
+        let listed = self
             .service
             .list_records(&filter, after.as_ref(), size + 1)
             .await?;
-        let next_page_token = next_token(&mut records, size, |r| {
-            self.pages.encode(
-                KIND,
-                &fp,
-                &format!("{}{SEP}{}", r.received_time, r.record_id),
-            )
-        });
+        let mut records = listed.records;
+        let token = |p: Position| self.pages.encode(KIND, &fp, &format!("{}{SEP}{}", p.txid, p.seq));
+        let mut next_page_token = next_token(&mut records, size, |r| token(r.position));
+        // Writes still in flight may commit after this page: an ascending listing goes on
+        // from here (an empty page is possible) rather than end. Descending, they would come
+        // before its first page, as any later write does.
+        let end = token(records.last().map(|r| r.position).or(after).unwrap_or_default());
+        if next_page_token.is_empty() && !listed.settled && !filter.descending {
+            next_page_token = end.clone();
+        }
+        let resume_page_token = match (filter.descending, next_page_token.is_empty()) {
+            (true, _) => String::new(),
+            (false, false) => next_page_token.clone(),
+            (false, true) => end,
+        };
         Ok(Response::new(pb::ListRecordsResponse {
             records: records.iter().map(record).collect(),
             next_page_token,
+            resume_page_token,
         }))
     }
 

@@ -80,6 +80,7 @@ fn new_record(t: &Trigger, route: Route, binding_id: String) -> Record {
         project: t.project.clone(),
         trigger_id: t.trigger_id.clone(),
         received_time: 0,
+        position: Default::default(),
     }
 }
 

@@ -39,7 +39,13 @@ pub struct Limits {
     /// Longest a batch of records may take to commit; past it the batch's callers are told
     /// UNAVAILABLE and the writer starts over on a new connection (a database gone silent).
     pub batch_timeout: std::time::Duration,
+    /// Sink writers committing batches concurrently, each on a connection of its own
+    /// (PostgreSQL; SQLite has one writer).
+    pub sink_writers: usize,
 }
+
+/// Sink writers by default: enough to overlap commits on a PostgreSQL a network away.
+pub const DEFAULT_SINK_WRITERS: usize = 2;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -50,6 +56,7 @@ impl Default for Limits {
             hash_principals: false,
             max_json_depth: 32,
             batch_timeout: std::time::Duration::from_secs(30),
+            sink_writers: DEFAULT_SINK_WRITERS,
         }
     }
 }
@@ -89,7 +96,12 @@ impl Service {
             .drop_report_keys((drops::MAX_KEYS + DropReason::ALL.len()) as u64)
             .await?;
         let drops = DropLog::start(store.clone(), metrics.clone(), stored_keys);
-        let sink = Sink::start(store.clone(), metrics.clone(), limits.batch_timeout);
+        let sink = Sink::start(
+            store.clone(),
+            metrics.clone(),
+            limits.batch_timeout,
+            limits.sink_writers,
+        );
         if let Some(age) = limits.record_retention {
             retention::start(
                 store.clone(),

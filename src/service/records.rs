@@ -1,10 +1,10 @@
 //! Reads of the sink and the drop log. Reading changes nothing (§7.5.3).
 use super::{valid_id, valid_pack_id, Service};
 use crate::domain::decide::DropReason;
-use crate::domain::model::{DropReport, Record, RecordFilter};
+use crate::domain::model::{DropReport, RecordFilter};
 use crate::domain::names::{check_land, check_ref};
 use crate::error::{Error, Result};
-use crate::store::RecordCursor;
+use crate::store::{Listed, RecordCursor};
 
 impl Service {
     pub async fn list_records(
@@ -12,7 +12,7 @@ impl Service {
         f: &RecordFilter,
         after: Option<&RecordCursor>,
         limit: u64,
-    ) -> Result<Vec<Record>> {
+    ) -> Result<Listed> {
         if let Some(v) = &f.viewer {
             valid_id("viewer", v)?;
         }

@@ -209,6 +209,8 @@ pub mod records {
         pub project: Option<String>,
         pub producer_trigger_id: Option<String>,
         pub received_time: i64,
+        pub commit_txid: i64,
+        pub seq: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

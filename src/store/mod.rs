@@ -1,12 +1,13 @@
 //! The store: every SQL the service runs, behind one type, on SQLite or PostgreSQL.
 pub mod audit;
 pub mod entity;
+mod nodelay;
 mod packs;
 mod policy;
 mod records;
 mod sink;
 
-pub use records::RecordCursor;
+pub use records::{Listed, RecordCursor};
 pub use sink::{Sink, Stored, MAX_BATCH};
 
 use sea_orm::sqlx;
@@ -20,6 +21,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::config::StoreConfig;
 use crate::error::Error;
 use hcp_sense_migration::{Migrator, MigratorTrait};
+
+/// Longest a PostgreSQL session may sit in a transaction waiting for this service.
+const IDLE_IN_TRANSACTION: &str = "10s";
+
+/// A pooled PostgreSQL connection idle for longer is pinged before it is used.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// Longest an idle PostgreSQL connection may take to answer a ping before it is replaced.
 const IDLE_PING: Duration = Duration::from_millis(500);
@@ -78,7 +85,7 @@ impl Store {
             url.push(if url.contains('?') { '&' } else { '?' });
             url.push_str("mode=rwc");
         }
-        let mut opts = ConnectOptions::new(url);
+        let mut opts = ConnectOptions::new(url.clone());
         opts.sqlx_logging(false)
             .connect_timeout(Duration::from_secs(5))
             .acquire_timeout(Duration::from_secs(2));
@@ -92,15 +99,35 @@ impl Store {
                     });
             }
             Engine::Postgres => {
+                // A session left in a transaction by a client gone silent holds its locks and,
+                // for listings, the visibility horizon; PostgreSQL ends it after this long.
+                opts.map_sqlx_postgres_opts(|o| {
+                    o.options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION)])
+                });
+                let port = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url)
+                    .map(|o| o.get_port())
+                    .unwrap_or(5432);
                 opts.max_connections(cfg.max_connections.unwrap_or(8))
-                    .map_sqlx_postgres_pool_opts(|o| {
+                    .map_sqlx_postgres_pool_opts(move |o| {
+                        let o = o.after_connect(move |_, _| {
+                            Box::pin(async move {
+                                nodelay::set_on_sockets_to(port);
+                                Ok(())
+                            })
+                        });
                         // Ping an idle connection before use, as sqlx does by default, but give
                         // up on it after IDLE_PING rather than at the acquire timeout: after a
                         // failover every idle connection is silent, and each would otherwise
                         // cost a whole acquire timeout before a new one is opened.
-                        o.test_before_acquire(false).before_acquire(|conn, _| {
+                        // A connection used within the last PING_AFTER_IDLE is taken as is: the
+                        // sink's writers reuse theirs hundreds of times a second, and a ping
+                        // would add a round trip to every batch.
+                        o.test_before_acquire(false).before_acquire(|conn, meta| {
                             Box::pin(async move {
                                 use sqlx::Connection;
+                                if meta.idle_for < PING_AFTER_IDLE {
+                                    return Ok(true);
+                                }
                                 // An error (not `false`) has sqlx drop the connection at once
                                 // instead of closing it politely over the silent socket.
                                 match tokio::time::timeout(IDLE_PING, conn.ping()).await {
@@ -235,14 +262,23 @@ impl Store {
         Ok(WriteTxn { txn, _turn: turn })
     }
 
-    /// Begins a write to the sink. On PostgreSQL sink writers also take a
-    /// transaction-scoped advisory lock, so that records commit in the order
-    /// they are stamped, across writers and replicas.
-    pub(crate) async fn begin_sink_write(&self) -> Result<WriteTxn, Error> {
+    /// Begins a write that reads a Binding and then writes it: on PostgreSQL it first takes a
+    /// transaction-scoped advisory lock on the (principal, pack) key, so two replicas writing
+    /// the same Binding take turns even when no row exists yet to lock. (Ids hold no control
+    /// characters, so the newline joining the two keys is unambiguous.)
+    pub(crate) async fn begin_binding_write(
+        &self,
+        principal: &str,
+        pack_id: &str,
+    ) -> Result<WriteTxn, Error> {
         let w = self.begin_write().await?;
         if self.engine() == Engine::Postgres {
             w.txn
-                .execute_unprepared(&format!("SELECT pg_advisory_xact_lock({SINK_LOCK})"))
+                .execute_raw(sea_orm::Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                    [BINDING_LOCK.into(), format!("{principal}\n{pack_id}").into()],
+                ))
                 .await
                 .map_err(classify)?;
         }
@@ -285,22 +321,13 @@ impl WriteTxn {
 /// The PostgreSQL channel of policy changes; the payload is the pack id.
 pub const POLICY_CHANNEL: &str = "hcp_sense_policy";
 
-/// The advisory lock key of sink writes ("hcp_sens").
-const SINK_LOCK: i64 = 0x6863_705f_7365_6e73;
+/// The advisory lock class of Binding writes ("hcpb"); the second key is the Binding's hash.
+const BINDING_LOCK: i32 = 0x6863_7062;
 
-/// Gives a record its receive time and id at the moment it is written. Times
-/// strictly increase within the process, so (time, id) keys follow write order.
+/// Gives a record its receive time and id as it is written. The time is data, not order:
+/// a record's place in listings is its position, which the store assigns in commit order.
 pub(crate) fn stamp(r: &mut crate::domain::model::Record) {
-    use std::sync::atomic::{AtomicI64, Ordering};
-    static LAST: AtomicI64 = AtomicI64::new(0);
-    let now = now_micros();
-    let prev = LAST.fetch_max(now, Ordering::AcqRel);
-    let t = if prev >= now {
-        LAST.fetch_add(1, Ordering::AcqRel) + 1
-    } else {
-        now
-    };
-    r.received_time = t;
+    r.received_time = now_micros();
     r.record_id = uuid::Uuid::now_v7().to_string();
 }
 

@@ -455,8 +455,7 @@ impl Store {
         b: &Binding,
         produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
     ) -> Result<(T, Option<Record>)> {
-        // The sink's turn: a record may be written, and records commit in stamp order.
-        let w = self.begin_sink_write().await?;
+        let w = self.begin_binding_write(&b.principal, &b.pack_id).await?;
         let before = locked_binding(&w, &b.principal, &b.pack_id).await?;
         let (produced, mut record) = produce(before.as_ref());
         bindings::Entity::insert(bindings::ActiveModel {
@@ -481,8 +480,7 @@ impl Store {
         .await
         .map_err(classify)?;
         if let Some(r) = record.as_mut() {
-            super::stamp(r);
-            super::records::insert_records(&w.txn, std::slice::from_ref(r)).await?;
+            super::sink::write_records(&w.txn, self.engine(), std::slice::from_mut(r)).await?;
         }
         super::audit::record(
             &w.txn,
@@ -504,7 +502,7 @@ impl Store {
         pack_id: &str,
         produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
     ) -> Result<(T, Option<Record>)> {
-        let w = self.begin_sink_write().await?;
+        let w = self.begin_binding_write(principal, pack_id).await?;
         let before = locked_binding(&w, principal, pack_id).await?;
         let (produced, mut record) = produce(before.as_ref());
         let Some(before) = before else {
@@ -515,8 +513,7 @@ impl Store {
             .await
             .map_err(classify)?;
         if let Some(r) = record.as_mut() {
-            super::stamp(r);
-            super::records::insert_records(&w.txn, std::slice::from_ref(r)).await?;
+            super::sink::write_records(&w.txn, self.engine(), std::slice::from_mut(r)).await?;
         }
         super::audit::record(
             &w.txn,

@@ -1,32 +1,16 @@
 //! The sink and the drop log: records written and read with keyset pagination, drop counts upserted.
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict, Query};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait,
+    QueryFilter, QueryOrder, QuerySelect, Statement,
 };
 
 use super::entity::{drop_reports, project_members, records};
-use super::{classify, Store};
+use super::{classify, Engine, Store};
 use crate::domain::decide::{DropReason, BRAIN};
-use crate::domain::model::{DropReport, Record, RecordFilter};
+use crate::domain::model::{DropReport, Position, Record, RecordFilter};
 use crate::domain::policy::Route;
 use crate::error::{Error, Result};
-
-pub(super) fn active(r: &Record) -> records::ActiveModel {
-    records::ActiveModel {
-        record_id: Set(r.record_id.clone()),
-        principal: Set(r.principal.clone()),
-        binding_id: Set(r.binding_id.clone()),
-        land: Set(r.land.clone()),
-        pack_id: Set(r.pack_id.clone()),
-        r#ref: Set(r.r#ref.clone()),
-        payload: Set(serde_json::Value::Object(r.payload.clone()).to_string()),
-        route: Set(r.route.as_str().to_owned()),
-        project: Set(r.project.clone()),
-        producer_trigger_id: Set(r.trigger_id.clone()),
-        received_time: Set(r.received_time),
-    }
-}
 
 fn record(m: records::Model) -> Result<Record> {
     let payload = match serde_json::from_str(&m.payload) {
@@ -45,23 +29,27 @@ fn record(m: records::Model) -> Result<Record> {
         project: m.project,
         trigger_id: m.producer_trigger_id,
         received_time: m.received_time,
+        position: Position {
+            txid: m.commit_txid,
+            seq: m.seq,
+        },
     })
 }
 
-/// Inserts records in one statement.
-pub(crate) async fn insert_records(db: &impl ConnectionTrait, rs: &[Record]) -> Result<()> {
-    if rs.is_empty() {
-        return Ok(());
-    }
-    records::Entity::insert_many(rs.iter().map(active))
-        .exec_without_returning(db)
-        .await
-        .map_err(classify)?;
-    Ok(())
+/// A position in a record listing: that of the last record returned.
+pub type RecordCursor = Position;
+
+/// A page of records, and whether it is settled: false when writes in flight as the listing
+/// began had not ended, so records may still commit at positions after the page's.
+#[derive(Debug)]
+pub struct Listed {
+    pub records: Vec<Record>,
+    pub settled: bool,
 }
 
-/// A position in a record listing: (received_time, record_id) of the last record returned.
-pub type RecordCursor = (i64, String);
+/// How long a PostgreSQL listing waits for writes in flight when it starts to commit or end,
+/// so that a record acknowledged before the call is listed (see `horizon`).
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Store {
     /// Deletes up to `limit` of the oldest records received before `cutoff`; returns how many.
@@ -75,7 +63,8 @@ impl Store {
                         .column(C::RecordId)
                         .from(records::Entity)
                         .and_where(Expr::col(C::ReceivedTime).lt(cutoff))
-                        .order_by(C::ReceivedTime, sea_orm::Order::Asc)
+                        .order_by(C::CommitTxid, sea_orm::Order::Asc)
+                        .order_by(C::Seq, sea_orm::Order::Asc)
                         .limit(limit)
                         .to_owned(),
                 ),
@@ -87,14 +76,16 @@ impl Store {
         Ok(r.rows_affected)
     }
 
-    /// Records matching the filter, in receive order (or reverse), after the cursor.
+    /// Records matching the filter, in position order (or reverse), after the cursor.
     /// Brain records need the viewer's membership in their project, checked in the same query.
+    /// On PostgreSQL only records below the horizon are listed: every transaction that could
+    /// still commit a record at a lower position has ended, so a cursor never passes one.
     pub async fn list_records(
         &self,
         f: &RecordFilter,
         after: Option<&RecordCursor>,
         limit: u64,
-    ) -> Result<Vec<Record>> {
+    ) -> Result<Listed> {
         use records::Column as C;
         let mut q = records::Entity::find();
         if let Some(v) = &f.principal {
@@ -134,10 +125,14 @@ impl Store {
             ),
         };
         q = q.filter(visible);
-        if let Some((t, id)) = after {
+        let (horizon, settled) = self.horizon().await?;
+        if let Some(horizon) = horizon {
+            q = q.filter(C::CommitTxid.lt(horizon));
+        }
+        if let Some(p) = after {
             // A row-value comparison, which both engines answer with an index range scan.
-            let key = Expr::tuple([Expr::col(C::ReceivedTime), Expr::col(C::RecordId)]);
-            let cursor = Expr::tuple([Expr::val(*t), Expr::val(id.as_str())]);
+            let key = Expr::tuple([Expr::col(C::CommitTxid), Expr::col(C::Seq)]);
+            let cursor = Expr::tuple([Expr::val(p.txid), Expr::val(p.seq)]);
             q = q.filter(if f.descending {
                 key.lt(cursor)
             } else {
@@ -145,17 +140,55 @@ impl Store {
             });
         }
         q = if f.descending {
-            q.order_by_desc(C::ReceivedTime).order_by_desc(C::RecordId)
+            q.order_by_desc(C::CommitTxid).order_by_desc(C::Seq)
         } else {
-            q.order_by_asc(C::ReceivedTime).order_by_asc(C::RecordId)
+            q.order_by_asc(C::CommitTxid).order_by_asc(C::Seq)
         };
-        q.limit(limit)
+        let records = q
+            .limit(limit)
             .all(&self.db)
             .await
             .map_err(classify)?
             .into_iter()
             .map(record)
-            .collect()
+            .collect::<Result<_>>()?;
+        Ok(Listed { records, settled })
+    }
+
+    /// PostgreSQL's visibility horizon as a transaction id: every transaction with a lower id
+    /// has ended, and every one still to commit has this id or higher (`None` on SQLite, whose
+    /// one writer commits in position order). Writes in flight when the call starts are given
+    /// up to `SETTLE` to end first, so a record acknowledged before the call is not held back
+    /// by a concurrent batch; past it the listing returns what is settled and the rest follows
+    /// on later pages. The flag tells whether every write in flight at the start had ended.
+    async fn horizon(&self) -> Result<(Option<i64>, bool)> {
+        if self.engine() != Engine::Postgres {
+            return Ok((None, true));
+        }
+        let read = || async {
+            let row = self
+                .db
+                .query_one_raw(Statement::from_string(
+                    DbBackend::Postgres,
+                    "SELECT pg_snapshot_xmin(s)::text::bigint AS lo, pg_snapshot_xmax(s)::text::bigint AS hi \
+                     FROM pg_current_snapshot() AS s",
+                ))
+                .await
+                .map_err(classify)?
+                .ok_or_else(|| Error::Internal("no snapshot".into()))?;
+            let lo: i64 = row.try_get("", "lo").map_err(classify)?;
+            let hi: i64 = row.try_get("", "hi").map_err(classify)?;
+            Ok::<_, Error>((lo, hi))
+        };
+        let (mut lo, target) = read().await?;
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        let mut pause = std::time::Duration::from_micros(500);
+        while lo < target && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(20));
+            lo = read().await?.0;
+        }
+        Ok((Some(lo), lo >= target))
     }
 
     /// Adds counts to the drop log in one transaction: `count` is added, `first_seen` kept, `last_seen` advanced.

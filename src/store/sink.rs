@@ -1,9 +1,8 @@
 //! Durable group commit of records: concurrent deliveries are written together, one multi-row INSERT per batch in one transaction, and each caller is answered only after its batch commits.
 use std::sync::Arc;
 
-use sea_orm::{
-    ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter, QuerySelect, Statement,
-};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::entity::records;
@@ -41,16 +40,15 @@ impl std::fmt::Debug for Job {
     }
 }
 
-const INSERT_SQLITE: &str = "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time) \
-     SELECT json_extract(value, '$.record_id'), json_extract(value, '$.principal'), json_extract(value, '$.binding_id'), \
-            json_extract(value, '$.land'), json_extract(value, '$.pack_id'), json_extract(value, '$.ref'), \
-            json_extract(value, '$.payload'), json_extract(value, '$.route'), json_extract(value, '$.project'), \
-            json_extract(value, '$.producer_trigger_id'), json_extract(value, '$.received_time') \
-     FROM json_each(?) WHERE true \
-     ON CONFLICT (pack_id, producer_trigger_id) DO NOTHING";
+/// Columns every record insert names, in the order of the statements below.
+const COLUMNS: &str = "record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time";
 
-const INSERT_POSTGRES: &str = "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time) \
-     SELECT record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time \
+/// PostgreSQL: the whole batch as one JSON parameter of one fixed statement, prepared once per
+/// connection and one round trip. `commit_txid` is the writing transaction's id, taken once;
+/// `seq` comes from the sequence's default.
+const INSERT_POSTGRES: &str = "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time, commit_txid) \
+     SELECT record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time, \
+            (SELECT pg_current_xact_id()::text::bigint) \
      FROM jsonb_to_recordset($1::jsonb) AS x(record_id text, principal text, binding_id text, land text, pack_id text, ref text, \
           payload text, route text, project text, producer_trigger_id text, received_time bigint) \
      ON CONFLICT (pack_id, producer_trigger_id) DO NOTHING";
@@ -61,31 +59,42 @@ pub const MAX_BATCH: usize = 512;
 const QUEUE: usize = 16 * MAX_BATCH;
 
 impl Sink {
-    /// Starts the writer. There is one: records are stamped with their receive
-    /// time and id inside the write, so commit order is key order and a
-    /// ListRecords cursor never passes a record that commits later. It runs on
-    /// a thread and runtime of its own, with a connection of its own, so a
-    /// busy gRPC runtime never delays a commit that a whole batch waits for.
-    pub fn start(store: Store, metrics: Arc<Metrics>, batch_timeout: std::time::Duration) -> Sink {
+    /// Starts `writers` writers, each on a thread and runtime of its own with a connection of
+    /// its own, so a busy gRPC runtime never delays a commit that a whole batch waits for. They
+    /// take batches from one queue and commit independently: the store, not a lock, orders
+    /// their records (see `Position`). SQLite has one writer whatever is asked.
+    pub fn start(
+        store: Store,
+        metrics: Arc<Metrics>,
+        batch_timeout: std::time::Duration,
+        writers: usize,
+    ) -> Sink {
         let (tx, rx) = mpsc::channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
-        let spawned = std::thread::Builder::new()
-            .name("hcp-sense-sink".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        tracing::error!(error = %e, "sink runtime did not start");
-                        return;
-                    }
-                };
-                rt.block_on(write_batches(&store, rx, metrics, batch_timeout));
-            });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "sink thread did not start");
+        let writers = match store.engine() {
+            Engine::Sqlite => 1,
+            Engine::Postgres => writers.max(1),
+        };
+        for n in 0..writers {
+            let (store, rx, metrics) = (store.clone(), rx.clone(), metrics.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("hcp-sense-sink-{n}"))
+                .spawn(move || {
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            tracing::error!(error = %e, "sink runtime did not start");
+                            return;
+                        }
+                    };
+                    rt.block_on(write_batches(&store, rx, metrics, batch_timeout));
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "sink thread did not start");
+            }
         }
         Sink { tx }
     }
@@ -189,100 +198,236 @@ async fn write_batches(
 }
 
 impl Store {
-    /// Inserts a batch in one transaction, stamping each record's receive time
-    /// and id inside it. Records whose (pack, trigger id) is already stored, or
-    /// repeated earlier in the batch, are not inserted and come back as the
-    /// first record (or as a conflict when that was a different trigger).
+    /// Writes a batch atomically (see `write_records`). On PostgreSQL the batch is one
+    /// statement in its own transaction: one round trip, committed when it answers.
     pub async fn insert_batch(&self, rs: &mut [Record]) -> Result<Vec<Stored>> {
-        use records::Column as C;
-        let w = self.begin_sink_write().await?;
-        for r in rs.iter_mut() {
-            super::stamp(r);
+        match self.engine() {
+            Engine::Postgres => write_records(&self.db, Engine::Postgres, rs).await,
+            Engine::Sqlite => {
+                let w = self.begin_write().await?;
+                let stored = write_records(&w.txn, Engine::Sqlite, rs).await?;
+                w.commit().await?;
+                Ok(stored)
+            }
         }
-        // The whole batch travels as one JSON parameter of one fixed statement:
-        // prepared once per connection, parsed by the database, one round trip.
-        let rows: Vec<serde_json::Value> = rs
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "record_id": r.record_id,
-                    "principal": r.principal,
-                    "binding_id": r.binding_id,
-                    "land": r.land,
-                    "pack_id": r.pack_id,
-                    "ref": r.r#ref,
-                    "payload": serde_json::Value::Object(r.payload.clone()).to_string(),
-                    "route": r.route.as_str(),
-                    "project": r.project,
-                    "producer_trigger_id": r.trigger_id,
-                    "received_time": r.received_time,
-                })
-            })
-            .collect();
-        let batch = serde_json::Value::Array(rows).to_string();
-        let backend = w.txn.get_database_backend();
-        let sql = match self.engine() {
-            Engine::Sqlite => INSERT_SQLITE,
-            Engine::Postgres => INSERT_POSTGRES,
-        };
-        w.txn
-            .execute_raw(Statement::from_sql_and_values(backend, sql, [batch.into()]))
+    }
+}
+
+/// Writes records, stamping each one's receive time and id: in the caller's transaction, or
+/// on PostgreSQL also as one statement of its own. Records whose (pack, trigger id) is already
+/// stored, or repeated earlier in the batch, are not inserted and come back as the first
+/// record (or as a conflict when that was a different trigger). The first records are looked
+/// up only when the insert skipped a row.
+pub(crate) async fn write_records(
+    db: &impl ConnectionTrait,
+    engine: Engine,
+    rs: &mut [Record],
+) -> Result<Vec<Stored>> {
+    if rs.is_empty() {
+        return Ok(Vec::new());
+    }
+    for r in rs.iter_mut() {
+        super::stamp(r);
+    }
+    let inserted = match engine {
+        Engine::Postgres => insert_postgres(db, rs).await?,
+        Engine::Sqlite => insert_sqlite(db, rs).await?,
+    };
+    let firsts = if inserted == rs.len() as u64 {
+        Vec::new()
+    } else {
+        firsts(db, rs).await?
+    };
+    rs.iter()
+        .map(|r| {
+            let inserted = Stored::Inserted {
+                record_id: r.record_id.clone(),
+            };
+            let Some(t) = r.trigger_id.as_deref() else {
+                return Ok(inserted);
+            };
+            match firsts.iter().find(|f| f.0 == r.pack_id && f.1 == t) {
+                None if firsts.is_empty() => Ok(inserted),
+                Some(f) if f.2 == r.record_id => Ok(inserted),
+                Some(f) if f.4 != r.principal || f.5 != r.r#ref || f.6 != r.land => {
+                    Ok(Stored::Conflict)
+                }
+                Some(f) => Ok(Stored::Duplicate {
+                    record_id: f.2.clone(),
+                    route: Route::parse(&f.3)
+                        .ok_or_else(|| Error::Internal("bad stored route".into()))?,
+                }),
+                // The first record went (retention) between the insert and the lookup.
+                None => Err(Error::Unavailable(
+                    "the trigger's first record was removed as it was looked up; retry".into(),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// A record as the PostgreSQL insert reads it from the batch's JSON.
+#[derive(serde::Serialize)]
+struct Row<'a> {
+    record_id: &'a str,
+    principal: &'a str,
+    binding_id: &'a str,
+    land: &'a str,
+    pack_id: &'a str,
+    r#ref: &'a str,
+    payload: String,
+    route: &'a str,
+    project: Option<&'a str>,
+    producer_trigger_id: Option<&'a str>,
+    received_time: i64,
+}
+
+/// One statement, one round trip; returns how many rows it inserted. Rows go in (pack,
+/// trigger id) order, so concurrent writers take unique-key locks in one order and never
+/// deadlock on them.
+async fn insert_postgres(db: &impl ConnectionTrait, rs: &[Record]) -> Result<u64> {
+    let mut order: Vec<&Record> = rs.iter().collect();
+    order.sort_by(|a, b| (&a.pack_id, &a.trigger_id).cmp(&(&b.pack_id, &b.trigger_id)));
+    let rows: Vec<Row<'_>> = order
+        .iter()
+        .map(|r| Row {
+            record_id: &r.record_id,
+            principal: &r.principal,
+            binding_id: &r.binding_id,
+            land: &r.land,
+            pack_id: &r.pack_id,
+            r#ref: &r.r#ref,
+            payload: payload_text(r),
+            route: r.route.as_str(),
+            project: r.project.as_deref(),
+            producer_trigger_id: r.trigger_id.as_deref(),
+            received_time: r.received_time,
+        })
+        .collect();
+    let batch = serde_json::to_string(&rows)
+        .map_err(|e| Error::Internal(format!("batch not encoded: {e}")))?;
+    let done = db
+        .execute_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            INSERT_POSTGRES,
+            [batch.into()],
+        ))
+        .await
+        .map_err(classify)?;
+    Ok(done.rows_affected())
+}
+
+/// SQLite: its one writer takes `seq` numbers from a counter inside the transaction, then
+/// inserts with bound values in chunks of power-of-two sizes, so a handful of prepared
+/// statements serve every batch size.
+async fn insert_sqlite(txn: &impl ConnectionTrait, rs: &[Record]) -> Result<u64> {
+    let n = rs.len() as i64;
+    let row = txn
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            "UPDATE record_sequence SET next = next + ? WHERE name = 'records' RETURNING next",
+            [n.into()],
+        ))
+        .await
+        .map_err(classify)?
+        .ok_or_else(|| Error::Internal("the record sequence is missing".into()))?;
+    let next: i64 = row.try_get("", "next").map_err(classify)?;
+    let mut seq = next - n;
+    let mut inserted = 0;
+    let mut rest = rs;
+    while !rest.is_empty() {
+        let take = 1usize << (usize::BITS - 1 - rest.len().min(SQLITE_CHUNK).leading_zeros());
+        let (chunk, tail) = rest.split_at(take);
+        rest = tail;
+        let mut values = Vec::with_capacity(chunk.len() * 12);
+        for r in chunk {
+            values.extend([
+                r.record_id.as_str().into(),
+                r.principal.as_str().into(),
+                r.binding_id.as_str().into(),
+                r.land.as_str().into(),
+                r.pack_id.as_str().into(),
+                r.r#ref.as_str().into(),
+                payload_text(r).into(),
+                r.route.as_str().into(),
+                r.project.clone().into(),
+                r.trigger_id.clone().into(),
+                r.received_time.into(),
+                seq.into(),
+            ]);
+            seq += 1;
+        }
+        let done = txn
+            .execute_raw(Statement::from_sql_and_values(
+                DbBackend::Sqlite,
+                sqlite_insert(take),
+                values,
+            ))
             .await
             .map_err(classify)?;
-        let keyed: Vec<(&str, &str)> = rs
-            .iter()
-            .filter_map(|r| r.trigger_id.as_deref().map(|t| (r.pack_id.as_str(), t)))
-            .collect();
-        type First = (String, String, String, String, String, String, String);
-        let mut firsts: Vec<First> = Vec::new();
-        if !keyed.is_empty() {
-            let mut any = Condition::any();
-            for (pack, trigger) in &keyed {
-                any = any.add(
-                    Condition::all()
-                        .add(C::PackId.eq(*pack))
-                        .add(C::ProducerTriggerId.eq(*trigger)),
-                );
-            }
-            firsts = records::Entity::find()
-                .select_only()
-                .columns([
-                    C::PackId,
-                    C::ProducerTriggerId,
-                    C::RecordId,
-                    C::Route,
-                    C::Principal,
-                    C::Ref,
-                    C::Land,
-                ])
-                .filter(any)
-                .into_tuple()
-                .all(&w.txn)
-                .await
-                .map_err(classify)?;
-        }
-        w.commit().await?;
-        rs.iter()
-            .map(|r| {
-                let inserted = Stored::Inserted {
-                    record_id: r.record_id.clone(),
-                };
-                let Some(t) = r.trigger_id.as_deref() else {
-                    return Ok(inserted);
-                };
-                match firsts.iter().find(|f| f.0 == r.pack_id && f.1 == t) {
-                    Some(f) if f.2 == r.record_id => Ok(inserted),
-                    Some(f) if f.4 != r.principal || f.5 != r.r#ref || f.6 != r.land => {
-                        Ok(Stored::Conflict)
-                    }
-                    Some(f) => Ok(Stored::Duplicate {
-                        record_id: f.2.clone(),
-                        route: Route::parse(&f.3)
-                            .ok_or_else(|| Error::Internal("bad stored route".into()))?,
-                    }),
-                    None => Err(Error::Internal("a batched record is missing".into())),
-                }
+        inserted += done.rows_affected();
+    }
+    Ok(inserted)
+}
+
+/// The payload as stored: JSON text.
+fn payload_text(r: &Record) -> String {
+    // A map of JSON values always serializes.
+    serde_json::to_string(&r.payload).unwrap_or_default()
+}
+
+/// Most rows in one SQLite insert statement (12 values each, well under SQLite's 32,766).
+const SQLITE_CHUNK: usize = 256;
+
+/// The SQLite insert of `rows` rows, built once per size.
+fn sqlite_insert(rows: usize) -> &'static str {
+    use std::sync::OnceLock;
+    static STATEMENTS: OnceLock<Vec<String>> = OnceLock::new();
+    let all = STATEMENTS.get_or_init(|| {
+        (0..=SQLITE_CHUNK.trailing_zeros())
+            .map(|k| {
+                let row = "(?,?,?,?,?,?,?,?,?,?,?,?)";
+                format!(
+                    "INSERT INTO records ({COLUMNS}, seq) VALUES {} ON CONFLICT (pack_id, producer_trigger_id) DO NOTHING",
+                    vec![row; 1 << k].join(",")
+                )
             })
             .collect()
+    });
+    &all[rows.trailing_zeros() as usize]
+}
+
+/// The stored (pack, trigger id, record id, route, principal, ref, land) of every record in
+/// the batch that carries a trigger id.
+async fn firsts(
+    txn: &impl ConnectionTrait,
+    rs: &[Record],
+) -> Result<Vec<(String, String, String, String, String, String, String)>> {
+    use records::Column as C;
+    let keys: Vec<(String, String)> = rs
+        .iter()
+        .filter_map(|r| r.trigger_id.clone().map(|t| (r.pack_id.clone(), t)))
+        .collect();
+    if keys.is_empty() {
+        return Ok(Vec::new());
     }
+    records::Entity::find()
+        .select_only()
+        .columns([
+            C::PackId,
+            C::ProducerTriggerId,
+            C::RecordId,
+            C::Route,
+            C::Principal,
+            C::Ref,
+            C::Land,
+        ])
+        .filter(
+            Expr::tuple([Expr::col(C::PackId), Expr::col(C::ProducerTriggerId)])
+                .in_tuples(keys),
+        )
+        .into_tuple()
+        .all(txn)
+        .await
+        .map_err(classify)
 }

@@ -11,6 +11,7 @@ mod contract;
 mod deploy;
 mod migrations;
 mod packs;
+mod position;
 mod security;
 mod sense;
 mod telemetry;
