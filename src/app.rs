@@ -89,6 +89,15 @@ impl App {
                 );
             }
         }
+        if config.migrate {
+            let moved = store.adopt_copied_positions().await?;
+            if moved > 0 {
+                tracing::warn!(
+                    records = moved,
+                    "records carried transaction ids of another PostgreSQL cluster; they now list ahead of every record written here"
+                );
+            }
+        }
         let pages = PageTokens::new(config.page_token_secret.as_deref());
         let mut auth = Authenticator::from_config(&config.auth)?;
         if let Some(tls) = config.tls.as_ref().filter(|t| t.client_ca_file.is_some()) {
@@ -327,10 +336,8 @@ impl App {
                 .max_decoding_message_size(max),
             )
             .add_service(
-                IngestServiceServer::new(Ingest {
-                    service: self.service.clone(),
-                })
-                .max_decoding_message_size(max),
+                IngestServiceServer::new(Ingest::new(self.service.clone()))
+                    .max_decoding_message_size(max),
             )
             .add_service(
                 RecordServiceServer::new(Records {

@@ -599,8 +599,12 @@ async fn seed_records(store: &Store, n: usize, base: i64) -> anyhow::Result<Vec<
     }
     // New records number on from the seeded ones.
     db.execute_unprepared(match store.engine() {
-        crate::store::Engine::Sqlite => "UPDATE record_sequence SET next = (SELECT max(seq) + 1 FROM records)",
-        crate::store::Engine::Postgres => "SELECT setval('records_seq', (SELECT max(seq) + 1 FROM records), false)",
+        crate::store::Engine::Sqlite => {
+            "UPDATE record_sequence SET next = (SELECT max(seq) + 1 FROM records)"
+        }
+        crate::store::Engine::Postgres => {
+            "SELECT setval('records_seq', (SELECT max(seq) + 1 FROM records), false)"
+        }
     })
     .await?;
     Ok(marks)
@@ -815,7 +819,7 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
                 .last()
                 .map(|(txid, seq)| {
                     PageTokens::new(Some(BENCH_TOKEN_SECRET)).encode(
-                        "records",
+                        "records@position",
                         &fp,
                         &format!("{txid}{SEP}{seq}"),
                     )
@@ -909,7 +913,10 @@ pub async fn run(o: BenchOptions) -> anyhow::Result<()> {
     }
     if let Some(path) = &o.json {
         let rows = RESULTS.lock().map(|r| r.clone()).unwrap_or_default();
-        std::fs::write(path, serde_json::to_string_pretty(&json!({ "results": rows }))?)?;
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&json!({ "results": rows }))?,
+        )?;
     }
     Ok(())
 }
@@ -937,7 +944,11 @@ impl Writer {
                 let le = k
                     .strip_prefix("hcp_sense_sink_commit_duration_seconds_bucket{le=\"")?
                     .strip_suffix("\"}")?;
-                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
                 Some((le, d(k)))
             })
             .collect();
@@ -1006,7 +1017,9 @@ async fn stream(chs: &[Channel], o: &BenchOptions) -> Phase {
                         let at = sent.lock().ok().and_then(|mut q| q.pop_front());
                         match (a.result, at) {
                             (
-                                Some(crate::grpc::pb::deliver_triggers_response::Result::Outcome(_)),
+                                Some(crate::grpc::pb::deliver_triggers_response::Result::Outcome(
+                                    _,
+                                )),
                                 Some(t),
                             ) => lat.push(t.elapsed().as_micros() as u64),
                             _ => errors += 1,
@@ -1067,7 +1080,9 @@ async fn writers_compare(o: &BenchOptions) -> anyhow::Result<()> {
             lo.0,
             hi.1 / lo.1
         );
-        result(json!({ "phase": "writers compare", "delay_ms": o.postgres_delay_ms, "concurrency": c, "rates": rates }));
+        result(
+            json!({ "phase": "writers compare", "delay_ms": o.postgres_delay_ms, "concurrency": c, "rates": rates }),
+        );
     }
     db.drop_db().await;
     Ok(())
@@ -1157,8 +1172,16 @@ async fn store_limit(kind: &str, o: &BenchOptions) -> anyhow::Result<f64> {
                     producer_trigger_id: Set(None),
                     received_time: Set(now_micros()),
                     // PostgreSQL fills both from their defaults, as the sink's insert does.
-                    commit_txid: if sqlite { Set(0) } else { sea_orm::ActiveValue::NotSet },
-                    seq: if sqlite { Set(j as i64 + 1) } else { sea_orm::ActiveValue::NotSet },
+                    commit_txid: if sqlite {
+                        Set(0)
+                    } else {
+                        sea_orm::ActiveValue::NotSet
+                    },
+                    seq: if sqlite {
+                        Set(j as i64 + 1)
+                    } else {
+                        sea_orm::ActiveValue::NotSet
+                    },
                 }
             })
             .collect();
@@ -1179,7 +1202,9 @@ async fn store_limit(kind: &str, o: &BenchOptions) -> anyhow::Result<f64> {
         "{kind:<9} store limit: {:.0} rows/s, {us:.1} us per row (multi-row INSERT of 256, one per transaction)",
         p.rate()
     );
-    result(json!({ "store": kind, "phase": "store limit", "rows_per_sec": p.rate(), "us_per_row": us }));
+    result(
+        json!({ "store": kind, "phase": "store limit", "rows_per_sec": p.rate(), "us_per_row": us }),
+    );
     store.close().await;
     db.drop_db().await;
     Ok(us)

@@ -29,12 +29,7 @@ impl MigrationTrait for Migration {
             m.alter_table(
                 Table::alter()
                     .table(Records::Table)
-                    .add_column(
-                        ColumnDef::new(col)
-                            .big_integer()
-                            .not_null()
-                            .default(0),
-                    )
+                    .add_column(ColumnDef::new(col).big_integer().not_null().default(0))
                     .to_owned(),
             )
             .await?;
@@ -80,6 +75,15 @@ impl MigrationTrait for Migration {
                 .await?;
                 db.execute_unprepared(
                     "INSERT INTO record_sequence (name, next) SELECT 'records', coalesce(max(seq), 0) + 1 FROM records",
+                )
+                .await?;
+                // A release from before positions, still serving during a rollout or after a
+                // rollback, inserts without `seq`: such a row takes the next number here.
+                db.execute_unprepared(
+                    "CREATE TRIGGER records_seq_default AFTER INSERT ON records WHEN NEW.seq = 0 BEGIN \
+                       UPDATE records SET seq = (SELECT next FROM record_sequence WHERE name = 'records') WHERE rowid = NEW.rowid; \
+                       UPDATE record_sequence SET next = next + 1 WHERE name = 'records'; \
+                     END",
                 )
                 .await?;
             }
@@ -147,15 +151,24 @@ impl MigrationTrait for Migration {
         .await?;
         let db = m.get_connection();
         if db.get_database_backend() == DbBackend::Postgres {
-            db.execute_unprepared("ALTER TABLE records ALTER COLUMN seq DROP DEFAULT; DROP SEQUENCE records_seq")
-                .await?;
+            db.execute_unprepared(
+                "ALTER TABLE records ALTER COLUMN seq DROP DEFAULT; DROP SEQUENCE records_seq",
+            )
+            .await?;
         } else {
+            db.execute_unprepared("DROP TRIGGER records_seq_default")
+                .await?;
             m.drop_table(Table::drop().table(RecordSequence::Table).to_owned())
                 .await?;
         }
         for col in [Records::CommitTxid, Records::Seq] {
-            m.alter_table(Table::alter().table(Records::Table).drop_column(col).to_owned())
-                .await?;
+            m.alter_table(
+                Table::alter()
+                    .table(Records::Table)
+                    .drop_column(col)
+                    .to_owned(),
+            )
+            .await?;
         }
         Ok(())
     }

@@ -1,7 +1,9 @@
 //! IngestService: DeliverTrigger and the DeliverTriggers stream, translated and handed to the decision.
 use std::pin::Pin;
 
-use tokio::sync::mpsc;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -19,9 +21,24 @@ use crate::service::Service;
 /// control instead of growing the server's memory.
 pub const STREAM_WINDOW: usize = 1024;
 
+/// Stream triggers in flight across every stream of the server: what bounds memory however
+/// many streams and connections there are (each trigger up to --max-payload-bytes).
+pub const STREAM_TRIGGERS_IN_FLIGHT: usize = 4096;
+
 #[derive(Clone, Debug)]
 pub struct Ingest {
     pub service: Service,
+    /// Shared by every DeliverTriggers stream (STREAM_TRIGGERS_IN_FLIGHT permits).
+    pub in_flight: Arc<Semaphore>,
+}
+
+impl Ingest {
+    pub fn new(service: Service) -> Ingest {
+        Ingest {
+            service,
+            in_flight: Arc::new(Semaphore::new(STREAM_TRIGGERS_IN_FLIGHT)),
+        }
+    }
 }
 
 /// The trigger a request carries, or the field it breaks.
@@ -58,7 +75,10 @@ fn response(o: Outcome) -> pb::DeliverTriggerResponse {
 }
 
 /// One trigger of a stream, decided and written exactly as DeliverTrigger would.
-async fn deliver_one(service: Service, r: Option<pb::DeliverTriggerRequest>) -> deliver_triggers_response::Result {
+async fn deliver_one(
+    service: Service,
+    r: Option<pb::DeliverTriggerRequest>,
+) -> deliver_triggers_response::Result {
     use deliver_triggers_response::Result as R;
     let outcome = match r {
         None => Err(Error::invalid("trigger", "is required")),
@@ -95,7 +115,9 @@ impl IngestService for Ingest {
 
     /// Each trigger read is started at once as a task of its own, so one stream fills the
     /// sink's batches; outcomes are sent in the order the triggers came, at most
-    /// STREAM_WINDOW of them in flight. A request that cannot be decoded ends the stream with
+    /// STREAM_WINDOW of them in flight per stream and STREAM_TRIGGERS_IN_FLIGHT in all. A
+    /// trigger whose (pack, trigger id) an earlier one in flight carries waits for it, so the
+    /// first sent is the one recorded. A request that cannot be decoded ends the stream with
     /// its status, after the outcomes of every trigger before it.
     async fn deliver_triggers(
         &self,
@@ -103,12 +125,39 @@ impl IngestService for Ingest {
     ) -> Result<Response<Self::DeliverTriggersStream>, Status> {
         let mut inbound = req.into_inner();
         let service = self.service.clone();
+        let in_flight = self.in_flight.clone();
         let (tx, mut pending) = mpsc::channel(STREAM_WINDOW);
         tokio::spawn(async move {
             let mut index: u64 = 0;
+            // The last trigger in flight for each (pack, trigger id), and whether it is done.
+            let mut keyed: HashMap<(String, String), watch::Receiver<bool>> = HashMap::new();
             while let Some(item) = inbound.next().await {
                 let next = match item {
-                    Ok(r) => Ok(tokio::spawn(deliver_one(service.clone(), r.trigger))),
+                    Ok(r) => {
+                        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                            break;
+                        };
+                        let key = r
+                            .trigger
+                            .as_ref()
+                            .filter(|t| !t.trigger_id.is_empty())
+                            .map(|t| (t.pack_id.clone(), t.trigger_id.clone()));
+                        let (done, done_rx) = watch::channel(false);
+                        let before = key.and_then(|k| keyed.insert(k, done_rx));
+                        if keyed.len() > 2 * STREAM_WINDOW {
+                            keyed.retain(|_, d| !*d.borrow());
+                        }
+                        let service = service.clone();
+                        Ok(tokio::spawn(async move {
+                            if let Some(mut before) = before {
+                                let _ = before.wait_for(|d| *d).await;
+                            }
+                            let result = deliver_one(service, r.trigger).await;
+                            let _ = done.send(true);
+                            drop(permit);
+                            result
+                        }))
+                    }
                     Err(status) => Err(status),
                 };
                 let end = next.is_err();

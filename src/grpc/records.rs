@@ -47,7 +47,9 @@ impl RecordService for Records {
         &self,
         req: Request<pb::ListRecordsRequest>,
     ) -> Result<Response<pb::ListRecordsResponse>, Status> {
-        const KIND: &str = "records";
+        // Positions, not receive times: a token of a release that paged by time is refused as
+        // not issued here, and this release's tokens are refused by such a release.
+        const KIND: &str = "records@position";
         let caller = req.extensions().get::<Caller>().cloned();
         let mut r = req.into_inner();
         // A reader reads as its own principal: the authenticated identity
@@ -114,12 +116,21 @@ impl RecordService for Records {
             .list_records(&filter, after.as_ref(), size + 1)
             .await?;
         let mut records = listed.records;
-        let token = |p: Position| self.pages.encode(KIND, &fp, &format!("{}{SEP}{}", p.txid, p.seq));
+        let token = |p: Position| {
+            self.pages
+                .encode(KIND, &fp, &format!("{}{SEP}{}", p.txid, p.seq))
+        };
         let mut next_page_token = next_token(&mut records, size, |r| token(r.position));
         // Writes still in flight may commit after this page: an ascending listing goes on
         // from here (an empty page is possible) rather than end. Descending, they would come
         // before its first page, as any later write does.
-        let end = token(records.last().map(|r| r.position).or(after).unwrap_or_default());
+        let end = token(
+            records
+                .last()
+                .map(|r| r.position)
+                .or(after)
+                .unwrap_or_default(),
+        );
         if next_page_token.is_empty() && !listed.settled && !filter.descending {
             next_page_token = end.clone();
         }

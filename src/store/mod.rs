@@ -111,7 +111,11 @@ impl Store {
                     .map_sqlx_postgres_pool_opts(move |o| {
                         let o = o.after_connect(move |_, _| {
                             Box::pin(async move {
-                                nodelay::set_on_sockets_to(port);
+                                // A scan of every descriptor: off the async workers.
+                                let _ = tokio::task::spawn_blocking(move || {
+                                    nodelay::set_on_sockets_to(port)
+                                })
+                                .await;
                                 Ok(())
                             })
                         });
@@ -277,7 +281,10 @@ impl Store {
                 .execute_raw(sea_orm::Statement::from_sql_and_values(
                     DbBackend::Postgres,
                     "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-                    [BINDING_LOCK.into(), format!("{principal}\n{pack_id}").into()],
+                    [
+                        BINDING_LOCK.into(),
+                        format!("{principal}\n{pack_id}").into(),
+                    ],
                 ))
                 .await
                 .map_err(classify)?;

@@ -28,7 +28,11 @@ pub fn set_on_sockets_to(port: u16) {
         return;
     };
     for entry in dir.flatten() {
-        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         let is_socket = std::fs::read_link(entry.path())

@@ -1,8 +1,8 @@
 //! The sink and the drop log: records written and read with keyset pagination, drop counts upserted.
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict, Query};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait,
-    QueryFilter, QueryOrder, QuerySelect, Statement,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, Statement,
 };
 
 use super::entity::{drop_reports, project_members, records};
@@ -49,10 +49,13 @@ pub struct Listed {
 
 /// How long a PostgreSQL listing waits for writes in flight when it starts to commit or end,
 /// so that a record acknowledged before the call is listed (see `horizon`).
-const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Store {
-    /// Deletes up to `limit` of the oldest records received before `cutoff`; returns how many.
+    /// Deletes, of the first `limit` records in position order, those received before
+    /// `cutoff`; returns how many. The scan is a range of the position index, never the
+    /// table: records come in position order about as they were received, and one whose
+    /// clock ran ahead only stays until its own time comes (the rest of the range goes).
     pub async fn prune_records(&self, cutoff: i64, limit: u64) -> Result<u64> {
         use records::Column as C;
         let w = self.begin_write().await?;
@@ -62,13 +65,13 @@ impl Store {
                     Query::select()
                         .column(C::RecordId)
                         .from(records::Entity)
-                        .and_where(Expr::col(C::ReceivedTime).lt(cutoff))
                         .order_by(C::CommitTxid, sea_orm::Order::Asc)
                         .order_by(C::Seq, sea_orm::Order::Asc)
                         .limit(limit)
                         .to_owned(),
                 ),
             )
+            .filter(C::ReceivedTime.lt(cutoff))
             .exec(&w.txn)
             .await
             .map_err(classify)?;
@@ -189,6 +192,26 @@ impl Store {
             lo = read().await?.0;
         }
         Ok((Some(lo), lo >= target))
+    }
+
+    /// Records copied from another PostgreSQL cluster (a restore, a logical replica promoted)
+    /// carry that cluster's transaction ids; those at or past this cluster's next id would
+    /// stay behind the horizon until its counter caught up. They are moved to transaction 0,
+    /// ahead of every record written here, keeping their sequence order. No record written on
+    /// this cluster can be touched: its id is below the next one. Returns how many moved.
+    pub async fn adopt_copied_positions(&self) -> Result<u64> {
+        if self.engine() != Engine::Postgres {
+            return Ok(0);
+        }
+        let done = self
+            .db
+            .execute_unprepared(
+                "UPDATE records SET commit_txid = 0 \
+                 WHERE commit_txid >= pg_snapshot_xmax(pg_current_snapshot())::text::bigint",
+            )
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected())
     }
 
     /// Adds counts to the drop log in one transaction: `count` is added, `first_seen` kept, `last_seen` advanced.

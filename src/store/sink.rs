@@ -233,21 +233,21 @@ pub(crate) async fn write_records(
         Engine::Postgres => insert_postgres(db, rs).await?,
         Engine::Sqlite => insert_sqlite(db, rs).await?,
     };
+    // None: every row was inserted and nothing was looked up.
     let firsts = if inserted == rs.len() as u64 {
-        Vec::new()
+        None
     } else {
-        firsts(db, rs).await?
+        Some(firsts(db, rs).await?)
     };
     rs.iter()
         .map(|r| {
             let inserted = Stored::Inserted {
                 record_id: r.record_id.clone(),
             };
-            let Some(t) = r.trigger_id.as_deref() else {
+            let (Some(t), Some(firsts)) = (r.trigger_id.as_deref(), &firsts) else {
                 return Ok(inserted);
             };
             match firsts.iter().find(|f| f.0 == r.pack_id && f.1 == t) {
-                None if firsts.is_empty() => Ok(inserted),
                 Some(f) if f.2 == r.record_id => Ok(inserted),
                 Some(f) if f.4 != r.principal || f.5 != r.r#ref || f.6 != r.land => {
                     Ok(Stored::Conflict)
@@ -423,8 +423,7 @@ async fn firsts(
             C::Land,
         ])
         .filter(
-            Expr::tuple([Expr::col(C::PackId), Expr::col(C::ProducerTriggerId)])
-                .in_tuples(keys),
+            Expr::tuple([Expr::col(C::PackId), Expr::col(C::ProducerTriggerId)]).in_tuples(keys),
         )
         .into_tuple()
         .all(txn)

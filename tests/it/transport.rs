@@ -341,12 +341,12 @@ both_stores! {
         let mut app = spawn_app_with(kind, |c| c.request_timeout = Duration::from_secs(2)).await;
         ready_alice(&mut app).await;
         // Another session holds what the record writer needs: SQLite's write lock, or on
-        // PostgreSQL the sink's advisory lock.
+        // PostgreSQL a lock on the records table that inserts wait for (reads do not).
         let other = app.test_db.connect().await;
         let txn = other.begin().await.expect("begin");
         match kind {
             StoreKind::Sqlite => txn.execute_unprepared("INSERT INTO project_members (project, principal, create_time) VALUES ('hold', 'hold', 0)").await.map(drop),
-            StoreKind::Postgres => txn.execute_unprepared("SELECT pg_advisory_xact_lock(7521979357899091571)").await.map(drop),
+            StoreKind::Postgres => txn.execute_unprepared("LOCK TABLE records IN SHARE MODE").await.map(drop),
         }.expect("hold the lock");
         let held = burst(&app.channel, 20, "server-deadline", None).await;
         let short = burst(&app.channel, 5, "client-deadline", Some(Duration::from_millis(700))).await;
