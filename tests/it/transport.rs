@@ -54,8 +54,9 @@ async fn health_ok(ch: &Channel) -> Duration {
 async fn flood(addr: &str, idle: usize, half: usize) -> Vec<TcpStream> {
     let mut socks = Vec::new();
     for i in 0..idle + half {
+        // 3 s covers one lost SYN's retransmission (1 s), which a busy machine now and then has.
         let Ok(Ok(mut s)) =
-            tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr)).await
+            tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr)).await
         else {
             continue;
         };
