@@ -11,6 +11,9 @@ use super::conn::ConnInfo;
 use crate::auth::{allowed, is_open, Authenticator, CalledMethod, Caller};
 use crate::error::Error;
 
+/// What a caller past its rate limit is told.
+pub const RATE_LIMITED: &str = "rate limit for this caller exceeded; retry later";
+
 #[derive(Clone, Debug)]
 pub struct GuardLayer {
     auth: Arc<Authenticator>,
@@ -45,6 +48,21 @@ impl<S> tower::Layer<S> for GuardLayer {
 pub struct Guard<S> {
     inner: S,
     layer: GuardLayer,
+}
+
+/// A caller's rate-limit bucket, handed to a call that carries many items (DeliverTriggers)
+/// so each item after the first takes a token of its own, as a call would.
+#[derive(Clone, Debug)]
+pub struct CallerBucket {
+    limiter: Arc<RateLimiter>,
+    bucket: String,
+}
+
+impl CallerBucket {
+    /// Takes a token; false when the caller's bucket is empty.
+    pub fn allow(&self) -> bool {
+        self.limiter.allow(&self.bucket)
+    }
 }
 
 /// Token buckets per caller: `rate` calls a second, bursts of twice that.
@@ -171,10 +189,12 @@ where
                 _ => peer.to_string(),
             };
             if !self.layer.limiter.allow(&bucket) {
-                return answer(Error::ResourceExhausted(
-                    "rate limit for this caller exceeded; retry later".into(),
-                ));
+                return answer(Error::ResourceExhausted(RATE_LIMITED.into()));
             }
+            req.extensions_mut().insert(CallerBucket {
+                limiter: self.layer.limiter.clone(),
+                bucket,
+            });
         }
         req.extensions_mut().insert(caller);
         req.extensions_mut().insert(CalledMethod(path));

@@ -8,6 +8,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{disposition, drop_reason, struct_to_json_checked, trigger_source_from};
+use super::guard::{CallerBucket, RATE_LIMITED};
 use super::pb::{
     self, deliver_trigger_request::PayloadSource, deliver_triggers_response,
     ingest_service_server::IngestService,
@@ -89,14 +90,17 @@ async fn deliver_one(
     };
     match outcome {
         Ok(o) => R::Outcome(response(o)),
-        Err(e) => {
-            let status = Status::from(e);
-            R::Error(pb::TriggerError {
-                code: status.code() as i32,
-                message: status.message().to_owned(),
-            })
-        }
+        Err(e) => refused(e),
     }
+}
+
+/// A trigger refused with the status DeliverTrigger would have answered.
+fn refused(e: Error) -> deliver_triggers_response::Result {
+    let status = Status::from(e);
+    deliver_triggers_response::Result::Error(pb::TriggerError {
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+    })
 }
 
 type Outcomes = Pin<Box<dyn Stream<Item = Result<pb::DeliverTriggersResponse, Status>> + Send>>;
@@ -123,6 +127,9 @@ impl IngestService for Ingest {
         &self,
         req: Request<Streaming<pb::DeliverTriggersRequest>>,
     ) -> Result<Response<Self::DeliverTriggersStream>, Status> {
+        // Under --rate-limit-per-sec each trigger after the first takes a token of its own, as
+        // DeliverTrigger calls would; one refused is answered RESOURCE_EXHAUSTED in its place.
+        let bucket = req.extensions().get::<CallerBucket>().cloned();
         let mut inbound = req.into_inner();
         let service = self.service.clone();
         let in_flight = self.in_flight.clone();
@@ -133,6 +140,11 @@ impl IngestService for Ingest {
             let mut keyed: HashMap<(String, String), watch::Receiver<bool>> = HashMap::new();
             while let Some(item) = inbound.next().await {
                 let next = match item {
+                    Ok(_) if index > 0 && bucket.as_ref().is_some_and(|b| !b.allow()) => {
+                        Ok(tokio::spawn(async {
+                            refused(Error::ResourceExhausted(RATE_LIMITED.into()))
+                        }))
+                    }
                     Ok(r) => {
                         let Ok(permit) = in_flight.clone().acquire_owned().await else {
                             break;

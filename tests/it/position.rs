@@ -557,3 +557,39 @@ async fn postgres_sockets_have_tcp_nodelay_postgres() {
     assert_eq!(found, Some(true), "the store's socket (local port {port})");
     store.close().await;
 }
+
+/// Under `--rate-limit-per-sec`, each trigger of a stream after the first takes a token of its
+/// own, as a DeliverTrigger call would: at 1 a second (bursts of 2) the call's token covers
+/// the first trigger, the second takes the other, and the rest are RESOURCE_EXHAUSTED in their
+/// places while the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliver_triggers_takes_a_rate_limit_token_per_trigger_sqlite() {
+    let db = TestDb::create(StoreKind::Sqlite).await;
+    {
+        let open = Served::start(&db.url, &[]);
+        set_up_weather(&connect(&open.addr).await).await;
+        assert!(open.terminate());
+    }
+    let limited = Served::start(&db.url, &["--rate-limit-per-sec", "1"]);
+    let ch = connect(&limited.addr).await;
+    let answers = stream(
+        &ch,
+        (0..5)
+            .map(|i| item(storm_warning(format!("r-{i}"))))
+            .collect(),
+    )
+    .await;
+    assert_eq!(answers.len(), 5);
+    for a in &answers[..2] {
+        assert!(
+            matches!(&a.result, Some(Answer::Outcome(o)) if o.disposition == pb::Disposition::RecordedInbox as i32),
+            "{a:?}"
+        );
+    }
+    for a in &answers[2..] {
+        assert!(
+            matches!(&a.result, Some(Answer::Error(e)) if e.code == tonic::Code::ResourceExhausted as i32),
+            "{a:?}"
+        );
+    }
+}
