@@ -54,6 +54,9 @@ impl CredentialKind {
     }
 }
 
+/// Seconds a JWT's `exp` and `nbf` are stretched by, for clocks a little apart.
+const JWT_LEEWAY_SECS: u64 = 5;
+
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
@@ -64,6 +67,9 @@ pub struct Identity {
     pub role: Role,
     /// The principal a reader reads as: a valid, non-empty id.
     pub principal: Option<String>,
+    /// When the credential stops being accepted, in Unix seconds (a JWT's `exp` plus the
+    /// leeway); `None` for tokens and certificates. A stream ends there.
+    pub expires: Option<i64>,
 }
 
 impl Identity {
@@ -228,6 +234,7 @@ impl Authenticator {
                     subject: t.name.clone(),
                     role: t.role,
                     principal: t.principal.clone(),
+                    expires: None,
                 },
             );
         }
@@ -274,7 +281,7 @@ impl Authenticator {
                 for alg in [Algorithm::HS256, Algorithm::RS256, Algorithm::ES256] {
                     let mut v = Validation::new(alg);
                     v.validate_nbf = true;
-                    v.leeway = 5;
+                    v.leeway = JWT_LEEWAY_SECS;
                     // A configured issuer or audience is required, not merely checked when present.
                     let mut required = vec!["exp", "sub"];
                     if let Some(iss) = &j.issuer {
@@ -332,6 +339,7 @@ impl Authenticator {
                 subject: name.clone(),
                 role,
                 principal: Some(name),
+                expires: None,
             }),
             Err(why) => Caller::Refused(Refusal::Refused(format!("client certificate: {why}"))),
         }
@@ -414,11 +422,17 @@ impl Jwt {
                         .and_then(serde_json::Value::as_str)
                         .ok_or("the JWT's `sub` must be a string")?;
                     check_id("sub", subject).map_err(|e| format!("the JWT's {e}"))?;
+                    // `exp` is required and was checked, so it is a number here.
+                    let expires = claims
+                        .get("exp")
+                        .and_then(serde_json::Value::as_i64)
+                        .map(|exp| exp.saturating_add(JWT_LEEWAY_SECS as i64));
                     return Ok(Identity {
                         kind: CredentialKind::Jwt,
                         subject: subject.to_owned(),
                         role,
                         principal,
+                        expires,
                     });
                 }
                 Err(e) => {

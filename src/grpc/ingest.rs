@@ -13,6 +13,7 @@ use super::pb::{
     self, deliver_trigger_request::PayloadSource, deliver_triggers_response,
     ingest_service_server::IngestService,
 };
+use crate::auth::Caller;
 use crate::domain::decide::{Outcome, RawTrigger};
 use crate::error::Error;
 use crate::service::Service;
@@ -130,6 +131,11 @@ impl IngestService for Ingest {
         // Under --rate-limit-per-sec each trigger after the first takes a token of its own, as
         // DeliverTrigger calls would; one refused is answered RESOURCE_EXHAUSTED in its place.
         let bucket = req.extensions().get::<CallerBucket>().cloned();
+        // A JWT's expiry ends the stream: it is not a credential for longer than the token.
+        let expires = match req.extensions().get::<Caller>() {
+            Some(Caller::Known(id)) => id.expires,
+            _ => None,
+        };
         let mut inbound = req.into_inner();
         let service = self.service.clone();
         let in_flight = self.in_flight.clone();
@@ -139,6 +145,15 @@ impl IngestService for Ingest {
             // The last trigger in flight for each (pack, trigger id), and whether it is done.
             let mut keyed: HashMap<(String, String), watch::Receiver<bool>> = HashMap::new();
             while let Some(item) = inbound.next().await {
+                let expired =
+                    expires.is_some_and(|at| crate::store::now_micros() / 1_000_000 >= at);
+                let item = if expired {
+                    Err(Status::from(Error::Unauthenticated(
+                        "credentials expired: open a new stream with fresh ones".into(),
+                    )))
+                } else {
+                    item
+                };
                 let next = match item {
                     Ok(_) if index > 0 && bucket.as_ref().is_some_and(|b| !b.allow()) => {
                         Ok(tokio::spawn(async {

@@ -665,3 +665,37 @@ async fn tokens_jwts_and_payloads_never_reach_the_logs() {
         );
     }
 }
+
+/// A DeliverTriggers stream opened with a JWT ends when the JWT expires (its `exp` plus the
+/// 5 s leeway): UNAUTHENTICATED in place of the first trigger after it, never a trigger
+/// decided on a credential that is no longer accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_when_its_jwt_expires() {
+    use hcp_sense::grpc::pb::{ingest_service_client::IngestServiceClient, DeliverTriggersRequest};
+    let (app, _dir) = secured(StoreKind::Sqlite).await;
+    // Expired 4 s ago: still inside the leeway for about one more second.
+    let short = jwt("runtime", "relay", -4);
+    let (tx, rx) = tokio::sync::mpsc::channel::<DeliverTriggersRequest>(4);
+    let trigger = || DeliverTriggersRequest {
+        trigger: Some(pb::DeliverTriggerRequest {
+            pack_id: "weather".into(),
+            r#ref: "storm.warning".into(),
+            principal: "alice".into(),
+            land: "user".into(),
+            ..Default::default()
+        }),
+    };
+    tx.send(trigger()).await.expect("send");
+    let mut answers = IngestServiceClient::new(bearer(&app.channel, &short))
+        .deliver_triggers(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("the stream opens while the JWT is accepted")
+        .into_inner();
+    let first = answers.message().await.expect("first answer").expect("one");
+    assert_eq!(first.index, 0);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    tx.send(trigger()).await.expect("send");
+    let end = answers.message().await.expect_err("the stream ends");
+    assert_eq!(end.code(), Code::Unauthenticated, "{end:?}");
+    assert!(end.message().contains("expired"), "{}", end.message());
+}
