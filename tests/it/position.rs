@@ -13,20 +13,24 @@ use tonic::transport::Channel;
 use crate::cli::{connect, set_up_weather, storm_warning, Served, BIN};
 use crate::helpers::{StoreKind, TestDb};
 
+/// One page of an unfiltered, ascending listing.
+async fn list_page(ch: &Channel, page_size: i32, token: &str) -> pb::ListRecordsResponse {
+    RecordServiceClient::new(ch.clone())
+        .list_records(pb::ListRecordsRequest {
+            page_size,
+            page_token: token.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+}
+
 /// Every record id of an ascending listing, page by page from `token`, until it ends.
 async fn list_all(ch: &Channel, page_size: i32, mut token: String) -> Vec<String> {
-    let mut client = RecordServiceClient::new(ch.clone());
     let mut ids = Vec::new();
     loop {
-        let page = client
-            .list_records(pb::ListRecordsRequest {
-                page_size,
-                page_token: token.clone(),
-                ..Default::default()
-            })
-            .await
-            .expect("list")
-            .into_inner();
+        let page = list_page(ch, page_size, &token).await;
         ids.extend(page.records.into_iter().map(|r| r.record_id));
         if page.next_page_token.is_empty() {
             return ids;
@@ -73,14 +77,7 @@ async fn a_listing_waits_for_writes_in_flight_and_never_passes_one_postgres() {
     // While the write is open the listing holds back what committed after it began, and
     // does not end: it hands back a token to go on from.
     let started = std::time::Instant::now();
-    let page = RecordServiceClient::new(ch.clone())
-        .list_records(pb::ListRecordsRequest {
-            page_size: 10,
-            ..Default::default()
-        })
-        .await
-        .expect("list")
-        .into_inner();
+    let page = list_page(&ch, 10, "").await;
     let first: Vec<String> = page.records.iter().map(|r| r.record_id.clone()).collect();
     assert_eq!(first, before, "only what is settled");
     assert!(
@@ -103,14 +100,7 @@ async fn a_listing_waits_for_writes_in_flight_and_never_passes_one_postgres() {
     assert_eq!(&all[2..], &["in-flight".to_owned(), after]);
 
     // The last page's resume token lists only what commits after it, then nothing.
-    let last = RecordServiceClient::new(ch.clone())
-        .list_records(pb::ListRecordsRequest {
-            page_size: 10,
-            ..Default::default()
-        })
-        .await
-        .expect("list")
-        .into_inner();
+    let last = list_page(&ch, 10, "").await;
     assert!(last.next_page_token.is_empty());
     assert!(!last.resume_page_token.is_empty());
     let later = ingest
@@ -248,15 +238,7 @@ async fn two_replicas_one_clock_behind_list_without_skips_or_repeats_postgres() 
     while std::time::Instant::now() < deadline {
         let ch = if turn % 2 == 0 { &ch_ahead } else { &ch_behind };
         turn += 1;
-        let page = RecordServiceClient::new(ch.clone())
-            .list_records(pb::ListRecordsRequest {
-                page_size: 25,
-                page_token: token.clone(),
-                ..Default::default()
-            })
-            .await
-            .expect("list")
-            .into_inner();
+        let page = list_page(ch, 25, &token).await;
         seen.extend(page.records.into_iter().map(|r| r.record_id));
         // At the end of what has committed so far, go on from where this page ended.
         token = page.resume_page_token;
@@ -297,6 +279,35 @@ async fn two_replicas_one_clock_behind_list_without_skips_or_repeats_postgres() 
         seen.len(),
         acked.len(),
         "nothing listed that was not acknowledged"
+    );
+
+    // The premise: the lagging replica stamped its records about 5 s in the past.
+    let (mut behind, mut ahead) = ((0i64, 0i64), (0i64, 0i64));
+    let mut token = String::new();
+    loop {
+        let page = list_page(&ch_ahead, 1000, &token).await;
+        for r in &page.records {
+            let t = r
+                .receive_time
+                .as_ref()
+                .map_or(0, |t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000);
+            let side = if from_behind.contains(&r.record_id) {
+                &mut behind
+            } else {
+                &mut ahead
+            };
+            side.0 += t;
+            side.1 += 1;
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let lag_ms = ahead.0 / ahead.1.max(1) - behind.0 / behind.1.max(1);
+    assert!(
+        (4000..6000).contains(&lag_ms),
+        "the lagging replica's records are {lag_ms} ms behind on average"
     );
 }
 
