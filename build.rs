@@ -1,4 +1,4 @@
-//! Compiles proto/ with protox (no system protoc) into tonic code and a descriptor set for reflection.
+//! Compiles proto/ with protox (no system protoc) into tonic code, a descriptor set for reflection, and the benchmark's client.
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -28,6 +28,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // Undecodable requests are INVALID_ARGUMENT naming the field (src/grpc/codec.rs).
         .codec_path("crate::grpc::codec::Codec")
+        .compile_fds(compiler.file_descriptor_set())?;
+    // A client-only copy with tonic's own codec for the benchmark binary, which reaches the
+    // server through the public API alone and shares no code with the library.
+    let client = out.join("client");
+    std::fs::create_dir_all(&client)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(false)
+        .out_dir(&client)
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

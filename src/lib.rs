@@ -1,7 +1,6 @@
 //! hcp-sense: the control plane of the Sense loop (HCP §7).
 pub mod app;
 pub mod auth;
-pub mod bench;
 pub mod config;
 pub mod domain;
 pub mod error;

@@ -47,8 +47,6 @@ enum Cmd {
         )]
         log_format: LogFormat,
     },
-    /// Benchmark DeliverTrigger and ListRecords against a no-op baseline on real servers.
-    Bench(hcp_sense::bench::BenchOptions),
     /// Lint a pack manifest (JSON or YAML; `-` reads standard input). Exits 1 on any error.
     Lint {
         /// The manifest file.
@@ -74,7 +72,6 @@ fn main() -> ExitCode {
             log_format,
         }) => run(migrate(action, database, log_format)),
         Some(Cmd::Serve(opts)) => run(serve(*opts)),
-        Some(Cmd::Bench(opts)) => run(hcp_sense::bench::run(opts)),
         None => run(serve(cli.serve)),
     }
 }

@@ -156,32 +156,6 @@ impl PolicyView {
         self.with_pack(pack_id, Some(pack))
     }
 
-    /// Heap and inline bytes the view holds, counting each allocation's
-    /// capacity plus 16 bytes of allocator overhead. For sizing, not accounting.
-    pub fn approx_bytes(&self) -> usize {
-        const ALLOC: usize = 16;
-        let s = |x: &String| x.capacity() + ALLOC;
-        self.packs
-            .iter()
-            .map(|(id, p)| {
-                let slot = std::mem::size_of::<(String, PrincipalPolicy)>() + 1;
-                s(id)
-                    + std::mem::size_of::<PackPolicy>()
-                    + p.lands.iter().map(|(r, l)| s(r) + s(l) + 49).sum::<usize>()
-                    + p.principals.capacity() * slot
-                    + p.principals
-                        .iter()
-                        .map(|(k, v)| s(k) + v.binding.as_ref().map_or(0, |b| s(&b.binding_id)))
-                        .sum::<usize>()
-            })
-            .sum()
-    }
-
-    /// (pack, principal) entries in the view.
-    pub fn entries(&self) -> usize {
-        self.packs.values().map(|p| p.principals.len()).sum()
-    }
-
     /// Builds a view from whole packs.
     pub fn from_packs(packs: impl IntoIterator<Item = (String, PackPolicy)>) -> PolicyView {
         PolicyView {

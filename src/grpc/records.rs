@@ -25,7 +25,7 @@ fn bad_token(rule: &str) -> Error {
 }
 
 /// The fingerprint of a ListRecords listing: its filters and order.
-pub fn filter_fingerprint(f: &RecordFilter) -> String {
+fn filter_fingerprint(f: &RecordFilter) -> String {
     let opt = |s: &Option<String>| s.clone().unwrap_or_default();
     let num = |n: Option<i64>| n.map(|n| n.to_string()).unwrap_or_default();
     fingerprint(&[

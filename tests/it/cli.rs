@@ -70,9 +70,16 @@ impl Served {
                 }
             }
         });
-        let (addr, metrics_addr) = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("server reports its address");
+        let (addr, metrics_addr) = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(a) => a,
+            Err(e) => {
+                // Say why: the exit status (or that it still runs) and what it logged.
+                let status = child.try_wait();
+                let _ = child.kill();
+                let lines = log.lock().map(|l| l.join("\n")).unwrap_or_default();
+                panic!("the server did not report its address ({e}); exit: {status:?}; stdout:\n{lines}")
+            }
+        };
         Served {
             child,
             addr,

@@ -6,6 +6,7 @@ mod hostile;
 mod identity;
 mod transport;
 
+mod bench;
 mod cli;
 mod contract;
 mod deploy;

@@ -1,0 +1,641 @@
+//! `hcp-sense-bench`: a client of the public gRPC API that starts real `hcp-sense` servers, seeds
+//! them, drives them over a sweep of concurrency and reports every phase against a no-op baseline
+//! measured in the same run.
+mod load;
+mod proxy;
+mod report;
+mod seed;
+mod server;
+mod telemetry;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use serde_json::json;
+use tonic::transport::Channel;
+
+use load::{closed, open, stream, Load, Phase, Population};
+use report::{header, result, row, Writer};
+use seed::{now_micros, BenchDb};
+use server::Server;
+
+/// The protos, compiled for this client alone (build.rs).
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/client/hcp.sense.v1.rs"));
+}
+
+/// Benchmarks hcp-sense servers it starts, through their public gRPC API.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "hcp-sense-bench", version)]
+struct Options {
+    /// The hcp-sense binary to measure; by default the one next to this binary.
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Seconds each measured phase runs.
+    #[arg(long, default_value_t = 5)]
+    duration_secs: u64,
+    /// Concurrent callers: the recorded and no-op phases run at each, in turn.
+    #[arg(long, value_delimiter = ',', default_value = "32,64,128,256,512")]
+    concurrency: Vec<usize>,
+    /// HTTP/2 connections the callers share.
+    #[arg(long, default_value_t = 8)]
+    channels: usize,
+    /// Registered packs.
+    #[arg(long, default_value_t = 10)]
+    packs: usize,
+    /// Principals, each granted, bound and activated on one pack.
+    #[arg(long, default_value_t = 1000)]
+    principals: usize,
+    /// Populations up to this many principals are seeded through the admin API; larger ones
+    /// through the bulk path.
+    #[arg(long, default_value_t = 10_000)]
+    api_seed_limit: usize,
+    /// Stores to measure: sqlite, postgres.
+    #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres")]
+    stores: Vec<String>,
+    /// Server on which the benchmark creates (and drops) its PostgreSQL databases.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    postgres_url: String,
+    /// Principal counts compared for throughput and server memory (SQLite; 0 skips).
+    #[arg(long, value_delimiter = ',', default_value = "10,100000")]
+    scaling: Vec<usize>,
+    /// Measure DeliverTrigger with OTLP export on (to a local receiver) against off.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    telemetry: bool,
+    /// Records seeded (bulk path) for the ListRecords phase (0 skips).
+    #[arg(long, default_value_t = 1_000_000)]
+    list_records: usize,
+    /// Expired records seeded (bulk path) for the retention phase (0 skips).
+    #[arg(long, default_value_t = 200_000)]
+    retention_records: usize,
+    /// Sink writers of the servers measured (PostgreSQL); the server's default when not given.
+    #[arg(long)]
+    sink_writers: Option<usize>,
+    /// Measure DeliverTriggers, one stream per HTTP/2 connection.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    stream: bool,
+    /// Triggers each DeliverTriggers stream keeps sent and unanswered.
+    #[arg(long, default_value_t = 1024)]
+    stream_in_flight: usize,
+    /// Measure the store's own bulk-insert rate for the same rows into the same schema.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    store_limit: bool,
+    /// Sink writer counts compared on PostgreSQL behind a proxy adding --postgres-delay-ms to
+    /// every round trip, at 256 callers (empty skips).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    writers_compare: Vec<usize>,
+    /// Milliseconds the proxy of --writers-compare adds to each round trip to PostgreSQL.
+    #[arg(long, default_value_t = 1.0)]
+    postgres_delay_ms: f64,
+    /// Also write every result to this file as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Measure nothing: print the README's Markdown tables from this `--json` file.
+    #[arg(long, value_name = "JSON")]
+    markdown: Option<PathBuf>,
+}
+
+impl Options {
+    fn duration(&self) -> Duration {
+        Duration::from_secs(self.duration_secs)
+    }
+
+    fn population(&self, principals: usize) -> Population {
+        Population {
+            packs: self.packs.max(1),
+            principals: principals.max(1),
+        }
+    }
+
+    /// The first concurrency of the sweep: the one single-point phases run at.
+    fn first(&self) -> usize {
+        self.concurrency.first().copied().unwrap_or(32).max(1)
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let mut o = Options::parse();
+    if let Some(path) = &o.markdown {
+        let parsed = std::fs::read_to_string(path)
+            .map_err(anyhow::Error::from)
+            .and_then(|t| Ok(serde_json::from_str(&t)?));
+        match parsed {
+            Ok(v) => print!("{}", report::markdown(&v)),
+            Err(e) => {
+                eprintln!("hcp-sense-bench: {}: {e}", path.display());
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
+    let outcome = async {
+        o.server_bin = Some(server::find_binary(o.server_bin.as_deref())?);
+        run(&o).await
+    }
+    .await;
+    if let Err(e) = outcome {
+        eprintln!("hcp-sense-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// A migrated database seeded with `pop`, and a server on it started with `extra`.
+async fn prepare(
+    o: &Options,
+    kind: &str,
+    tag: &str,
+    pop: Population,
+    extra: &[&str],
+) -> anyhow::Result<(BenchDb, Server)> {
+    let bin = bin(o);
+    let db = BenchDb::create(kind, &o.postgres_url, tag).await?;
+    server::migrate(bin, &db.url)?;
+    let server = Server::start(bin, &db.url, extra)?;
+    let ch = server.channels(1).await?;
+    if pop.principals <= o.api_seed_limit {
+        let secs = seed::policy_via_api(&ch[0], pop).await?;
+        println!(
+            "{kind:<9} seeded {} principals on {} packs through the admin API in {secs:.1} s",
+            pop.principals, pop.packs
+        );
+        return Ok((db, server));
+    }
+    seed::packs(&ch[0], pop).await?;
+    server.stop();
+    let conn = db.connect().await?;
+    let t0 = Instant::now();
+    seed::policy_bulk(&conn, pop).await?;
+    let _ = conn.close().await;
+    println!(
+        "{kind:<9} seeded {} principals through the bulk path in {:.1} s",
+        pop.principals,
+        t0.elapsed().as_secs_f64()
+    );
+    // A server reads the policy when it starts.
+    let server = Server::start(bin, &db.url, extra)?;
+    Ok((db, server))
+}
+
+fn bin(o: &Options) -> &Path {
+    o.server_bin.as_deref().unwrap_or(Path::new("hcp-sense"))
+}
+
+async fn run(o: &Options) -> anyhow::Result<()> {
+    println!(
+        "hcp-sense-bench {}: {} s per phase, {:?} callers over {} HTTP/2 connections, {} packs, {} principals, {} cores, server {}",
+        env!("CARGO_PKG_VERSION"),
+        o.duration_secs,
+        o.concurrency,
+        o.channels,
+        o.packs,
+        o.principals,
+        std::thread::available_parallelism().map_or(0, usize::from),
+        bin(o).display()
+    );
+    println!(
+        "ratio = calls/s over the no-op baseline's calls/s in the same run, on the same server\n"
+    );
+    for kind in &o.stores {
+        sweep(o, kind).await?;
+    }
+    if o.stores.iter().any(|s| s == "postgres") && !o.writers_compare.is_empty() {
+        writers_compare(o).await?;
+    }
+    scaling(o).await?;
+    if o.telemetry {
+        telemetry_cost(o).await?;
+    }
+    if o.list_records > 0 {
+        list_records(o).await?;
+    }
+    if o.retention_records > 0 {
+        retention(o).await?;
+    }
+    if let Some(path) = &o.json {
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&json!({
+                "version": env!("CARGO_PKG_VERSION"),
+                "cores": std::thread::available_parallelism().map_or(0, usize::from),
+                "duration_secs": o.duration_secs,
+                "channels": o.channels,
+                "results": report::results(),
+            }))?,
+        )?;
+    }
+    Ok(())
+}
+
+/// The store limit, then no-op and recorded over the concurrency sweep, dropped, the open loop
+/// at half the recorded rate, and the DeliverTriggers streams, on one store.
+async fn sweep(o: &Options, kind: &str) -> anyhow::Result<()> {
+    let pop = o.population(o.principals);
+    let limit = if o.store_limit {
+        let db = BenchDb::create(kind, &o.postgres_url, "limit").await?;
+        server::migrate(bin(o), &db.url)?;
+        let conn = db.connect().await?;
+        let rows = seed::store_limit(&conn, pop, o.duration()).await?;
+        let _ = conn.close().await;
+        db.drop_db().await;
+        println!(
+            "{kind:<9} store limit: {rows:.0} rows/s, {:.1} us per row (multi-row INSERT of 256 with bound values, one per transaction)",
+            1e6 / rows
+        );
+        result(
+            json!({ "store": kind, "phase": "store limit", "rows_per_sec": rows, "us_per_row": 1e6 / rows }),
+        );
+        Some(1e6 / rows)
+    } else {
+        None
+    };
+    let writers = o.sink_writers.map(|n| n.to_string());
+    let mut extra: Vec<&str> = Vec::new();
+    if let Some(n) = &writers {
+        extra.extend(["--sink-writers", n.as_str()]);
+    }
+    let (db, server) = prepare(o, kind, "deliver", pop, &extra).await?;
+    header();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (idle_rss, _) = server.rss_kib();
+    let chs = server.channels(o.channels).await?;
+    let (mut peak_base, mut peak_rec) = (0f64, 0f64);
+    for &c in &o.concurrency {
+        let c = c.max(1);
+        let base = closed(&chs, o.duration(), c, pop, Load::Noop).await;
+        row(kind, &format!("baseline (no-op), C={c}"), &base, None);
+        let before = server.scrape().await;
+        let rec = closed(&chs, o.duration(), c, pop, Load::Recorded).await;
+        let after = server.scrape().await;
+        row(kind, &format!("recorded, C={c}"), &rec, Some(&base));
+        let w = Writer::between(&before, &after);
+        println!(
+            "{kind:<9}   sink at C={c}: {:.0} records per batch, batch commit p99 {:.2} ms, writer {:.1} us per record{}",
+            w.per_batch,
+            w.commit_p99_ms,
+            w.us_per_record,
+            limit.map_or(String::new(), |l| format!(" ({:.2} x the raw insert's {l:.1} us)", w.us_per_record / l))
+        );
+        let bound = 2.0 * (w.commit_p99_ms + base.pct(0.99));
+        println!(
+            "{kind:<9}   p99 bound at C={c}: {bound:.2} ms (2 x (commit p99 + no-op p99)); recorded p99 {:.2} ms",
+            rec.pct(0.99)
+        );
+        result(json!({
+            "store": kind, "phase": "sink", "concurrency": c,
+            "records_per_batch": w.per_batch, "commit_p99_ms": w.commit_p99_ms,
+            "writer_us_per_record": w.us_per_record,
+            "writer_over_raw_insert": limit.map(|l| w.us_per_record / l),
+            "p99_bound_ms": bound,
+        }));
+        peak_base = peak_base.max(base.rate());
+        peak_rec = peak_rec.max(rec.rate());
+    }
+    println!(
+        "{kind:<9} peak recorded {peak_rec:.0}/s over peak no-op {peak_base:.0}/s: {:.2}",
+        peak_rec / peak_base
+    );
+    result(
+        json!({ "store": kind, "phase": "peak", "recorded_per_sec": peak_rec, "noop_per_sec": peak_base, "ratio": peak_rec / peak_base }),
+    );
+    let first = o.first();
+    let dropped = closed(&chs, o.duration(), first, pop, Load::Dropped).await;
+    row(kind, &format!("dropped, C={first}"), &dropped, None);
+    let rec = closed(&chs, o.duration(), first, pop, Load::Recorded).await;
+    let half = rec.rate() * 0.5;
+    let base_half = open(&chs, o.duration(), pop, Load::Noop, half).await;
+    row(kind, &format!("baseline @ {half:.0}/s"), &base_half, None);
+    let rec_half = open(&chs, o.duration(), pop, Load::Recorded, half).await;
+    row(
+        kind,
+        &format!("recorded @ {half:.0}/s"),
+        &rec_half,
+        Some(&base_half),
+    );
+    println!(
+        "{kind:<9} p99 at half of the recorded rate: {:.2} x the baseline's p99",
+        rec_half.pct(0.99) / base_half.pct(0.99)
+    );
+    if o.stream {
+        let streamed = stream(&chs, o.duration(), pop, o.stream_in_flight).await;
+        row(
+            kind,
+            &format!("DeliverTriggers, {} streams", chs.len()),
+            &streamed,
+            None,
+        );
+        if let Some(l) = limit {
+            println!(
+                "{kind:<9} DeliverTriggers {:.0}/s over the raw insert's {:.0} rows/s: {:.2}",
+                streamed.rate(),
+                1e6 / l,
+                streamed.rate() * l / 1e6
+            );
+            result(
+                json!({ "store": kind, "phase": "stream over store limit", "ratio": streamed.rate() * l / 1e6 }),
+            );
+        }
+    }
+    let (_, peak) = server.rss_kib();
+    println!(
+        "{kind:<9} server RSS: idle {:.1} MiB, peak {:.1} MiB\n",
+        idle_rss as f64 / 1024.0,
+        peak as f64 / 1024.0
+    );
+    server.stop();
+    db.drop_db().await;
+    Ok(())
+}
+
+/// Recorded throughput at 256 callers (or the sweep's largest below that) for each sink writer
+/// count, on PostgreSQL reached through a proxy that delays every round trip, as a network
+/// between them would.
+async fn writers_compare(o: &Options) -> anyhow::Result<()> {
+    let c = o
+        .concurrency
+        .iter()
+        .copied()
+        .filter(|c| *c <= 256)
+        .max()
+        .unwrap_or(256)
+        .max(1);
+    println!(
+        "sink writers (postgres through a proxy adding {} ms per round trip), C={c}",
+        o.postgres_delay_ms
+    );
+    let pop = o.population(o.principals);
+    let (db, seeded) = prepare(o, "postgres", "writers", pop, &[]).await?;
+    seeded.stop();
+    header();
+    let (head, rest) = db
+        .url
+        .split_once('@')
+        .ok_or_else(|| anyhow::anyhow!("the PostgreSQL URL names no user"))?;
+    let (upstream, tail) = rest
+        .split_once('/')
+        .ok_or_else(|| anyhow::anyhow!("the PostgreSQL URL names no database"))?;
+    let proxy = proxy::delay_proxy(
+        upstream.to_owned(),
+        Duration::from_secs_f64(o.postgres_delay_ms / 1000.0),
+    )
+    .await?;
+    let url = format!("{head}@{proxy}/{tail}");
+    let mut rates = Vec::new();
+    for &w in &o.writers_compare {
+        let n = w.to_string();
+        let server = Server::start(bin(o), &url, &["--sink-writers", &n])?;
+        let chs = server.channels(o.channels).await?;
+        let rec = closed(&chs, o.duration(), c, pop, Load::Recorded).await;
+        row("postgres", &format!("recorded, {w} writers"), &rec, None);
+        rates.push((w, rec.rate()));
+        server.stop();
+    }
+    if let (Some(lo), Some(hi)) = (rates.first(), rates.last()) {
+        println!(
+            "{} writers / {} writer(s): {:.2}\n",
+            hi.0,
+            lo.0,
+            hi.1 / lo.1
+        );
+        result(
+            json!({ "phase": "writers compare", "delay_ms": o.postgres_delay_ms, "concurrency": c, "rates": rates }),
+        );
+    }
+    db.drop_db().await;
+    Ok(())
+}
+
+/// Deliveries and server memory at each principal count of --scaling (SQLite).
+async fn scaling(o: &Options) -> anyhow::Result<()> {
+    let counts: Vec<usize> = o.scaling.iter().copied().filter(|n| *n > 0).collect();
+    if counts.is_empty() {
+        return Ok(());
+    }
+    println!("principal scaling (sqlite): deliveries and server memory");
+    let first = o.first();
+    let mut rows = Vec::new();
+    for &n in &counts {
+        let pop = o.population(n);
+        let (db, server) = prepare(o, "sqlite", &format!("scale{n}"), pop, &[]).await?;
+        // The idle size of a server that loaded this policy at start.
+        server.stop();
+        let server = Server::start(bin(o), &db.url, &[])?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (rss, _) = server.rss_kib();
+        header();
+        let chs = server.channels(o.channels).await?;
+        let rec = closed(&chs, o.duration(), first, pop, Load::Recorded).await;
+        row("sqlite", &format!("recorded, {n} principals"), &rec, None);
+        let dropped = closed(&chs, o.duration(), first, pop, Load::Dropped).await;
+        row(
+            "sqlite",
+            &format!("dropped, {n} principals"),
+            &dropped,
+            None,
+        );
+        rows.push((n, rss, rec.rate(), dropped.rate()));
+        server.stop();
+        db.drop_db().await;
+    }
+    if let (Some(lo), Some(hi)) = (rows.first(), rows.last()) {
+        println!(
+            "recorded at {} / at {} principals: {:.2}; dropped: {:.2}",
+            hi.0,
+            lo.0,
+            hi.2 / lo.2,
+            hi.3 / lo.3
+        );
+        if hi.0 > lo.0 {
+            let per = (hi.1 as f64 - lo.1 as f64) * 1024.0 / (hi.0 - lo.0) as f64;
+            println!("server idle RSS grows by {per:.0} bytes per (principal, pack) entry ({} KiB at {}, {} KiB at {}; includes SQLite page caches and allocator slack)", lo.1, lo.0, hi.1, hi.0);
+            result(
+                json!({ "phase": "scaling", "rss_bytes_per_principal": per, "recorded_ratio": hi.2 / lo.2, "dropped_ratio": hi.3 / lo.3 }),
+            );
+        }
+    }
+    println!();
+    Ok(())
+}
+
+/// DeliverTrigger with telemetry fully on (every span exported over OTLP to a local receiver)
+/// against off, on one database, in one run.
+async fn telemetry_cost(o: &Options) -> anyhow::Result<()> {
+    println!("telemetry (sqlite): OTLP export of every span to a local receiver, against none");
+    let counter = telemetry::SpanCounter::default();
+    let endpoint = counter.serve().await?;
+    let pop = o.population(o.principals);
+    let (db, seeded) = prepare(o, "sqlite", "telemetry", pop, &[]).await?;
+    seeded.stop();
+    header();
+    let mut rates = Vec::new();
+    for (name, env) in [
+        ("off", vec![]),
+        (
+            "on",
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+                ("OTEL_TRACES_SAMPLER", "always_on"),
+            ],
+        ),
+    ] {
+        let server = Server::start_env(bin(o), &db.url, &[], &env)?;
+        let chs = server.channels(o.channels).await?;
+        let rec = closed(&chs, o.duration(), o.first(), pop, Load::Recorded).await;
+        row("sqlite", &format!("recorded, telemetry {name}"), &rec, None);
+        let dropped = closed(&chs, o.duration(), o.first(), pop, Load::Dropped).await;
+        row(
+            "sqlite",
+            &format!("dropped, telemetry {name}"),
+            &dropped,
+            None,
+        );
+        rates.push((rec.rate(), dropped.rate()));
+        server.stop();
+    }
+    if let [off, on] = rates[..] {
+        println!(
+            "telemetry on / off: recorded {:.2}, dropped {:.2}; spans received {}\n",
+            on.0 / off.0,
+            on.1 / off.1,
+            counter.spans()
+        );
+    }
+    db.drop_db().await;
+    Ok(())
+}
+
+/// Pages through an unfiltered listing `pages` pages of `size` deep; returns the token there.
+async fn page_down(ch: &Channel, size: i32, pages: usize) -> anyhow::Result<String> {
+    let mut client = pb::record_service_client::RecordServiceClient::new(ch.clone());
+    let mut token = String::new();
+    for _ in 0..pages {
+        let r = client
+            .list_records(pb::ListRecordsRequest {
+                page_size: size,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        if r.next_page_token.is_empty() {
+            break;
+        }
+        token = r.next_page_token;
+    }
+    Ok(token)
+}
+
+/// ListRecords' first page and a page deep into the listing, reached by paging.
+async fn list_records(o: &Options) -> anyhow::Result<()> {
+    println!("ListRecords: a page of 100 from {} records", o.list_records);
+    let pop = o.population(o.principals);
+    for kind in &o.stores {
+        let db = BenchDb::create(kind, &o.postgres_url, "list").await?;
+        server::migrate(bin(o), &db.url)?;
+        let conn = db.connect().await?;
+        let t0 = Instant::now();
+        seed::records_bulk(&conn, pop, o.list_records, now_micros() - 3_600_000_000).await?;
+        let _ = conn.close().await;
+        println!(
+            "{kind:<9} seeded {} records through the bulk path in {:.1} s",
+            o.list_records,
+            t0.elapsed().as_secs_f64()
+        );
+        let server = Server::start(bin(o), &db.url, &[])?;
+        let chs = server.channels(1).await?;
+        let t0 = Instant::now();
+        // 90% of the way down, 1,000 records a page.
+        let deep = page_down(&chs[0], 1000, o.list_records * 9 / 10 / 1000).await?;
+        println!(
+            "{kind:<9} paged {} records down in {:.1} s",
+            o.list_records * 9 / 10,
+            t0.elapsed().as_secs_f64()
+        );
+        header();
+        let mut client = pb::record_service_client::RecordServiceClient::new(chs[0].clone());
+        for (name, token) in [("first page", String::new()), ("deep page", deep)] {
+            let mut lat = Vec::new();
+            let start = Instant::now();
+            let mut errors = 0;
+            for _ in 0..300 {
+                let t = Instant::now();
+                match client
+                    .list_records(pb::ListRecordsRequest {
+                        page_size: 100,
+                        page_token: token.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                {
+                    Ok(r) if r.get_ref().records.len() == 100 => {
+                        lat.push(t.elapsed().as_micros() as u64)
+                    }
+                    _ => errors += 1,
+                }
+            }
+            lat.sort_unstable();
+            let p = Phase {
+                calls: lat.len(),
+                errors,
+                secs: start.elapsed().as_secs_f64(),
+                lat_us: lat,
+            };
+            row(kind, &format!("ListRecords {name}"), &p, None);
+        }
+        server.stop();
+        db.drop_db().await;
+    }
+    println!();
+    Ok(())
+}
+
+/// Deliveries while the server prunes expired records (SQLite, the single writer).
+async fn retention(o: &Options) -> anyhow::Result<()> {
+    println!(
+        "retention (sqlite): deliveries while {} expired records are pruned",
+        o.retention_records
+    );
+    let pop = o.population(o.principals);
+    let (db, seeded) = prepare(o, "sqlite", "retention", pop, &[]).await?;
+    seeded.stop();
+    let conn = db.connect().await?;
+    seed::records_bulk(
+        &conn,
+        pop,
+        o.retention_records,
+        now_micros() - 2 * 86_400_000_000,
+    )
+    .await?;
+    let _ = conn.close().await;
+    let server = Server::start(
+        bin(o),
+        &db.url,
+        &[
+            "--record-retention-secs",
+            "86400",
+            "--prune-interval-secs",
+            "1",
+        ],
+    )?;
+    header();
+    let chs = server.channels(o.channels).await?;
+    let base = closed(&chs, o.duration(), o.first(), pop, Load::Noop).await;
+    row("sqlite", "baseline (no-op)", &base, None);
+    let rec = closed(&chs, o.duration(), o.first(), pop, Load::Recorded).await;
+    row("sqlite", "recorded while pruning", &rec, Some(&base));
+    server.stop();
+    let conn = db.connect().await?;
+    let left = seed::count_before(&conn, now_micros() - 86_400_000_000).await?;
+    let _ = conn.close().await;
+    println!(
+        "expired records left after the phase: {left} of {}",
+        o.retention_records
+    );
+    result(
+        json!({ "phase": "retention", "expired_left": left, "expired_seeded": o.retention_records }),
+    );
+    db.drop_db().await;
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! What the benchmark prints: one table row per phase, and every row again as JSON for `--json`.
+use std::collections::HashMap;
+
+use serde_json::json;
+
+use crate::load::Phase;
+
+/// Every result row printed, kept for `--json`.
+static RESULTS: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps a result for `--json`.
+pub fn result(v: serde_json::Value) {
+    if let Ok(mut r) = RESULTS.lock() {
+        r.push(v);
+    }
+}
+
+/// Every result kept so far.
+pub fn results() -> Vec<serde_json::Value> {
+    RESULTS.lock().map(|r| r.clone()).unwrap_or_default()
+}
+
+/// Prints (and keeps) one phase, with its ratio to `base` when given.
+pub fn row(store: &str, name: &str, p: &Phase, base: Option<&Phase>) {
+    let ratio = base.map_or(String::from("-"), |b| format!("{:.2}", p.rate() / b.rate()));
+    result(json!({
+        "store": store,
+        "phase": name,
+        "calls_per_sec": p.rate(),
+        "p50_ms": p.pct(0.50),
+        "p99_ms": p.pct(0.99),
+        "p999_ms": p.pct(0.999),
+        "errors": p.errors,
+        "ratio": base.map(|b| p.rate() / b.rate()),
+    }));
+    println!(
+        "{store:<9} {name:<28} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>7} {:>7}",
+        p.rate(),
+        p.pct(0.50),
+        p.pct(0.99),
+        p.pct(0.999),
+        p.errors,
+        ratio
+    );
+}
+
+pub fn header() {
+    println!(
+        "{:<9} {:<28} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "store", "phase", "calls/s", "p50 ms", "p99 ms", "p99.9 ms", "errors", "ratio"
+    );
+}
+
+/// What the sink did between two scrapes of the server's metrics.
+pub struct Writer {
+    pub per_batch: f64,
+    pub commit_p99_ms: f64,
+    pub us_per_record: f64,
+}
+
+impl Writer {
+    pub fn between(a: &HashMap<String, f64>, b: &HashMap<String, f64>) -> Writer {
+        let d = |k: &str| b.get(k).copied().unwrap_or(0.0) - a.get(k).copied().unwrap_or(0.0);
+        let records = d("hcp_sense_sink_batch_records_sum");
+        let batches = d("hcp_sense_sink_batch_records_count");
+        let secs = d("hcp_sense_sink_commit_duration_seconds_sum");
+        // The 99th percentile's bucket bound, from the bucket counts' deltas.
+        let mut buckets: Vec<(f64, f64)> = b
+            .keys()
+            .filter_map(|k| {
+                let le = k
+                    .strip_prefix("hcp_sense_sink_commit_duration_seconds_bucket{le=\"")?
+                    .strip_suffix("\"}")?;
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((le, d(k)))
+            })
+            .collect();
+        buckets.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let total = buckets.last().map_or(0.0, |x| x.1);
+        let p99 = buckets
+            .iter()
+            .find(|(_, n)| *n >= total * 0.99)
+            .map_or(f64::NAN, |(le, _)| *le);
+        Writer {
+            per_batch: records / batches.max(1.0),
+            commit_p99_ms: p99 * 1000.0,
+            us_per_record: secs * 1e6 / records.max(1.0),
+        }
+    }
+}
+
+/// The README's Performance tables, rendered from a `--json` file of an earlier run.
+pub fn markdown(json: &serde_json::Value) -> String {
+    let empty = Vec::new();
+    let results = json["results"].as_array().unwrap_or(&empty);
+    let find = |store: &str, phase: &str| {
+        results
+            .iter()
+            .find(|r| r["store"] == store && r["phase"] == phase)
+    };
+    let num = |v: Option<&serde_json::Value>, key: &str| v.and_then(|r| r[key].as_f64());
+    let rate = |x: Option<f64>| {
+        x.map_or("-".to_owned(), |v| {
+            let n = v.round() as i64;
+            let (hi, lo) = (n / 1000, n % 1000);
+            if hi > 0 {
+                format!("{hi},{lo:03}")
+            } else {
+                lo.to_string()
+            }
+        })
+    };
+    let fixed = |x: Option<f64>, d: usize| x.map_or("-".to_owned(), |v| format!("{v:.d$}"));
+    let stores: Vec<&str> = ["sqlite", "postgres"]
+        .into_iter()
+        .filter(|s| find(s, "peak").is_some())
+        .collect();
+    let mut concurrency: Vec<i64> = results
+        .iter()
+        .filter(|r| r["phase"] == "sink")
+        .filter_map(|r| r["concurrency"].as_i64())
+        .collect();
+    concurrency.sort_unstable();
+    concurrency.dedup();
+    let name = |s: &str| {
+        if s == "sqlite" {
+            "SQLite"
+        } else {
+            "PostgreSQL"
+        }
+    };
+    let mut out = String::from("| callers |");
+    let mut rule = String::from("|---|");
+    for s in &stores {
+        out += &format!(
+            " {0} no-op/s | {0} recorded/s | ratio | p99 ms (bound) | writer / raw insert |",
+            name(s)
+        );
+        rule += "---|---|---|---|---|";
+    }
+    out += "\n";
+    out += &rule;
+    out += "\n";
+    for c in &concurrency {
+        out += &format!("| {c} |");
+        for s in &stores {
+            let base = find(s, &format!("baseline (no-op), C={c}"));
+            let rec = find(s, &format!("recorded, C={c}"));
+            let sink = results
+                .iter()
+                .find(|r| r["store"] == *s && r["phase"] == "sink" && r["concurrency"] == *c);
+            out += &format!(
+                " {} | {} | {} | {} ({}) | {} |",
+                rate(num(base, "calls_per_sec")),
+                rate(num(rec, "calls_per_sec")),
+                fixed(num(rec, "ratio"), 2),
+                fixed(num(rec, "p99_ms"), 1),
+                fixed(num(sink, "p99_bound_ms"), 1),
+                fixed(num(sink, "writer_over_raw_insert"), 2),
+            );
+        }
+        out += "\n";
+    }
+    out += "\n| store | raw insert rows/s | peak recorded / peak no-op | DeliverTriggers/s | over raw insert |\n|---|---|---|---|---|\n";
+    for s in &stores {
+        let streamed = results.iter().find(|r| {
+            r["store"] == *s
+                && r["phase"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("DeliverTriggers"))
+        });
+        out += &format!(
+            "| {} | {} | {} | {} | {} |\n",
+            name(s),
+            rate(num(find(s, "store limit"), "rows_per_sec")),
+            fixed(num(find(s, "peak"), "ratio"), 2),
+            rate(num(streamed, "calls_per_sec")),
+            fixed(num(find(s, "stream over store limit"), "ratio"), 2),
+        );
+    }
+    if let Some(w) = results.iter().find(|r| r["phase"] == "writers compare") {
+        let rates: Vec<String> = w["rates"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .map(|r| format!("{} writer(s) {}/s", r[0], rate(r[1].as_f64())))
+            .collect();
+        out += &format!(
+            "\nPostgreSQL behind {} ms per round trip, {} callers: {}\n",
+            w["delay_ms"],
+            w["concurrency"],
+            rates.join(", ")
+        );
+    }
+    out
+}

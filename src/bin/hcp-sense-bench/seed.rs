@@ -1,0 +1,346 @@
+//! What the servers are measured on: a database of the benchmark's own, policy seeded through the
+//! admin API, and the bulk path — rows written straight into the migrated schema — for sizes the
+//! API would take minutes to seed (old records, 100,000-principal policy) and for the store's own
+//! insert limit.
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait};
+use serde_json::json;
+use tonic::transport::Channel;
+
+use crate::load::Population;
+use crate::pb::{
+    pack_service_client::PackServiceClient, policy_service_client::PolicyServiceClient,
+    register_pack_request, ActivateSenseRequest, BindingState, GrantSenseEnableRequest,
+    PutBindingRequest, RegisterPackRequest, Route,
+};
+
+pub fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// A database of the benchmark's own, dropped (PostgreSQL) or removed (SQLite) afterwards.
+pub struct BenchDb {
+    pub url: String,
+    pg: Option<(String, String)>,
+    dir: Option<PathBuf>,
+}
+
+impl BenchDb {
+    pub async fn create(kind: &str, postgres_url: &str, tag: &str) -> anyhow::Result<BenchDb> {
+        let name = format!("hcp_sense_bench_{}_{tag}", std::process::id());
+        match kind {
+            "sqlite" => {
+                let dir = std::env::temp_dir().join(&name);
+                std::fs::create_dir_all(&dir)?;
+                Ok(BenchDb {
+                    url: format!("sqlite://{}", dir.join("bench.db").display()),
+                    pg: None,
+                    dir: Some(dir),
+                })
+            }
+            "postgres" => {
+                let admin = sea_orm::Database::connect(postgres_url).await?;
+                admin
+                    .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name}"))
+                    .await?;
+                admin
+                    .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                    .await?;
+                let _ = admin.close().await;
+                let root = postgres_url
+                    .rsplit_once('/')
+                    .map_or(postgres_url, |(r, _)| r);
+                Ok(BenchDb {
+                    url: format!("{root}/{name}"),
+                    pg: Some((postgres_url.to_owned(), name)),
+                    dir: None,
+                })
+            }
+            other => anyhow::bail!("unknown store `{other}`: use sqlite or postgres"),
+        }
+    }
+
+    /// A connection for the bulk path; the schema must be migrated first.
+    pub async fn connect(&self) -> anyhow::Result<DatabaseConnection> {
+        Ok(sea_orm::Database::connect(self.url.as_str()).await?)
+    }
+
+    pub async fn drop_db(mut self) {
+        if let Some((admin, name)) = self.pg.take() {
+            if let Ok(a) = sea_orm::Database::connect(admin.as_str()).await {
+                let _ = a
+                    .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await;
+                let _ = a.close().await;
+            }
+        }
+    }
+}
+
+impl Drop for BenchDb {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// The manifest of benchmark pack `k`: a user-bound pack declaring `issue.opened`.
+fn manifest(k: usize) -> String {
+    json!({
+        "id": format!("pack-{k}"),
+        "stimulusTriggers": [{ "ref": "issue.opened" }, { "ref": "binding.degraded" }],
+        "policy": { "stimuli": [
+            { "ref": "issue.opened", "operation": "read", "land": "user" },
+            { "ref": "binding.degraded", "operation": "read", "land": "user" }
+        ]},
+        "binding": { "mode": "user", "hub": "bench" }
+    })
+    .to_string()
+}
+
+/// RegisterPack for every pack of the population.
+pub async fn packs(ch: &Channel, pop: Population) -> anyhow::Result<()> {
+    let mut client = PackServiceClient::new(ch.clone());
+    for k in 0..pop.packs.max(1) {
+        client
+            .register_pack(RegisterPackRequest {
+                source: Some(register_pack_request::Source::ManifestText(manifest(k))),
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Callers seeding through the API at once.
+const SEED_CALLERS: usize = 32;
+
+/// Through the admin API, as an operator would: the packs, then for each principal
+/// GrantSenseEnable, PutBinding (linked) and ActivateSense (inbox) on its pack. Returns the
+/// seconds it took.
+pub async fn policy_via_api(ch: &Channel, pop: Population) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    packs(ch, pop).await?;
+    let mut tasks = Vec::new();
+    for w in 0..SEED_CALLERS {
+        let mut policy = PolicyServiceClient::new(ch.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut p = w;
+            while p < pop.principals {
+                let principal = format!("principal-{p}");
+                let pack_id = format!("pack-{}", p % pop.packs.max(1));
+                policy
+                    .grant_sense_enable(GrantSenseEnableRequest {
+                        principal: principal.clone(),
+                        pack_id: pack_id.clone(),
+                    })
+                    .await?;
+                policy
+                    .put_binding(PutBindingRequest {
+                        principal: principal.clone(),
+                        pack_id: pack_id.clone(),
+                        binding_id: format!("b-{principal}"),
+                        state: BindingState::Linked as i32,
+                    })
+                    .await?;
+                policy
+                    .activate_sense(ActivateSenseRequest {
+                        principal,
+                        pack_id,
+                        route: Route::Inbox as i32,
+                    })
+                    .await?;
+                p += SEED_CALLERS;
+            }
+            Ok::<(), tonic::Status>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// The bulk path for policy: the grant, linked Binding and inbox activation rows of each
+/// principal, written straight into the schema (the packs themselves go through RegisterPack).
+/// A server reads them when it starts.
+pub async fn policy_bulk(db: &DatabaseConnection, pop: Population) -> anyhow::Result<()> {
+    let now = now_micros();
+    let ids: Vec<usize> = (0..pop.principals).collect();
+    for chunk in ids.chunks(2000) {
+        let who = |p: usize| {
+            (
+                format!("principal-{p}"),
+                format!("pack-{}", p % pop.packs.max(1)),
+            )
+        };
+        let rows = |f: &dyn Fn(String, String) -> String| {
+            chunk
+                .iter()
+                .map(|p| {
+                    let (principal, pack) = who(*p);
+                    f(principal, pack)
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let txn = db.begin().await?;
+        txn.execute_unprepared(&format!(
+            "INSERT INTO sense_grants (principal, pack_id, create_time) VALUES {}",
+            rows(&|p, k| format!("('{p}','{k}',{now})"))
+        ))
+        .await?;
+        txn.execute_unprepared(&format!(
+            "INSERT INTO bindings (binding_id, principal, pack_id, mode, state, update_time) VALUES {}",
+            rows(&|p, k| format!("('b-{p}','{p}','{k}','user','linked',{now})"))
+        ))
+        .await?;
+        txn.execute_unprepared(&format!(
+            "INSERT INTO sense_activations (principal, pack_id, enabled, route, update_time) VALUES {}",
+            rows(&|p, k| format!("('{p}','{k}',true,'inbox',{now})"))
+        ))
+        .await?;
+        txn.commit().await?;
+    }
+    Ok(())
+}
+
+/// The columns of a record row as the sink writes it.
+const RECORD_COLUMNS: &str = "record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time";
+
+/// The bulk path for records: `n` records received at `base` + i microseconds, at positions
+/// (0, i + 1), as records written by a release before store positions have. New records number
+/// on after them.
+pub async fn records_bulk(
+    db: &DatabaseConnection,
+    pop: Population,
+    n: usize,
+    base: i64,
+) -> anyhow::Result<()> {
+    let mut i = 0;
+    while i < n {
+        let txn = db.begin().await?;
+        for _ in 0..50 {
+            if i >= n {
+                break;
+            }
+            let end = (i + 1000).min(n);
+            let values: Vec<String> = (i..end)
+                .map(|j| {
+                    let p = j % pop.principals.max(1);
+                    format!(
+                        "('{:08x}-0000-7000-8000-{j:012x}','principal-{p}','b-principal-{p}','user','pack-{}','issue.opened','{{\"issue\":{j}}}','inbox',NULL,NULL,{},0,{})",
+                        j / 65536,
+                        p % pop.packs.max(1),
+                        base + j as i64,
+                        j + 1
+                    )
+                })
+                .collect();
+            txn.execute_unprepared(&format!(
+                "INSERT INTO records ({RECORD_COLUMNS}, commit_txid, seq) VALUES {}",
+                values.join(",")
+            ))
+            .await?;
+            i = end;
+        }
+        txn.commit().await?;
+    }
+    db.execute_unprepared(match db.get_database_backend() {
+        DbBackend::Postgres => {
+            "SELECT setval('records_seq', (SELECT max(seq) + 1 FROM records), false)"
+        }
+        _ => "UPDATE record_sequence SET next = (SELECT max(seq) + 1 FROM records)",
+    })
+    .await?;
+    Ok(())
+}
+
+/// Records received before `cutoff` (microseconds).
+pub async fn count_before(db: &DatabaseConnection, cutoff: i64) -> anyhow::Result<i64> {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            format!("SELECT COUNT(*) AS n FROM records WHERE received_time < {cutoff}"),
+        ))
+        .await?;
+    Ok(row
+        .and_then(|r| r.try_get::<i64>("", "n").ok())
+        .unwrap_or(-1))
+}
+
+/// Rows per multi-row INSERT in the store-limit phase.
+const LIMIT_ROWS: usize = 256;
+
+/// The store's own limit: rows like the sink's inserted into the same schema from this process,
+/// 256 to a multi-row INSERT with bound values, one INSERT to a transaction, on one connection.
+/// Returns rows per second.
+pub async fn store_limit(
+    db: &DatabaseConnection,
+    pop: Population,
+    duration: Duration,
+) -> anyhow::Result<f64> {
+    let backend = db.get_database_backend();
+    let pg = backend == DbBackend::Postgres;
+    // PostgreSQL fills commit_txid and seq from their defaults, as the sink's insert does; on
+    // SQLite the single writer numbers rows itself, as the sink does.
+    let per_row = if pg { 11 } else { 13 };
+    let mut n = 0usize;
+    let mut param = 0usize;
+    let placeholders: Vec<String> = (0..LIMIT_ROWS)
+        .map(|_| {
+            let cols: Vec<String> = (0..per_row)
+                .map(|_| {
+                    param += 1;
+                    if pg {
+                        format!("${param}")
+                    } else {
+                        "?".to_owned()
+                    }
+                })
+                .collect();
+            format!("({})", cols.join(","))
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO records ({RECORD_COLUMNS}{}) VALUES {}",
+        if pg { "" } else { ", commit_txid, seq" },
+        placeholders.join(",")
+    );
+    let start = Instant::now();
+    while start.elapsed() < duration {
+        let mut values: Vec<sea_orm::Value> = Vec::with_capacity(LIMIT_ROWS * per_row);
+        for j in n..n + LIMIT_ROWS {
+            let p = j % pop.principals.max(1);
+            values.push(uuid::Uuid::now_v7().to_string().into());
+            values.push(format!("principal-{p}").into());
+            values.push(format!("b-principal-{p}").into());
+            values.push("user".into());
+            values.push(format!("pack-{}", p % pop.packs.max(1)).into());
+            values.push("issue.opened".into());
+            values.push(
+                json!({ "issue": j, "title": "benchmark" })
+                    .to_string()
+                    .into(),
+            );
+            values.push("inbox".into());
+            values.push(Option::<String>::None.into());
+            values.push(Option::<String>::None.into());
+            values.push(now_micros().into());
+            if !pg {
+                values.push(0i64.into());
+                values.push((j as i64 + 1).into());
+            }
+        }
+        let txn = db.begin().await?;
+        txn.execute_raw(Statement::from_sql_and_values(backend, &sql, values))
+            .await?;
+        txn.commit().await?;
+        n += LIMIT_ROWS;
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}

@@ -1,0 +1,160 @@
+//! The benchmark binary: a client of the public gRPC API that runs every phase and reports JSON.
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::helpers::repo_path;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_hcp-sense-bench");
+
+#[test]
+fn the_benchmark_reaches_the_server_only_through_its_public_api() {
+    let dir = repo_path("src/bin/hcp-sense-bench");
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).expect("bench sources") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("read");
+        files += 1;
+        // The library's paths, as code uses them (the server's log target is a string).
+        for forbidden in [
+            "use hcp_sense",
+            " hcp_sense::",
+            "(hcp_sense::",
+            "crate::store",
+            "crate::grpc",
+            "crate::domain",
+        ] {
+            assert!(
+                !text.contains(forbidden),
+                "{} uses {forbidden}",
+                path.display()
+            );
+        }
+    }
+    assert!(
+        files >= 5,
+        "the benchmark's modules are in {}",
+        dir.display()
+    );
+}
+
+/// Every phase at a small size on both stores: the JSON names each, and nothing failed.
+#[test]
+fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("bench.json");
+    let out = Command::new(BENCH)
+        .args([
+            "--duration-secs",
+            "1",
+            "--concurrency",
+            "4,8",
+            "--channels",
+            "2",
+            "--packs",
+            "2",
+            "--principals",
+            "20",
+            "--api-seed-limit",
+            "20",
+            "--scaling",
+            "10,21",
+            "--telemetry",
+            "true",
+            "--list-records",
+            "2500",
+            "--retention-records",
+            "500",
+            "--writers-compare",
+            "1,2",
+            "--stream-in-flight",
+            "16",
+            "--json",
+            json.to_str().expect("path"),
+        ])
+        .env("TMPDIR", dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run hcp-sense-bench");
+    let pid = out.id();
+    let out = out.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 20 principals through the admin API; 21 (over --api-seed-limit) through the bulk path.
+    assert!(stdout.contains("seeded 20 principals on 2 packs through the admin API"));
+    assert!(stdout.contains("seeded 21 principals through the bulk path"));
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let results = report["results"].as_array().expect("results");
+    let find = |store: &str, phase: &str| -> &Value {
+        results
+            .iter()
+            .find(|r| r["store"] == store && r["phase"] == phase)
+            .unwrap_or_else(|| panic!("no {store} {phase} in {report}"))
+    };
+    for store in ["sqlite", "postgres"] {
+        assert!(find(store, "store limit")["rows_per_sec"].as_f64() > Some(0.0));
+        for c in [4, 8] {
+            for phase in [
+                format!("baseline (no-op), C={c}"),
+                format!("recorded, C={c}"),
+            ] {
+                let r = find(store, &phase);
+                assert_eq!(r["errors"], 0, "{store} {phase}: {r}");
+                assert!(r["calls_per_sec"].as_f64() > Some(0.0), "{r}");
+            }
+        }
+        // Dropped triggers are answered, not errors.
+        assert_eq!(find(store, "dropped, C=4")["errors"], 0);
+        let streamed = find(store, "DeliverTriggers, 2 streams");
+        assert_eq!(streamed["errors"], 0, "{streamed}");
+        assert!(streamed["calls_per_sec"].as_f64() > Some(0.0));
+        assert!(find(store, "peak")["ratio"].as_f64() > Some(0.0));
+        // Reached by paging 2,000 records down, a page of 100 is still full.
+        for page in ["ListRecords first page", "ListRecords deep page"] {
+            let r = find(store, page);
+            assert_eq!(r["errors"], 0, "{store} {page}: {r}");
+        }
+    }
+    for phase in [
+        "recorded, 10 principals",
+        "recorded, 21 principals",
+        "recorded, telemetry on",
+        "recorded while pruning",
+    ] {
+        assert_eq!(find("sqlite", phase)["errors"], 0, "{phase}");
+    }
+    let writers = results
+        .iter()
+        .find(|r| r["phase"] == "writers compare")
+        .expect("writers compare");
+    assert_eq!(writers["rates"].as_array().map(Vec::len), Some(2));
+    let retention = results
+        .iter()
+        .find(|r| r["phase"] == "retention")
+        .expect("retention");
+    assert_eq!(retention["expired_seeded"], 500);
+    assert!(
+        retention["expired_left"].as_i64() < Some(500),
+        "{retention}"
+    );
+    // The benchmark dropped the PostgreSQL databases it made.
+    let pid_prefix = format!("hcp_sense_bench_{pid}_");
+    let left = Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-Atc",
+            &format!("SELECT count(*) FROM pg_database WHERE datname LIKE '{pid_prefix}%'"),
+        ])
+        .output()
+        .expect("psql");
+    assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "0");
+}
