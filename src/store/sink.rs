@@ -71,12 +71,18 @@ impl Sink {
     ) -> Sink {
         let (tx, rx) = mpsc::channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
+        let committing = Arc::new(Committing::default());
         let writers = match store.engine() {
             Engine::Sqlite => 1,
             Engine::Postgres => writers.max(1),
         };
         for n in 0..writers {
-            let (store, rx, metrics) = (store.clone(), rx.clone(), metrics.clone());
+            let (store, rx, metrics, committing) = (
+                store.clone(),
+                rx.clone(),
+                metrics.clone(),
+                committing.clone(),
+            );
             let spawned = std::thread::Builder::new()
                 .name(format!("hcp-sense-sink-{n}"))
                 .spawn(move || {
@@ -90,7 +96,13 @@ impl Sink {
                             return;
                         }
                     };
-                    rt.block_on(write_batches(&store, rx, metrics, batch_timeout));
+                    rt.block_on(write_batches(
+                        &store,
+                        rx,
+                        &committing,
+                        metrics,
+                        batch_timeout,
+                    ));
                 });
             if let Err(e) = spawned {
                 tracing::error!(error = %e, "sink thread did not start");
@@ -112,7 +124,67 @@ impl Sink {
     }
 }
 
-/// Takes whatever is queued (at least one record, at most MAX_BATCH) and writes it.
+/// Batches being committed, and a wake-up for a writer waiting on them.
+#[derive(Default)]
+struct Committing {
+    batches: std::sync::atomic::AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+/// Records a writer must hold before it commits alongside another writer's batch.
+const ENGAGE: usize = 64;
+
+impl Committing {
+    fn busy(&self) -> bool {
+        self.batches.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+}
+
+/// Takes what is queued (at least one record, at most MAX_BATCH) into `batch`; false once the
+/// queue is closed and empty.
+///
+/// While another writer's batch commits, more writers only help once the backlog is deep: a
+/// second commit of a handful of records costs a round trip and a WAL flush of its own, where
+/// waiting lets them join one larger batch. So a writer holding fewer than ENGAGE records keeps
+/// collecting until the other commit ends or it reaches ENGAGE, whichever comes first. A lone
+/// writer never waits.
+async fn take_batch<T>(
+    rx: &mut mpsc::Receiver<T>,
+    committing: &Committing,
+    batch: &mut Vec<T>,
+) -> bool {
+    match rx.recv().await {
+        Some(job) => batch.push(job),
+        None => return false,
+    }
+    loop {
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        if batch.len() >= ENGAGE.min(MAX_BATCH) {
+            return true;
+        }
+        let ended = committing.done.notified();
+        tokio::pin!(ended);
+        // Registered before the check, so an end between the two is not missed.
+        ended.as_mut().enable();
+        if !committing.busy() {
+            return true;
+        }
+        tokio::select! {
+            job = rx.recv() => match job {
+                Some(job) => batch.push(job),
+                None => return true,
+            },
+            () = &mut ended => return true,
+        }
+    }
+}
+
+/// Takes whatever is queued (see `take_batch`) and writes it.
 /// No wait is added: an idle sink writes a batch of one at once, and under load the
 /// queue that builds up while a batch commits becomes the next batch.
 ///
@@ -123,6 +195,7 @@ impl Sink {
 async fn write_batches(
     parent: &Store,
     rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    committing: &Committing,
     metrics: Arc<Metrics>,
     batch_timeout: std::time::Duration,
 ) {
@@ -132,16 +205,13 @@ async fn write_batches(
         let mut batch = Vec::new();
         {
             let mut rx = rx.lock().await;
-            match rx.recv().await {
-                Some(job) => batch.push(job),
-                None => break,
+            if !take_batch(&mut rx, committing, &mut batch).await {
+                break;
             }
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
+            // Counted before the next writer may look at the queue.
+            committing
+                .batches
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         let (mut records, answers): (Vec<Record>, Vec<_>) =
             batch.into_iter().map(|j| (j.record, j.done)).unzip();
@@ -167,6 +237,10 @@ async fn write_batches(
                 tokio::spawn(stuck.close());
             }
         }
+        committing
+            .batches
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        committing.done.notify_waiters();
         let took = started.elapsed();
         metrics.batch(records.len(), took, result.is_ok());
         tracing::debug!(
@@ -429,4 +503,91 @@ async fn firsts(
         .all(txn)
         .await
         .map_err(classify)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::time::Duration;
+
+    async fn sent(n: usize) -> (mpsc::Sender<usize>, mpsc::Receiver<usize>) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        for i in 0..n {
+            tx.send(i).await.expect("send");
+        }
+        (tx, rx)
+    }
+
+    #[tokio::test]
+    async fn a_lone_writer_takes_what_is_queued_at_once_up_to_max_batch() {
+        let committing = Committing::default();
+        let (_tx, mut rx) = sent(1).await;
+        let mut batch = Vec::new();
+        assert!(take_batch(&mut rx, &committing, &mut batch).await);
+        assert_eq!(batch.len(), 1);
+        let (_tx, mut rx) = sent(MAX_BATCH + 1).await;
+        let mut batch = Vec::new();
+        assert!(take_batch(&mut rx, &committing, &mut batch).await);
+        assert_eq!(batch.len(), MAX_BATCH);
+    }
+
+    #[tokio::test]
+    async fn beside_a_commit_a_writer_waits_for_engage_records() {
+        let committing = Committing::default();
+        committing.batches.store(1, SeqCst);
+        let (tx, mut rx) = sent(ENGAGE - 1).await;
+        let mut batch = Vec::new();
+        let taken = tokio::time::timeout(
+            Duration::from_millis(100),
+            take_batch(&mut rx, &committing, &mut batch),
+        )
+        .await;
+        assert!(taken.is_err(), "{} records do not engage", ENGAGE - 1);
+        assert_eq!(batch.len(), ENGAGE - 1);
+        // One more engages it: the 64th record arrives while the other commit still runs.
+        tx.send(ENGAGE).await.expect("send");
+        let taken = tokio::time::timeout(
+            Duration::from_millis(100),
+            take_batch(&mut rx, &committing, &mut batch),
+        )
+        .await;
+        assert_eq!(taken.ok(), Some(true));
+        assert_eq!(batch.len(), ENGAGE);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_writer_goes_when_the_other_commit_ends() {
+        let committing = Arc::new(Committing::default());
+        committing.batches.store(1, SeqCst);
+        let (_tx, mut rx) = sent(3).await;
+        let other = committing.clone();
+        let end = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            other.batches.fetch_sub(1, SeqCst);
+            other.done.notify_waiters();
+        });
+        let mut batch = Vec::new();
+        let taken = tokio::time::timeout(
+            Duration::from_secs(5),
+            take_batch(&mut rx, &committing, &mut batch),
+        )
+        .await;
+        assert_eq!(taken.ok(), Some(true));
+        assert_eq!(batch.len(), 3);
+        end.await.expect("end");
+    }
+
+    #[tokio::test]
+    async fn a_closed_queue_ends_the_writer_after_its_last_batch() {
+        let committing = Committing::default();
+        let (tx, mut rx) = sent(2).await;
+        drop(tx);
+        let mut batch = Vec::new();
+        assert!(take_batch(&mut rx, &committing, &mut batch).await);
+        assert_eq!(batch.len(), 2);
+        let mut batch = Vec::new();
+        assert!(!take_batch(&mut rx, &committing, &mut batch).await);
+        assert!(batch.is_empty());
+    }
 }
