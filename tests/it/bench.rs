@@ -115,6 +115,16 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
         assert_eq!(streamed["errors"], 0, "{streamed}");
         assert!(streamed["calls_per_sec"].as_f64() > Some(0.0));
         assert!(find(store, "peak")["ratio"].as_f64() > Some(0.0));
+        // Where the CPU went: the server worked for every recorded call.
+        let cpu = find(store, "cpu");
+        assert!(
+            cpu["recorded_us_per_call"]["server"].as_f64() > Some(0.0),
+            "{cpu}"
+        );
+        assert!(
+            cpu["noop_us_per_call"]["client"].as_f64() > Some(0.0),
+            "{cpu}"
+        );
         // Reached by paging 2,000 records down, a page of 100 is still full.
         for page in ["ListRecords first page", "ListRecords deep page"] {
             let r = find(store, page);
@@ -143,6 +153,19 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
         retention["expired_left"].as_i64() < Some(500),
         "{retention}"
     );
+    // The README's tables come from the JSON file.
+    let md = Command::new(BENCH)
+        .args(["--markdown", json.to_str().expect("path")])
+        .output()
+        .expect("markdown");
+    let md = String::from_utf8_lossy(&md.stdout);
+    assert!(
+        md.contains("| callers | SQLite no-op/s | SQLite recorded/s |"),
+        "{md}"
+    );
+    for c in ["| 4 |", "| 8 |", "| PostgreSQL |", "2 writer(s)"] {
+        assert!(md.contains(c), "{c} in {md}");
+    }
     // The benchmark dropped the PostgreSQL databases it made.
     let pid_prefix = format!("hcp_sense_bench_{pid}_");
     let left = Command::new("psql")

@@ -1,7 +1,12 @@
 //! `hcp-sense-bench`: a client of the public gRPC API that starts real `hcp-sense` servers, seeds
 //! them, drives them over a sweep of concurrency and reports every phase against a no-op baseline
 //! measured in the same run.
+mod cpu;
 mod load;
+// The server's own fix for sqlx's PostgreSQL sockets, compiled into this binary as a module of
+// its own: the store-limit phase must not measure delayed ACKs the server never waits on.
+#[path = "../../store/nodelay.rs"]
+mod nodelay;
 mod proxy;
 mod report;
 mod seed;
@@ -83,8 +88,8 @@ struct Options {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     store_limit: bool,
     /// Sink writer counts compared on PostgreSQL behind a proxy adding --postgres-delay-ms to
-    /// every round trip, at 256 callers (empty skips).
-    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    /// every round trip, at 256 callers (`--writers-compare` alone skips).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,4")]
     writers_compare: Vec<usize>,
     /// Milliseconds the proxy of --writers-compare adds to each round trip to PostgreSQL.
     #[arg(long, default_value_t = 1.0)]
@@ -229,6 +234,10 @@ async fn run(o: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The server's threads that write records: the sink's writers and SQLite's worker threads
+/// (names as the kernel keeps them, 15 bytes).
+const SINK_THREADS: &[&str] = &["hcp-sense-sink", "sqlx-sqlite-wor"];
+
 /// The store limit, then no-op and recorded over the concurrency sweep, dropped, the open loop
 /// at half the recorded rate, and the DeliverTriggers streams, on one store.
 async fn sweep(o: &Options, kind: &str) -> anyhow::Result<()> {
@@ -237,17 +246,22 @@ async fn sweep(o: &Options, kind: &str) -> anyhow::Result<()> {
         let db = BenchDb::create(kind, &o.postgres_url, "limit").await?;
         server::migrate(bin(o), &db.url)?;
         let conn = db.connect().await?;
-        let rows = seed::store_limit(&conn, pop, o.duration()).await?;
+        let cpu0 = (cpu::sample(0).client, cpu::postgres());
+        let (rows, secs) = seed::store_limit(&conn, pop, o.duration()).await?;
+        let cpu1 = (cpu::sample(0).client, cpu::postgres());
         let _ = conn.close().await;
         db.drop_db().await;
+        // This process did nothing else meanwhile: its CPU and PostgreSQL's are the insert's.
+        let cpu_us = ((cpu1.0 - cpu0.0) + (cpu1.1 - cpu0.1)) * 1e6 / rows.max(1) as f64;
+        let rate = rows as f64 / secs;
         println!(
-            "{kind:<9} store limit: {rows:.0} rows/s, {:.1} us per row (multi-row INSERT of 256 with bound values, one per transaction)",
-            1e6 / rows
+            "{kind:<9} store limit: {rate:.0} rows/s, {:.1} us per row, {cpu_us:.1} us CPU per row (multi-row INSERT of 256 with bound values, one per transaction)",
+            1e6 / rate
         );
         result(
-            json!({ "store": kind, "phase": "store limit", "rows_per_sec": rows, "us_per_row": 1e6 / rows }),
+            json!({ "store": kind, "phase": "store limit", "rows_per_sec": rate, "us_per_row": 1e6 / rate, "cpu_us_per_row": cpu_us }),
         );
-        Some(1e6 / rows)
+        Some((1e6 / rate, cpu_us))
     } else {
         None
     };
@@ -264,19 +278,43 @@ async fn sweep(o: &Options, kind: &str) -> anyhow::Result<()> {
     let (mut peak_base, mut peak_rec) = (0f64, 0f64);
     for &c in &o.concurrency {
         let c = c.max(1);
+        let cpu0 = cpu::sample(server.pid());
         let base = closed(&chs, o.duration(), c, pop, Load::Noop).await;
+        let cpu1 = cpu::sample(server.pid());
         row(kind, &format!("baseline (no-op), C={c}"), &base, None);
         let before = server.scrape().await;
+        let cpu2 = cpu::sample(server.pid());
+        let sink0 = cpu::threads(server.pid(), SINK_THREADS);
         let rec = closed(&chs, o.duration(), c, pop, Load::Recorded).await;
+        let sink1 = cpu::threads(server.pid(), SINK_THREADS);
+        let cpu3 = cpu::sample(server.pid());
         let after = server.scrape().await;
         row(kind, &format!("recorded, C={c}"), &rec, Some(&base));
-        let w = Writer::between(&before, &after);
+        let (nb, nr) = (
+            cpu0.per_call(&cpu1, base.calls),
+            cpu2.per_call(&cpu3, rec.calls),
+        );
         println!(
-            "{kind:<9}   sink at C={c}: {:.0} records per batch, batch commit p99 {:.2} ms, writer {:.1} us per record{}",
+            "{kind:<9}   CPU us per call at C={c}: no-op server {:.1} client {:.1} postgres {:.1}; recorded server {:.1} client {:.1} postgres {:.1}",
+            nb.server, nb.client, nb.postgres, nr.server, nr.client, nr.postgres
+        );
+        result(json!({
+            "store": kind, "phase": "cpu", "concurrency": c,
+            "noop_us_per_call": { "server": nb.server, "client": nb.client, "postgres": nb.postgres },
+            "recorded_us_per_call": { "server": nr.server, "client": nr.client, "postgres": nr.postgres },
+        }));
+        let w = Writer::between(&before, &after);
+        // The writer's CPU: its threads, SQLite's worker threads, and PostgreSQL's processes
+        // (the server sends PostgreSQL nothing else while it delivers).
+        let writer_cpu =
+            ((sink1 - sink0) * 1e6 + nr.postgres * rec.calls as f64) / w.records.max(1.0);
+        println!(
+            "{kind:<9}   sink at C={c}: {:.0} records per batch, batch commit p99 {:.2} ms, writer {:.1} us per record{}, {writer_cpu:.1} us CPU per record{}",
             w.per_batch,
             w.commit_p99_ms,
             w.us_per_record,
-            limit.map_or(String::new(), |l| format!(" ({:.2} x the raw insert's {l:.1} us)", w.us_per_record / l))
+            limit.map_or(String::new(), |(l, _)| format!(" ({:.2} x the raw insert's {l:.1} us)", w.us_per_record / l)),
+            limit.map_or(String::new(), |(_, c)| format!(" ({:.2} x the raw insert's {c:.1} us)", writer_cpu / c)),
         );
         let bound = 2.0 * (w.commit_p99_ms + base.pct(0.99));
         println!(
@@ -287,7 +325,9 @@ async fn sweep(o: &Options, kind: &str) -> anyhow::Result<()> {
             "store": kind, "phase": "sink", "concurrency": c,
             "records_per_batch": w.per_batch, "commit_p99_ms": w.commit_p99_ms,
             "writer_us_per_record": w.us_per_record,
-            "writer_over_raw_insert": limit.map(|l| w.us_per_record / l),
+            "writer_over_raw_insert": limit.map(|(l, _)| w.us_per_record / l),
+            "writer_cpu_us_per_record": writer_cpu,
+            "writer_cpu_over_raw_insert": limit.map(|(_, c)| writer_cpu / c),
             "p99_bound_ms": bound,
         }));
         peak_base = peak_base.max(base.rate());
@@ -326,7 +366,7 @@ async fn sweep(o: &Options, kind: &str) -> anyhow::Result<()> {
             &streamed,
             None,
         );
-        if let Some(l) = limit {
+        if let Some((l, _)) = limit {
             println!(
                 "{kind:<9} DeliverTriggers {:.0}/s over the raw insert's {:.0} rows/s: {:.2}",
                 streamed.rate(),

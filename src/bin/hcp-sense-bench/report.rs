@@ -53,6 +53,7 @@ pub fn header() {
 
 /// What the sink did between two scrapes of the server's metrics.
 pub struct Writer {
+    pub records: f64,
     pub per_batch: f64,
     pub commit_p99_ms: f64,
     pub us_per_record: f64,
@@ -86,6 +87,7 @@ impl Writer {
             .find(|(_, n)| *n >= total * 0.99)
             .map_or(f64::NAN, |(le, _)| *le);
         Writer {
+            records,
             per_batch: records / batches.max(1.0),
             commit_p99_ms: p99 * 1000.0,
             us_per_record: secs * 1e6 / records.max(1.0),
@@ -137,7 +139,7 @@ pub fn markdown(json: &serde_json::Value) -> String {
     let mut rule = String::from("|---|");
     for s in &stores {
         out += &format!(
-            " {0} no-op/s | {0} recorded/s | ratio | p99 ms (bound) | writer / raw insert |",
+            " {0} no-op/s | {0} recorded/s | ratio | p99 ms (bound) | writer / raw insert: time, CPU |",
             name(s)
         );
         rule += "---|---|---|---|---|";
@@ -154,13 +156,14 @@ pub fn markdown(json: &serde_json::Value) -> String {
                 .iter()
                 .find(|r| r["store"] == *s && r["phase"] == "sink" && r["concurrency"] == *c);
             out += &format!(
-                " {} | {} | {} | {} ({}) | {} |",
+                " {} | {} | {} | {} ({}) | {}, {} |",
                 rate(num(base, "calls_per_sec")),
                 rate(num(rec, "calls_per_sec")),
                 fixed(num(rec, "ratio"), 2),
                 fixed(num(rec, "p99_ms"), 1),
                 fixed(num(sink, "p99_bound_ms"), 1),
                 fixed(num(sink, "writer_over_raw_insert"), 2),
+                fixed(num(sink, "writer_cpu_over_raw_insert"), 2),
             );
         }
         out += "\n";
@@ -181,6 +184,32 @@ pub fn markdown(json: &serde_json::Value) -> String {
             rate(num(streamed, "calls_per_sec")),
             fixed(num(find(s, "stream over store limit"), "ratio"), 2),
         );
+    }
+    out += "\nCPU µs per call, no-op → recorded (server, benchmark client, PostgreSQL's processes):\n\n| callers |";
+    let mut rule = String::from("|---|");
+    for s in &stores {
+        out += &format!(" {0} server | {0} client | {0} PostgreSQL |", name(s));
+        rule += "---|---|---|";
+    }
+    out += "\n";
+    out += &rule;
+    out += "\n";
+    for c in &concurrency {
+        out += &format!("| {c} |");
+        for s in &stores {
+            let cpu = results
+                .iter()
+                .find(|r| r["store"] == *s && r["phase"] == "cpu" && r["concurrency"] == *c);
+            for group in ["server", "client", "postgres"] {
+                let at = |k: &str| cpu.and_then(|r| r[k][group].as_f64());
+                out += &format!(
+                    " {} → {} |",
+                    fixed(at("noop_us_per_call"), 0),
+                    fixed(at("recorded_us_per_call"), 0)
+                );
+            }
+        }
+        out += "\n";
     }
     if let Some(w) = results.iter().find(|r| r["phase"] == "writers compare") {
         let rates: Vec<String> = w["rates"]

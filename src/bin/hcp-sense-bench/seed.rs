@@ -64,9 +64,32 @@ impl BenchDb {
         }
     }
 
-    /// A connection for the bulk path; the schema must be migrated first.
+    /// A connection for the bulk path and the store limit; the schema must be migrated first.
+    /// Its PostgreSQL sockets get TCP_NODELAY, as the server's do.
     pub async fn connect(&self) -> anyhow::Result<DatabaseConnection> {
-        Ok(sea_orm::Database::connect(self.url.as_str()).await?)
+        let mut opts = sea_orm::ConnectOptions::new(self.url.as_str());
+        opts.sqlx_logging(false);
+        if self.pg.is_some() {
+            let port = self
+                .url
+                .rsplit_once('@')
+                .and_then(|(_, host)| host.split('/').next())
+                .and_then(|h| h.rsplit_once(':'))
+                .and_then(|(_, p)| p.parse().ok())
+                .unwrap_or(5432);
+            opts.map_sqlx_postgres_pool_opts(move |o| {
+                o.after_connect(move |_, _| {
+                    Box::pin(async move {
+                        let _ = tokio::task::spawn_blocking(move || {
+                            crate::nodelay::set_on_sockets_to(port)
+                        })
+                        .await;
+                        Ok(())
+                    })
+                })
+            });
+        }
+        Ok(sea_orm::Database::connect(opts).await?)
     }
 
     pub async fn drop_db(mut self) {
@@ -277,19 +300,18 @@ pub async fn count_before(db: &DatabaseConnection, cutoff: i64) -> anyhow::Resul
 const LIMIT_ROWS: usize = 256;
 
 /// The store's own limit: rows like the sink's inserted into the same schema from this process,
-/// 256 to a multi-row INSERT with bound values, one INSERT to a transaction, on one connection.
-/// Returns rows per second.
+/// 256 to a multi-row INSERT with bound values, one INSERT to a transaction, on one connection
+/// (with TCP_NODELAY, as the server's). Returns the rows written and the seconds it took.
 pub async fn store_limit(
     db: &DatabaseConnection,
     pop: Population,
     duration: Duration,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(usize, f64)> {
     let backend = db.get_database_backend();
     let pg = backend == DbBackend::Postgres;
     // PostgreSQL fills commit_txid and seq from their defaults, as the sink's insert does; on
     // SQLite the single writer numbers rows itself, as the sink does.
     let per_row = if pg { 11 } else { 13 };
-    let mut n = 0usize;
     let mut param = 0usize;
     let placeholders: Vec<String> = (0..LIMIT_ROWS)
         .map(|_| {
@@ -311,8 +333,10 @@ pub async fn store_limit(
         if pg { "" } else { ", commit_txid, seq" },
         placeholders.join(",")
     );
+    let mut n = 0usize;
     let start = Instant::now();
     while start.elapsed() < duration {
+        let now = now_micros();
         let mut values: Vec<sea_orm::Value> = Vec::with_capacity(LIMIT_ROWS * per_row);
         for j in n..n + LIMIT_ROWS {
             let p = j % pop.principals.max(1);
@@ -322,15 +346,11 @@ pub async fn store_limit(
             values.push("user".into());
             values.push(format!("pack-{}", p % pop.packs.max(1)).into());
             values.push("issue.opened".into());
-            values.push(
-                json!({ "issue": j, "title": "benchmark" })
-                    .to_string()
-                    .into(),
-            );
+            values.push(format!("{{\"issue\":{j},\"title\":\"benchmark\"}}").into());
             values.push("inbox".into());
             values.push(Option::<String>::None.into());
             values.push(Option::<String>::None.into());
-            values.push(now_micros().into());
+            values.push(now.into());
             if !pg {
                 values.push(0i64.into());
                 values.push((j as i64 + 1).into());
@@ -342,5 +362,5 @@ pub async fn store_limit(
         txn.commit().await?;
         n += LIMIT_ROWS;
     }
-    Ok(n as f64 / start.elapsed().as_secs_f64())
+    Ok((n, start.elapsed().as_secs_f64()))
 }

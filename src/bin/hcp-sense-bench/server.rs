@@ -116,6 +116,10 @@ impl Server {
         })
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Resident and peak resident set size in KiB, from /proc.
     pub fn rss_kib(&self) -> (u64, u64) {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
