@@ -187,9 +187,19 @@ pub fn markdown(json: &serde_json::Value) -> String {
     }
     out += "\nCPU µs per call, no-op → recorded (server, benchmark client, PostgreSQL's processes):\n\n| callers |";
     let mut rule = String::from("|---|");
+    let groups = |s: &str| {
+        if s == "sqlite" {
+            // SQLite's work is the server's own.
+            &["server", "client"][..]
+        } else {
+            &["server", "client", "postgres"][..]
+        }
+    };
     for s in &stores {
-        out += &format!(" {0} server | {0} client | {0} PostgreSQL |", name(s));
-        rule += "---|---|---|";
+        for g in groups(s) {
+            out += &format!(" {} {g} |", name(s));
+            rule += "---|";
+        }
     }
     out += "\n";
     out += &rule;
@@ -200,7 +210,7 @@ pub fn markdown(json: &serde_json::Value) -> String {
             let cpu = results
                 .iter()
                 .find(|r| r["store"] == *s && r["phase"] == "cpu" && r["concurrency"] == *c);
-            for group in ["server", "client", "postgres"] {
+            for group in groups(s) {
                 let at = |k: &str| cpu.and_then(|r| r[k][group].as_f64());
                 out += &format!(
                     " {} → {} |",
