@@ -12,6 +12,12 @@ macro_rules! str_enum {
             /// Every value's name, for messages.
             pub const NAMES: &'static [&'static str] = &[$($s),+];
         }
+        /// As its name: how audit rows and other JSON show it.
+        impl ::serde::Serialize for $t {
+            fn serialize<S: ::serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
         impl ::std::fmt::Display for $t {
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 f.write_str(self.as_str())

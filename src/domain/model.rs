@@ -12,7 +12,7 @@ pub struct Grant {
     pub create_time: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Binding {
     pub principal: String,
     pub pack_id: String,
@@ -23,7 +23,7 @@ pub struct Binding {
 }
 
 /// A stored activation; an empty principal is the pack-wide one.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ActivationRow {
     pub principal: String,
     pub pack_id: String,
@@ -33,7 +33,7 @@ pub struct ActivationRow {
 }
 
 /// Execute-side state, owned by Execute (§7.4.1).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct ExecuteState {
     pub principal: String,
     pub pack_id: String,

@@ -39,6 +39,11 @@ pub struct AuditEvent {
     pub after: Option<String>,
 }
 
+/// A row as the audit log keeps it before and after a change: JSON text.
+pub(crate) fn json<T: serde::Serialize + ?Sized>(row: &T) -> Option<String> {
+    serde_json::to_string(row).ok()
+}
+
 /// Appends an audit row for a change in the current transaction. Without an
 /// actor in scope (start-up, internal work) the change is attributed to `system`.
 pub(crate) async fn record(

@@ -4,7 +4,7 @@
 pub mod packs {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "packs")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -29,7 +29,7 @@ pub mod packs {
 pub mod pack_triggers {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "pack_triggers")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -49,7 +49,7 @@ pub mod pack_triggers {
 pub mod pack_stimuli {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "pack_stimuli")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -70,7 +70,7 @@ pub mod pack_stimuli {
 pub mod pack_commands {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "pack_commands")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -90,7 +90,7 @@ pub mod pack_commands {
 pub mod sense_grants {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "sense_grants")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -109,7 +109,7 @@ pub mod sense_grants {
 pub mod sense_activations {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "sense_activations")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -130,7 +130,7 @@ pub mod sense_activations {
 pub mod bindings {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "bindings")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -152,7 +152,7 @@ pub mod bindings {
 pub mod execute_states {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "execute_states")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -174,7 +174,7 @@ pub mod execute_states {
 pub mod project_members {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "project_members")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -193,7 +193,7 @@ pub mod project_members {
 pub mod records {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "records")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -222,7 +222,7 @@ pub mod records {
 pub mod drop_reports {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "drop_reports")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -245,7 +245,7 @@ pub mod drop_reports {
 pub mod audit_events {
     use sea_orm::entity::prelude::*;
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
     #[sea_orm(table_name = "audit_events")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]

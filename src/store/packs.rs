@@ -65,21 +65,21 @@ impl Store {
             txn,
             Some(&m.pack_id),
             None,
-            existing.as_ref().map(|p| {
-                format!(
-                    "generation {} kind {} binding {}",
-                    p.generation, p.kind, p.binding_mode
-                )
+            existing.as_ref().and_then(|p| {
+                super::audit::json(&serde_json::json!({
+                    "pack_id": p.pack_id,
+                    "generation": p.generation,
+                    "kind": p.kind,
+                    "binding_mode": p.binding_mode,
+                }))
             }),
-            Some(format!(
-                "generation {generation} kind {} binding {} refs {:?}",
-                m.kind,
-                m.binding_mode,
-                m.triggers
-                    .iter()
-                    .map(|t| t.r#ref.as_str())
-                    .collect::<Vec<_>>()
-            )),
+            super::audit::json(&serde_json::json!({
+                "pack_id": m.pack_id,
+                "generation": generation,
+                "kind": m.kind,
+                "binding_mode": m.binding_mode,
+                "refs": m.triggers.iter().map(|t| t.r#ref.as_str()).collect::<Vec<_>>(),
+            })),
         )
         .await?;
         w.commit_announcing(&m.pack_id).await?;
@@ -138,7 +138,9 @@ impl Store {
             .exec(txn)
             .await
             .map_err(classify)?;
-        super::audit::record(txn, Some(pack_id), None, Some("registered".into()), None).await?;
+        let before =
+            super::audit::json(&serde_json::json!({ "pack_id": pack_id, "registered": true }));
+        super::audit::record(txn, Some(pack_id), None, before, None).await?;
         w.commit_announcing(pack_id).await?;
         Ok(true)
     }

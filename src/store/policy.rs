@@ -214,7 +214,7 @@ impl Store {
             .one(&w.txn)
             .await
             .map_err(classify)?
-            .map(|g| format!("{g:?}"));
+            .and_then(|g| super::audit::json(&g));
         sense_grants::Entity::insert(sense_grants::ActiveModel {
             principal: Set(principal.to_owned()),
             pack_id: Set(pack_id.to_owned()),
@@ -241,7 +241,7 @@ impl Store {
             Some(pack_id),
             Some(principal),
             before,
-            Some(format!("{g:?}")),
+            super::audit::json(&g),
         )
         .await?;
         w.commit_announcing(pack_id).await?;
@@ -258,7 +258,7 @@ impl Store {
             .one(&w.txn)
             .await
             .map_err(classify)?
-            .map(|g| format!("{g:?}"));
+            .and_then(|g| super::audit::json(&g));
         let r = sense_grants::Entity::delete_by_id((principal.to_owned(), pack_id.to_owned()))
             .exec(&w.txn)
             .await
@@ -333,7 +333,7 @@ impl Store {
                 .one(&w.txn)
                 .await
                 .map_err(classify)?
-                .map(|r| format!("{r:?}"));
+                .and_then(|r| super::audit::json(&r));
         sense_activations::Entity::insert(sense_activations::ActiveModel {
             principal: Set(a.principal.clone()),
             pack_id: Set(a.pack_id.clone()),
@@ -361,7 +361,7 @@ impl Store {
             Some(&a.pack_id),
             Some(&a.principal),
             before,
-            Some(format!("{a:?}")),
+            super::audit::json(a),
         )
         .await?;
         w.commit_announcing(&a.pack_id).await
@@ -386,7 +386,7 @@ impl Store {
             .one(&w.txn)
             .await
             .map_err(classify)?
-            .map(|r| format!("{r:?}"));
+            .and_then(|r| super::audit::json(&r));
         execute_states::Entity::insert(execute_states::ActiveModel {
             principal: Set(e.principal.clone()),
             pack_id: Set(e.pack_id.clone()),
@@ -416,7 +416,7 @@ impl Store {
             Some(&e.pack_id),
             Some(&e.principal),
             before,
-            Some(format!("{e:?}")),
+            super::audit::json(e),
         )
         .await?;
         w.commit().await
@@ -486,8 +486,8 @@ impl Store {
             &w.txn,
             Some(&b.pack_id),
             Some(&b.principal),
-            before.map(|r| format!("{r:?}")),
-            Some(format!("{b:?}")),
+            before.and_then(|r| super::audit::json(&r)),
+            super::audit::json(&b),
         )
         .await?;
         w.commit_announcing(&b.pack_id).await?;
@@ -519,7 +519,7 @@ impl Store {
             &w.txn,
             Some(pack_id),
             Some(principal),
-            Some(format!("{before:?}")),
+            super::audit::json(&before),
             None,
         )
         .await?;
@@ -534,7 +534,7 @@ impl Store {
                 .one(&w.txn)
                 .await
                 .map_err(classify)?
-                .map(|r| format!("{r:?}"));
+                .and_then(|r| super::audit::json(&r));
         project_members::Entity::insert(project_members::ActiveModel {
             project: Set(project.to_owned()),
             principal: Set(principal.to_owned()),
@@ -556,7 +556,7 @@ impl Store {
             None,
             Some(principal),
             before,
-            Some(format!("member of project `{project}`")),
+            super::audit::json(&serde_json::json!({ "project": project, "principal": principal })),
         )
         .await?;
         w.commit().await
@@ -569,7 +569,7 @@ impl Store {
                 .one(&w.txn)
                 .await
                 .map_err(classify)?
-                .map(|r| format!("{r:?}"));
+                .and_then(|r| super::audit::json(&r));
         let r = project_members::Entity::delete_by_id((project.to_owned(), principal.to_owned()))
             .exec(&w.txn)
             .await

@@ -185,8 +185,16 @@ both_stores! {
             .audit_events;
         let grant = events.iter().find(|e| e.rpc == "GrantSenseEnable").expect("the grant is audited");
         assert_eq!((grant.actor.as_str(), grant.role.as_str(), grant.pack_id.as_str()), ("ops", "admin", "github"));
-        assert!(grant.before.is_empty() && grant.after.contains("alice"), "{grant:?}");
-        assert!(events.iter().any(|e| e.rpc == "PutBinding" && e.after.contains("b-alice")));
+        assert!(grant.before.is_empty(), "{grant:?}");
+        // Before and after are the rows as JSON objects, not debug text.
+        let after: serde_json::Value = serde_json::from_str(&grant.after).expect("the grant as JSON");
+        assert_eq!((after["principal"].as_str(), after["pack_id"].as_str()), (Some("alice"), Some("github")), "{after}");
+        let bound = events.iter().find(|e| e.rpc == "PutBinding").expect("the binding is audited");
+        let after: serde_json::Value = serde_json::from_str(&bound.after).expect("the binding as JSON");
+        assert_eq!((after["binding_id"].as_str(), after["state"].as_str(), after["mode"].as_str()), (Some("b-alice"), Some("linked"), Some("user")), "{after}");
+        let activated = events.iter().find(|e| e.rpc == "ActivateSense").expect("the activation is audited");
+        let after: serde_json::Value = serde_json::from_str(&activated.after).expect("the activation as JSON");
+        assert_eq!((after["enabled"].as_bool(), after["route"].as_str()), (Some(true), Some("inbox")), "{after}");
         assert!(events.iter().any(|e| e.rpc == "ActivateSense"));
         let times: Vec<_> = events.iter().map(|e| e.event_time.map(|t| (t.seconds, t.nanos))).collect();
         assert!(times.windows(2).all(|w| w[0] >= w[1]), "newest first");
