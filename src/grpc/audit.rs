@@ -2,9 +2,8 @@
 use tonic::{Request, Response, Status};
 
 use super::convert::timestamp;
-use super::paging::{fingerprint, page_size, PageTokens, SEP};
+use super::paging::{fingerprint, next_token, page_size, PageTokens, SEP};
 use super::pb::{self, audit_service_server::AuditService};
-use super::policy::next_token;
 use crate::error::Error;
 use crate::service::{valid_id, valid_pack_id, Service};
 
@@ -47,7 +46,6 @@ impl AuditService for Audit {
         };
         let mut events = self
             .service
-            .store
             .list_audit_events(pack, principal, before, size + 1)
             .await?;
         let next_page_token = next_token(&mut events, size, |e| {

@@ -202,7 +202,10 @@ impl IngestService for Ingest {
                             index,
                             result: Some(result),
                         }),
-                        Err(_) => Err(Status::internal("internal error")),
+                        Err(e) => {
+                            tracing::error!(error = %e, index, "a trigger's delivery task failed");
+                            Err(Error::Internal(e.to_string()).into())
+                        }
                     },
                     Err(status) => Err(status),
                 };

@@ -4,7 +4,7 @@ use tonic::{Request, Response, Status};
 
 use super::actor_of;
 use super::convert::{finding, pack, struct_to_json_checked};
-use super::paging::{page_size, PageTokens};
+use super::paging::{next_token, page_size, PageTokens};
 use super::pb::{self, pack_service_server::PackService};
 use crate::domain::pack::{lint, parse_manifest_text, Severity};
 use crate::error::Error;
@@ -107,17 +107,10 @@ impl PackService for Packs {
         let req = req.into_inner();
         let size = page_size(req.page_size)?;
         let after = self.pages.decode(PAGE_KIND, "", &req.page_token)?;
-        let mut packs = self
-            .service
-            .store
-            .list_packs(after.as_deref(), size + 1)
-            .await?;
-        let more = packs.len() as u64 > size;
-        packs.truncate(usize::try_from(size).unwrap_or(usize::MAX));
-        let next_page_token = match (more, packs.last()) {
-            (true, Some(last)) => self.pages.encode(PAGE_KIND, "", &last.manifest.pack_id),
-            _ => String::new(),
-        };
+        let mut packs = self.service.list_packs(after.as_deref(), size + 1).await?;
+        let next_page_token = next_token(&mut packs, size, |last| {
+            self.pages.encode(PAGE_KIND, "", &last.manifest.pack_id)
+        });
         Ok(Response::new(pb::ListPacksResponse {
             packs: packs.iter().map(pack).collect(),
             next_page_token,

@@ -117,6 +117,16 @@ impl PageTokens {
     }
 }
 
+/// Trims a page fetched with one extra item and returns the token for the next page.
+pub fn next_token<T>(items: &mut Vec<T>, size: u64, token: impl Fn(&T) -> String) -> String {
+    let more = items.len() as u64 > size;
+    items.truncate(usize::try_from(size).unwrap_or(usize::MAX));
+    match (more, items.last()) {
+        (true, Some(last)) => token(last),
+        _ => String::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@ use super::convert::{
     activation, binding, binding_state, binding_state_from, execute_state, grant, outcome, route,
     route_from, timestamp,
 };
-use super::paging::{fingerprint, page_size as page_size_of, PageTokens, SEP};
+use super::paging::{fingerprint, next_token, page_size as page_size_of, PageTokens, SEP};
 use super::pb::{self, policy_service_server::PolicyService};
 use crate::domain::model::{ExecuteState, KeyPage};
 use crate::domain::policy::Activation;
@@ -382,15 +382,5 @@ impl PolicyService for Policy {
         })
         .await?;
         Ok(Response::new(pb::RemoveProjectMemberResponse { removed }))
-    }
-}
-
-/// Trims a page fetched with one extra item and returns the token for the next page.
-pub fn next_token<T>(items: &mut Vec<T>, size: u64, token: impl Fn(&T) -> String) -> String {
-    let more = items.len() as u64 > size;
-    items.truncate(usize::try_from(size).unwrap_or(usize::MAX));
-    match (more, items.last()) {
-        (true, Some(last)) => token(last),
-        _ => String::new(),
     }
 }

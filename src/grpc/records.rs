@@ -2,9 +2,8 @@
 use tonic::{Request, Response, Status};
 
 use super::convert::{drop_reason_from, drop_report, micros, record, route_from};
-use super::paging::{fingerprint, page_size, PageTokens, SEP};
+use super::paging::{fingerprint, next_token, page_size, PageTokens, SEP};
 use super::pb::{self, record_service_server::RecordService};
-use super::policy::next_token;
 use crate::auth::{Caller, Role};
 use crate::domain::model::{Position, RecordFilter};
 use crate::error::Error;
@@ -58,10 +57,11 @@ impl RecordService for Records {
             if id.role == Role::Reader {
                 let own = id.principal.clone().unwrap_or_default();
                 if !r.principal.is_empty() && r.principal != own {
-                    return Err(Status::permission_denied(format!(
+                    return Err(Error::PermissionDenied(format!(
                         "a reader lists only its own principal's records, not `{}`",
                         r.principal
-                    )));
+                    ))
+                    .into());
                 }
                 r.principal = own.clone();
                 r.viewer = own;

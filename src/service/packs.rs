@@ -17,6 +17,11 @@ pub struct Registered {
 }
 
 impl Service {
+    /// Registered packs in id order, after `after`.
+    pub async fn list_packs(&self, after: Option<&str>, limit: u64) -> Result<Vec<RegisteredPack>> {
+        self.store.list_packs(after, limit).await
+    }
+
     /// Lints and stores a manifest. Any lint error refuses the whole manifest and nothing is written.
     pub async fn register_pack(&self, manifest: &Value) -> Result<Registered> {
         let report = lint(manifest);

@@ -1,12 +1,26 @@
-//! Reads of the sink and the drop log. Reading changes nothing (§7.5.3).
+//! Reads of the sink, the drop log and the audit log. Reading changes nothing (§7.5.3).
 use super::{valid_id, valid_pack_id, Service};
 use crate::domain::decide::DropReason;
 use crate::domain::model::{DropReport, RecordFilter};
 use crate::domain::names::{check_land, check_ref};
 use crate::error::{Error, Result};
+use crate::store::audit::AuditEvent;
 use crate::store::{Listed, RecordCursor};
 
 impl Service {
+    /// Audit events, newest first, before the (time, id) position `before`; reading is not audited.
+    pub async fn list_audit_events(
+        &self,
+        pack_id: Option<&str>,
+        principal: Option<&str>,
+        before: Option<(i64, &str)>,
+        limit: u64,
+    ) -> Result<Vec<AuditEvent>> {
+        self.store
+            .list_audit_events(pack_id, principal, before, limit)
+            .await
+    }
+
     pub async fn list_records(
         &self,
         f: &RecordFilter,

@@ -4,6 +4,7 @@ mod helpers;
 
 mod hostile;
 mod identity;
+mod layout;
 mod transport;
 
 mod bench;
