@@ -59,7 +59,7 @@ impl PackService for Packs {
         let actor = actor_of(&req);
         let manifest = register_source(req.into_inner().source)?;
         let svc = self.service.clone();
-        let r = detached(actor, async move { svc.register_pack(&manifest).await }).await?;
+        let r = detached(async move { svc.register_pack(&actor, &manifest).await }).await?;
         Ok(Response::new(pb::RegisterPackResponse {
             pack: Some(pack(&r.pack)),
             warnings: r.report.warnings().map(finding).collect(),
@@ -124,7 +124,7 @@ impl PackService for Packs {
         let svc = self.service.clone();
         let actor = actor_of(&req);
         let pack_id = req.into_inner().pack_id;
-        detached(actor, async move { svc.delete_pack(&pack_id).await }).await?;
+        detached(async move { svc.delete_pack(&actor, &pack_id).await }).await?;
         Ok(Response::new(pb::DeletePackResponse {}))
     }
 }

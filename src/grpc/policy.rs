@@ -99,11 +99,7 @@ impl PolicyService for Policy {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        let g = detached(
-            actor,
-            async move { svc.grant(&r.principal, &r.pack_id).await },
-        )
-        .await?;
+        let g = detached(async move { svc.grant(&actor, &r.principal, &r.pack_id).await }).await?;
         Ok(Response::new(pb::GrantSenseEnableResponse {
             grant: Some(grant(&g)),
         }))
@@ -116,11 +112,8 @@ impl PolicyService for Policy {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        let revoked = detached(
-            actor,
-            async move { svc.revoke(&r.principal, &r.pack_id).await },
-        )
-        .await?;
+        let revoked =
+            detached(async move { svc.revoke(&actor, &r.principal, &r.pack_id).await }).await?;
         Ok(Response::new(pb::RevokeSenseEnableResponse { revoked }))
     }
 
@@ -223,8 +216,8 @@ impl PolicyService for Policy {
         let r = req.into_inner();
         let route = route_from("route", r.route)?;
         let svc = self.service.clone();
-        let a = detached(actor, async move {
-            svc.set_activation(&r.principal, &r.pack_id, true, route)
+        let a = detached(async move {
+            svc.set_activation(&actor, &r.principal, &r.pack_id, true, route)
                 .await
         })
         .await?;
@@ -240,8 +233,8 @@ impl PolicyService for Policy {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        let a = detached(actor, async move {
-            svc.set_activation(&r.principal, &r.pack_id, false, None)
+        let a = detached(async move {
+            svc.set_activation(&actor, &r.principal, &r.pack_id, false, None)
                 .await
         })
         .await?;
@@ -257,15 +250,18 @@ impl PolicyService for Policy {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        let e = detached(actor, async move {
-            svc.put_execute_state(ExecuteState {
-                principal: r.principal,
-                pack_id: r.pack_id,
-                installed: r.installed,
-                activated: r.activated,
-                connected: r.connected,
-                update_time: 0,
-            })
+        let e = detached(async move {
+            svc.put_execute_state(
+                &actor,
+                ExecuteState {
+                    principal: r.principal,
+                    pack_id: r.pack_id,
+                    installed: r.installed,
+                    activated: r.activated,
+                    connected: r.connected,
+                    update_time: 0,
+                },
+            )
             .await
         })
         .await?;
@@ -304,8 +300,8 @@ impl PolicyService for Policy {
         let r = req.into_inner();
         let state = binding_state_from("state", r.state)?;
         let svc = self.service.clone();
-        let (b, degraded) = detached(actor, async move {
-            svc.put_binding(&r.principal, &r.pack_id, &r.binding_id, state)
+        let (b, degraded) = detached(async move {
+            svc.put_binding(&actor, &r.principal, &r.pack_id, &r.binding_id, state)
                 .await
         })
         .await?;
@@ -322,10 +318,9 @@ impl PolicyService for Policy {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        let degraded = detached(actor, async move {
-            svc.delete_binding(&r.principal, &r.pack_id).await
-        })
-        .await?;
+        let degraded =
+            detached(async move { svc.delete_binding(&actor, &r.principal, &r.pack_id).await })
+                .await?;
         Ok(Response::new(pb::DeleteBindingResponse {
             binding_degraded: degraded.as_ref().map(outcome),
         }))
@@ -344,8 +339,8 @@ impl PolicyService for Policy {
             )
         })?;
         let svc = self.service.clone();
-        let (b, previous, degraded) = detached(actor, async move {
-            svc.report_binding_health(&r.principal, &r.pack_id, state)
+        let (b, previous, degraded) = detached(async move {
+            svc.report_binding_health(&actor, &r.principal, &r.pack_id, state)
                 .await
         })
         .await?;
@@ -363,10 +358,7 @@ impl PolicyService for Policy {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        detached(actor, async move {
-            svc.add_member(&r.project, &r.principal).await
-        })
-        .await?;
+        detached(async move { svc.add_member(&actor, &r.project, &r.principal).await }).await?;
         Ok(Response::new(pb::AddProjectMemberResponse {}))
     }
 
@@ -377,10 +369,9 @@ impl PolicyService for Policy {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.service.clone();
-        let removed = detached(actor, async move {
-            svc.remove_member(&r.project, &r.principal).await
-        })
-        .await?;
+        let removed =
+            detached(async move { svc.remove_member(&actor, &r.project, &r.principal).await })
+                .await?;
         Ok(Response::new(pb::RemoveProjectMemberResponse { removed }))
     }
 }

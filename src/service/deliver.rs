@@ -1,4 +1,5 @@
 //! DeliverTrigger: validate, decide on the policy view, then record or drop — traced and counted.
+use crate::store::audit::Actor;
 use std::time::Instant;
 
 use sha2::{Digest, Sha256};
@@ -175,6 +176,7 @@ impl Service {
     /// The caller holds the writer's turn.
     pub(super) async fn store_binding(
         &self,
+        actor: &Actor,
         view: &PolicyView,
         change: BindingChange<'_>,
     ) -> Result<(Option<Binding>, Option<Outcome>)> {
@@ -198,10 +200,10 @@ impl Service {
         };
         let started = Instant::now();
         let ((before, produced), record) = match change {
-            BindingChange::Put(b) => self.store.put_binding(b, produce).await?,
+            BindingChange::Put(b) => self.store.put_binding(actor, b, produce).await?,
             BindingChange::Delete { principal, pack_id } => {
                 self.store
-                    .delete_binding(principal, pack_id, produce)
+                    .delete_binding(actor, principal, pack_id, produce)
                     .await?
             }
         };

@@ -21,7 +21,6 @@ use crate::domain::names::{check_id, check_pack_id};
 use crate::domain::policy::PolicyView;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::store::audit::{as_actor, Actor};
 use crate::store::{Sink, Store};
 
 /// Limits on what a caller may send.
@@ -170,13 +169,11 @@ impl Service {
 }
 
 /// Runs an admin operation to its end even if the caller goes away, so that a
-/// commit is never separated from the view update that follows it; `actor` is
-/// the author of the audit rows it writes.
+/// commit is never separated from the view update that follows it.
 pub async fn detached<T: Send + 'static>(
-    actor: Actor,
     op: impl std::future::Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
-    tokio::spawn(as_actor(actor, op))
+    tokio::spawn(op)
         .await
         .map_err(|e| Error::Internal(format!("admin operation failed: {e}")))?
 }

@@ -1,4 +1,5 @@
 //! Pack registration: lint, store, then refresh the pack's policy in the view.
+use crate::store::audit::Actor;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -23,13 +24,13 @@ impl Service {
     }
 
     /// Lints and stores a manifest. Any lint error refuses the whole manifest and nothing is written.
-    pub async fn register_pack(&self, manifest: &Value) -> Result<Registered> {
+    pub async fn register_pack(&self, actor: &Actor, manifest: &Value) -> Result<Registered> {
         let report = lint(manifest);
         let Some(m) = report.manifest.as_ref().filter(|_| report.is_valid()) else {
             return Err(lint_failure(&report));
         };
         let _turn = self.policy.writer.lock().await;
-        let (pack, created) = self.store.put_pack(m, now_micros()).await?;
+        let (pack, created) = self.store.put_pack(actor, m, now_micros()).await?;
         let view = self.policy.view.load_full();
         match view.pack(&m.pack_id) {
             // Known pack: its principals are unchanged, only the declaration is new.
@@ -60,10 +61,10 @@ impl Service {
             .ok_or_else(|| unknown_pack(pack_id))
     }
 
-    pub async fn delete_pack(&self, pack_id: &str) -> Result<()> {
+    pub async fn delete_pack(&self, actor: &Actor, pack_id: &str) -> Result<()> {
         valid_pack_id(pack_id)?;
         let _turn = self.policy.writer.lock().await;
-        if !self.store.delete_pack(pack_id).await? {
+        if !self.store.delete_pack(actor, pack_id).await? {
             return Err(unknown_pack(pack_id));
         }
         let view = self.policy.view.load().with_pack(pack_id, None);

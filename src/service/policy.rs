@@ -1,4 +1,5 @@
 //! Admin writes to Sense policy. Each commits to the store, then patches the view, under the writer's turn.
+use crate::store::audit::Actor;
 use std::sync::Arc;
 
 use super::deliver::BindingChange;
@@ -35,14 +36,14 @@ impl Service {
         Ok(view)
     }
 
-    pub async fn grant(&self, principal: &str, pack_id: &str) -> Result<Grant> {
+    pub async fn grant(&self, actor: &Actor, principal: &str, pack_id: &str) -> Result<Grant> {
         valid_id("principal", principal)?;
         valid_pack_id(pack_id)?;
         let _turn = self.policy.writer.lock().await;
         let view = self.view_with_pack(pack_id)?;
         let g = self
             .store
-            .put_grant(principal, pack_id, now_micros())
+            .put_grant(actor, principal, pack_id, now_micros())
             .await?;
         self.publish(view.with_principal(pack_id, principal, |p| p.granted = true));
         tracing::info!(principal, pack_id, "sense.enable granted");
@@ -50,11 +51,11 @@ impl Service {
     }
 
     /// Revokes; every delivery that starts after this returns sees it (§7.3.1).
-    pub async fn revoke(&self, principal: &str, pack_id: &str) -> Result<bool> {
+    pub async fn revoke(&self, actor: &Actor, principal: &str, pack_id: &str) -> Result<bool> {
         valid_id("principal", principal)?;
         valid_pack_id(pack_id)?;
         let _turn = self.policy.writer.lock().await;
-        let revoked = self.store.delete_grant(principal, pack_id).await?;
+        let revoked = self.store.delete_grant(actor, principal, pack_id).await?;
         let view = self.policy.view.load_full();
         self.publish(view.with_principal(pack_id, principal, |p| p.granted = false));
         tracing::info!(principal, pack_id, revoked, "sense.enable revoked");
@@ -92,6 +93,7 @@ impl Service {
     /// state (§7.4.1).
     pub async fn set_activation(
         &self,
+        actor: &Actor,
         principal: &str,
         pack_id: &str,
         on: bool,
@@ -111,7 +113,7 @@ impl Service {
             route: route.unwrap_or(Route::Inbox),
             update_time: now_micros(),
         };
-        self.store.put_activation(&row).await?;
+        self.store.put_activation(actor, &row).await?;
         let activation = row.activation();
         self.publish(if principal.is_empty() {
             view.with_pack_activation(pack_id, Some(activation))
@@ -124,7 +126,7 @@ impl Service {
 
     /// Mirrors Execute's state. It is never read by a decision. Like every per-pack
     /// admin write, it needs the pack registered.
-    pub async fn put_execute_state(&self, e: ExecuteState) -> Result<ExecuteState> {
+    pub async fn put_execute_state(&self, actor: &Actor, e: ExecuteState) -> Result<ExecuteState> {
         valid_id("principal", &e.principal)?;
         valid_pack_id(&e.pack_id)?;
         self.view_with_pack(&e.pack_id)?;
@@ -132,7 +134,7 @@ impl Service {
             update_time: now_micros(),
             ..e
         };
-        self.store.put_execute_state(&e).await?;
+        self.store.put_execute_state(actor, &e).await?;
         Ok(e)
     }
 
@@ -170,6 +172,7 @@ impl Service {
     /// Creates or replaces a Binding. `None` state means linked.
     pub async fn put_binding(
         &self,
+        actor: &Actor,
         principal: &str,
         pack_id: &str,
         binding_id: &str,
@@ -188,6 +191,7 @@ impl Service {
         let view = self.view_with_pack(pack_id)?;
         let (b, _, outcome) = self
             .change_binding(
+                actor,
                 &view,
                 principal,
                 pack_id,
@@ -201,6 +205,7 @@ impl Service {
     /// Records a Binding's health reported by the runtime.
     pub async fn report_binding_health(
         &self,
+        actor: &Actor,
         principal: &str,
         pack_id: &str,
         state: BindingState,
@@ -210,7 +215,7 @@ impl Service {
         let _turn = self.policy.writer.lock().await;
         let view = self.view_with_pack(pack_id)?;
         let (b, before, outcome) = self
-            .change_binding(&view, principal, pack_id, None, state)
+            .change_binding(actor, &view, principal, pack_id, None, state)
             .await?;
         Ok((b, before.state, outcome))
     }
@@ -219,6 +224,7 @@ impl Service {
     /// its id.
     async fn change_binding(
         &self,
+        actor: &Actor,
         view: &PolicyView,
         principal: &str,
         pack_id: &str,
@@ -248,7 +254,9 @@ impl Service {
             state,
             update_time: now_micros(),
         };
-        let (before, outcome) = self.store_binding(view, BindingChange::Put(&b)).await?;
+        let (before, outcome) = self
+            .store_binding(actor, view, BindingChange::Put(&b))
+            .await?;
         let before = before.unwrap_or_else(|| Binding { state, ..b.clone() });
         self.publish(view.with_principal(pack_id, principal, |p| {
             p.binding = Some(BindingRef {
@@ -262,13 +270,18 @@ impl Service {
 
     /// Deletes a Binding. A linked Binding that goes away has left `linked`: it produces
     /// `binding.degraded` like any other departure.
-    pub async fn delete_binding(&self, principal: &str, pack_id: &str) -> Result<Option<Outcome>> {
+    pub async fn delete_binding(
+        &self,
+        actor: &Actor,
+        principal: &str,
+        pack_id: &str,
+    ) -> Result<Option<Outcome>> {
         valid_id("principal", principal)?;
         valid_pack_id(pack_id)?;
         let _turn = self.policy.writer.lock().await;
         let view = self.policy.view.load_full();
         let (before, outcome) = self
-            .store_binding(&view, BindingChange::Delete { principal, pack_id })
+            .store_binding(actor, &view, BindingChange::Delete { principal, pack_id })
             .await?;
         if before.is_none() {
             return Err(no_binding(principal, pack_id));
@@ -278,18 +291,23 @@ impl Service {
         Ok(outcome)
     }
 
-    pub async fn add_member(&self, project: &str, principal: &str) -> Result<()> {
+    pub async fn add_member(&self, actor: &Actor, project: &str, principal: &str) -> Result<()> {
         valid_id("project", project)?;
         valid_id("principal", principal)?;
         self.store
-            .add_member(project, principal, now_micros())
+            .add_member(actor, project, principal, now_micros())
             .await
     }
 
-    pub async fn remove_member(&self, project: &str, principal: &str) -> Result<bool> {
+    pub async fn remove_member(
+        &self,
+        actor: &Actor,
+        project: &str,
+        principal: &str,
+    ) -> Result<bool> {
         valid_id("project", project)?;
         valid_id("principal", principal)?;
-        self.store.remove_member(project, principal).await
+        self.store.remove_member(actor, project, principal).await
     }
 }
 

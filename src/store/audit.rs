@@ -8,21 +8,12 @@ use super::entity::audit_events;
 use super::{classify, now_micros, Store};
 use crate::error::Result;
 
-/// Who made the change being written; set for the duration of an admin operation.
+/// Who made the change being written: every audited write is passed one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Actor {
     pub subject: String,
     pub role: String,
     pub rpc: String,
-}
-
-tokio::task_local! {
-    static ACTOR: Actor;
-}
-
-/// Runs `f` with `actor` as the author of every audit row it writes.
-pub async fn as_actor<F: std::future::Future>(actor: Actor, f: F) -> F::Output {
-    ACTOR.scope(actor, f).await
 }
 
 /// One audit row as read back.
@@ -44,26 +35,21 @@ pub(crate) fn json<T: serde::Serialize + ?Sized>(row: &T) -> Option<String> {
     serde_json::to_string(row).ok()
 }
 
-/// Appends an audit row for a change in the current transaction. Without an
-/// actor in scope (start-up, internal work) the change is attributed to `system`.
+/// Appends an audit row for a change by `actor` in the current transaction.
 pub(crate) async fn record(
     txn: &impl ConnectionTrait,
+    actor: &Actor,
     pack_id: Option<&str>,
     principal: Option<&str>,
     before: Option<String>,
     after: Option<String>,
 ) -> Result<()> {
-    let actor = ACTOR.try_with(Clone::clone).unwrap_or(Actor {
-        subject: "system".into(),
-        role: "system".into(),
-        rpc: "internal".into(),
-    });
     audit_events::Entity::insert(audit_events::ActiveModel {
         event_id: Set(uuid::Uuid::now_v7().to_string()),
         event_time: Set(now_micros()),
-        actor: Set(actor.subject),
-        role: Set(actor.role),
-        rpc: Set(actor.rpc),
+        actor: Set(actor.subject.clone()),
+        role: Set(actor.role.clone()),
+        rpc: Set(actor.rpc.clone()),
         pack_id: Set(pack_id.map(str::to_owned)),
         principal: Set(principal.map(str::to_owned)),
         before: Set(before),

@@ -1,4 +1,5 @@
 //! Packs and their declarations: registered, replaced and removed atomically.
+use super::audit::Actor;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
     QuerySelect,
@@ -17,15 +18,25 @@ use crate::error::{Error, Result};
 impl Store {
     /// Stores a linted manifest, replacing any earlier declaration of the same
     /// pack in one transaction. Returns the stored pack and whether it was new.
-    pub async fn put_pack(&self, m: &Manifest, now: i64) -> Result<(RegisteredPack, bool)> {
-        match self.put_pack_once(m, now).await {
+    pub async fn put_pack(
+        &self,
+        actor: &Actor,
+        m: &Manifest,
+        now: i64,
+    ) -> Result<(RegisteredPack, bool)> {
+        match self.put_pack_once(actor, m, now).await {
             // A concurrent first registration of the same id won the insert: replace it.
-            Err(Error::AlreadyExists(_)) => self.put_pack_once(m, now).await,
+            Err(Error::AlreadyExists(_)) => self.put_pack_once(actor, m, now).await,
             other => other,
         }
     }
 
-    async fn put_pack_once(&self, m: &Manifest, now: i64) -> Result<(RegisteredPack, bool)> {
+    async fn put_pack_once(
+        &self,
+        actor: &Actor,
+        m: &Manifest,
+        now: i64,
+    ) -> Result<(RegisteredPack, bool)> {
         let w = self.begin_write().await?;
         let txn = &w.txn;
         let mut find = packs::Entity::find_by_id(m.pack_id.clone());
@@ -63,6 +74,7 @@ impl Store {
         insert_declaration(txn, m).await?;
         super::audit::record(
             txn,
+            actor,
             Some(&m.pack_id),
             None,
             existing.as_ref().and_then(|p| {
@@ -117,7 +129,7 @@ impl Store {
 
     /// Removes a pack's declaration and its Sense grants and activations.
     /// Bindings, Execute state and records are not Sense's to remove.
-    pub async fn delete_pack(&self, pack_id: &str) -> Result<bool> {
+    pub async fn delete_pack(&self, actor: &Actor, pack_id: &str) -> Result<bool> {
         let w = self.begin_write().await?;
         let txn = &w.txn;
         let res = packs::Entity::delete_by_id(pack_id.to_owned())
@@ -140,7 +152,7 @@ impl Store {
             .map_err(classify)?;
         let before =
             super::audit::json(&serde_json::json!({ "pack_id": pack_id, "registered": true }));
-        super::audit::record(txn, Some(pack_id), None, before, None).await?;
+        super::audit::record(txn, actor, Some(pack_id), None, before, None).await?;
         w.commit_announcing(pack_id).await?;
         Ok(true)
     }

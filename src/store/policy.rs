@@ -1,4 +1,5 @@
 //! Sense policy rows: grants, activations, Bindings, project members, and the Execute-state mirror.
+use super::audit::Actor;
 use std::collections::HashMap;
 
 use sea_orm::sea_query::OnConflict;
@@ -208,7 +209,13 @@ impl Store {
     }
 
     /// Grants `sense.enable`; granting again keeps the first grant's time.
-    pub async fn put_grant(&self, principal: &str, pack_id: &str, now: i64) -> Result<Grant> {
+    pub async fn put_grant(
+        &self,
+        actor: &Actor,
+        principal: &str,
+        pack_id: &str,
+        now: i64,
+    ) -> Result<Grant> {
         let w = self.begin_write().await?;
         let before = sense_grants::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
             .one(&w.txn)
@@ -238,6 +245,7 @@ impl Store {
             .ok_or_else(|| corrupt("grant"))?;
         super::audit::record(
             &w.txn,
+            actor,
             Some(pack_id),
             Some(principal),
             before,
@@ -252,7 +260,12 @@ impl Store {
         })
     }
 
-    pub async fn delete_grant(&self, principal: &str, pack_id: &str) -> Result<bool> {
+    pub async fn delete_grant(
+        &self,
+        actor: &Actor,
+        principal: &str,
+        pack_id: &str,
+    ) -> Result<bool> {
         let w = self.begin_write().await?;
         let before = sense_grants::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
             .one(&w.txn)
@@ -263,7 +276,7 @@ impl Store {
             .exec(&w.txn)
             .await
             .map_err(classify)?;
-        super::audit::record(&w.txn, Some(pack_id), Some(principal), before, None).await?;
+        super::audit::record(&w.txn, actor, Some(pack_id), Some(principal), before, None).await?;
         w.commit_announcing(pack_id).await?;
         Ok(r.rows_affected > 0)
     }
@@ -326,7 +339,7 @@ impl Store {
     }
 
     /// Sets an activation (an empty principal is pack-wide).
-    pub async fn put_activation(&self, a: &ActivationRow) -> Result<()> {
+    pub async fn put_activation(&self, actor: &Actor, a: &ActivationRow) -> Result<()> {
         let w = self.begin_write().await?;
         let before =
             sense_activations::Entity::find_by_id((a.principal.clone(), a.pack_id.clone()))
@@ -358,6 +371,7 @@ impl Store {
         .map_err(classify)?;
         super::audit::record(
             &w.txn,
+            actor,
             Some(&a.pack_id),
             Some(&a.principal),
             before,
@@ -380,7 +394,7 @@ impl Store {
             .transpose()
     }
 
-    pub async fn put_execute_state(&self, e: &ExecuteState) -> Result<()> {
+    pub async fn put_execute_state(&self, actor: &Actor, e: &ExecuteState) -> Result<()> {
         let w = self.begin_write().await?;
         let before = execute_states::Entity::find_by_id((e.principal.clone(), e.pack_id.clone()))
             .one(&w.txn)
@@ -413,6 +427,7 @@ impl Store {
         .map_err(classify)?;
         super::audit::record(
             &w.txn,
+            actor,
             Some(&e.pack_id),
             Some(&e.principal),
             before,
@@ -452,6 +467,7 @@ impl Store {
     /// `binding.degraded` trigger, if any, is stored in the same transaction.
     pub async fn put_binding<T>(
         &self,
+        actor: &Actor,
         b: &Binding,
         produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
     ) -> Result<(T, Option<Record>)> {
@@ -484,6 +500,7 @@ impl Store {
         }
         super::audit::record(
             &w.txn,
+            actor,
             Some(&b.pack_id),
             Some(&b.principal),
             before.and_then(|r| super::audit::json(&r)),
@@ -498,6 +515,7 @@ impl Store {
     /// gets the Binding deleted (`None`: there was none, and nothing is written).
     pub async fn delete_binding<T>(
         &self,
+        actor: &Actor,
         principal: &str,
         pack_id: &str,
         produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
@@ -517,6 +535,7 @@ impl Store {
         }
         super::audit::record(
             &w.txn,
+            actor,
             Some(pack_id),
             Some(principal),
             super::audit::json(&before),
@@ -527,7 +546,13 @@ impl Store {
         Ok((produced, record))
     }
 
-    pub async fn add_member(&self, project: &str, principal: &str, now: i64) -> Result<()> {
+    pub async fn add_member(
+        &self,
+        actor: &Actor,
+        project: &str,
+        principal: &str,
+        now: i64,
+    ) -> Result<()> {
         let w = self.begin_write().await?;
         let before =
             project_members::Entity::find_by_id((project.to_owned(), principal.to_owned()))
@@ -553,6 +578,7 @@ impl Store {
         .map_err(classify)?;
         super::audit::record(
             &w.txn,
+            actor,
             None,
             Some(principal),
             before,
@@ -562,7 +588,12 @@ impl Store {
         w.commit().await
     }
 
-    pub async fn remove_member(&self, project: &str, principal: &str) -> Result<bool> {
+    pub async fn remove_member(
+        &self,
+        actor: &Actor,
+        project: &str,
+        principal: &str,
+    ) -> Result<bool> {
         let w = self.begin_write().await?;
         let before =
             project_members::Entity::find_by_id((project.to_owned(), principal.to_owned()))
@@ -574,7 +605,7 @@ impl Store {
             .exec(&w.txn)
             .await
             .map_err(classify)?;
-        super::audit::record(&w.txn, None, Some(principal), before, None).await?;
+        super::audit::record(&w.txn, actor, None, Some(principal), before, None).await?;
         w.commit().await?;
         Ok(r.rows_affected > 0)
     }
