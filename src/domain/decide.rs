@@ -4,7 +4,9 @@ use std::fmt;
 
 use super::names::{check_id, check_land, check_pack_id, check_ref};
 use super::pack::{BindingMode, TriggerSource, BINDING_DEGRADED};
-use super::policy::{Activation, BindingRef, BindingState, PolicyView, Route};
+use super::policy::{
+    Activation, BindingRef, BindingState, PackPolicy, PolicyView, PrincipalPolicy, Route,
+};
 
 /// The binding identity of records made for public packs (§7.5.1).
 pub const PUBLIC_BINDING: &str = "public";
@@ -93,6 +95,25 @@ pub enum Decision {
     Drop(DropReason),
 }
 
+impl Decision {
+    /// `recorded_inbox`, `recorded_silent` or `dropped`, as spans and metrics name it.
+    pub fn disposition(&self) -> &'static str {
+        disposition(match self {
+            Decision::Record { route, .. } => Some(*route),
+            Decision::Drop(_) => None,
+        })
+    }
+}
+
+/// The one mapping from a route (none: dropped) to a disposition's name.
+fn disposition(route: Option<Route>) -> &'static str {
+    match route {
+        Some(Route::Inbox) => "recorded_inbox",
+        Some(Route::Silent) => "recorded_silent",
+        None => "dropped",
+    }
+}
+
 /// Decides on a trigger, checking the clauses in the order of clauses.md:
 /// pack, ref, grant, Binding, land, activation.
 pub fn decide(view: &PolicyView, t: &Trigger) -> Decision {
@@ -105,29 +126,55 @@ pub fn decide(view: &PolicyView, t: &Trigger) -> Decision {
         return Decision::Drop(DropReason::UndeclaredRef);
     };
     let principal = pack.principals.get(&t.principal);
-    // 3. §7.3.1: the principal must hold sense.enable for the pack.
-    if !principal.is_some_and(|p| p.granted) {
-        return Decision::Drop(DropReason::NoGrant);
-    }
-    // 4. §7.3.4, §7.2.2: a connected Binding, unless the pack is public.
-    let binding_id = if pack.binding_mode == BindingMode::Public {
-        PUBLIC_BINDING.to_owned()
-    } else {
-        match principal.and_then(|p| p.binding.as_ref()) {
-            Some(b) if b.state == BindingState::Linked => b.binding_id.clone(),
-            _ => return Decision::Drop(DropReason::NoConnectedBinding),
-        }
+    // 3, 4.
+    let binding_id = match admitted(pack, principal) {
+        Ok(id) => id,
+        Err(reason) => return Decision::Drop(reason),
     };
     // 5. §7.3.4: the trigger's land must be its Policy entry's.
     if t.land != *policy_land {
         return Decision::Drop(DropReason::LandMismatch);
     }
-    // 6. §7.4.2: off (or never switched on) routes to drop.
-    match pack.activation_for(principal) {
-        Activation::Off => Decision::Drop(DropReason::ActivationOff),
+    // 6.
+    match routed(pack, principal) {
+        Err(reason) => Decision::Drop(reason),
         // 7. Record with the activation's route and the Binding identity.
-        Activation::On(route) => Decision::Record { route, binding_id },
+        Ok(route) => Decision::Record { route, binding_id },
     }
+}
+
+/// Steps 3 and 4 of `decide`: the grant, and a connected Binding unless the pack is public.
+/// Returns the Binding identity records carry.
+fn admitted(pack: &PackPolicy, principal: Option<&PrincipalPolicy>) -> Result<String, DropReason> {
+    // 3. §7.3.1: the principal must hold sense.enable for the pack.
+    if !principal.is_some_and(|p| p.granted) {
+        return Err(DropReason::NoGrant);
+    }
+    // 4. §7.3.4, §7.2.2: a connected Binding, unless the pack is public.
+    if pack.binding_mode == BindingMode::Public {
+        return Ok(PUBLIC_BINDING.to_owned());
+    }
+    match principal.and_then(|p| p.binding.as_ref()) {
+        Some(b) if b.state == BindingState::Linked => Ok(b.binding_id.clone()),
+        _ => Err(DropReason::NoConnectedBinding),
+    }
+}
+
+/// Step 6 of `decide`, §7.4.2: off (or never switched on) routes to drop.
+fn routed(pack: &PackPolicy, principal: Option<&PrincipalPolicy>) -> Result<Route, DropReason> {
+    match pack.activation_for(principal) {
+        Activation::Off => Err(DropReason::ActivationOff),
+        Activation::On(route) => Ok(route),
+    }
+}
+
+/// Whether a trigger of `pack_id` for `principal`, of a declared ref at its Policy land, would
+/// be recorded now: `decide`'s own steps 3, 4 and 6 (GetPackState's `deliverable`).
+pub fn deliverable(view: &PolicyView, pack_id: &str, principal: &str) -> bool {
+    view.pack(pack_id).is_some_and(|pack| {
+        let p = pack.principals.get(principal);
+        admitted(pack, p).is_ok() && routed(pack, p).is_ok()
+    })
 }
 
 /// §7.7.3: the `binding.degraded` trigger the service produces, as the runtime's hub, when a
@@ -214,11 +261,7 @@ impl Outcome {
 
     /// `recorded_inbox`, `recorded_silent` or `dropped`.
     pub fn disposition(&self) -> &'static str {
-        match self.route {
-            Some(Route::Inbox) => "recorded_inbox",
-            Some(Route::Silent) => "recorded_silent",
-            None => "dropped",
-        }
+        disposition(self.route)
     }
 }
 
@@ -435,6 +478,46 @@ mod tests {
                 ),
             }
         }
+    }
+
+    #[test]
+    fn deliverable_is_decide_for_a_declared_trigger_at_its_land() {
+        // Every subset of the conditions that belong to the principal, not the trigger.
+        for mask in 0u8..8 {
+            let bit = |i: u8| mask & (1 << i) != 0;
+            let f = Fail {
+                unknown_pack: false,
+                undeclared_ref: false,
+                no_grant: bit(0),
+                no_binding: bit(1),
+                land: false,
+                off: bit(2),
+            };
+            let (view, t) = case(f, Route::Inbox);
+            let recorded = matches!(decide(&view, &t), Decision::Record { .. });
+            assert_eq!(
+                deliverable(&view, "p", "alice"),
+                recorded,
+                "mask {mask:03b}"
+            );
+            assert_eq!(recorded, mask == 0);
+        }
+        let (view, _) = case(
+            Fail {
+                unknown_pack: false,
+                undeclared_ref: false,
+                no_grant: false,
+                no_binding: false,
+                land: false,
+                off: false,
+            },
+            Route::Inbox,
+        );
+        assert!(!deliverable(&view, "q", "alice"), "an unknown pack");
+        assert!(
+            !deliverable(&view, "p", "bob"),
+            "a principal with no policy"
+        );
     }
 
     #[test]

@@ -74,13 +74,28 @@ pub struct PackPolicy {
 
 impl PackPolicy {
     pub fn from_manifest(m: &Manifest) -> PackPolicy {
-        PackPolicy {
-            binding_mode: m.binding_mode,
-            lands: m
-                .stimuli
+        PackPolicy::declared(
+            m.binding_mode,
+            &m.triggers
                 .iter()
-                .filter(|s| m.triggers.iter().any(|t| t.r#ref == s.r#ref))
-                .map(|s| (s.r#ref.clone(), s.land.clone()))
+                .map(|t| t.r#ref.as_str())
+                .collect::<Vec<_>>(),
+            m.stimuli.iter().map(|s| (s.r#ref.clone(), s.land.clone())),
+        )
+    }
+
+    /// A pack's policy with no principals yet: each declared ref with the land of its Policy
+    /// entry, as (ref, land) pairs; an entry for a ref the pack does not declare is no land.
+    pub fn declared(
+        binding_mode: BindingMode,
+        refs: &[&str],
+        stimuli: impl IntoIterator<Item = (String, String)>,
+    ) -> PackPolicy {
+        PackPolicy {
+            binding_mode,
+            lands: stimuli
+                .into_iter()
+                .filter(|(r, _)| refs.contains(&r.as_str()))
                 .collect(),
             activation: None,
             principals: HashMap::new(),

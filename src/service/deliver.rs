@@ -28,16 +28,10 @@ pub fn decision_span(t: &Trigger, d: &Decision, hash_principal: bool) -> Span {
     } else {
         t.principal.clone()
     };
-    let (disposition, reason) = match d {
-        Decision::Drop(r) => ("dropped", r.as_str()),
-        Decision::Record {
-            route: Route::Inbox,
-            ..
-        } => ("recorded_inbox", ""),
-        Decision::Record {
-            route: Route::Silent,
-            ..
-        } => ("recorded_silent", ""),
+    let disposition = d.disposition();
+    let reason = match d {
+        Decision::Drop(r) => r.as_str(),
+        Decision::Record { .. } => "",
     };
     let span = tracing::info_span!(
         "sense.decision",

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use super::deliver::BindingChange;
 use super::{unknown_pack, valid_id, valid_pack_id, Service};
+use crate::domain::decide::deliverable;
 use crate::domain::decide::{Outcome, PUBLIC_BINDING};
 use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member};
-use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, BindingRef, BindingState, PolicyView, Route};
 use crate::error::{Error, Result};
 use crate::store::now_micros;
@@ -146,10 +146,6 @@ impl Service {
         let own = pack.principals.get(principal);
         let granted = own.is_some_and(|p| p.granted);
         let activation = pack.activation_for(own);
-        let connected = pack.binding_mode == BindingMode::Public
-            || own
-                .and_then(|p| p.binding.as_ref())
-                .is_some_and(|b| b.state == BindingState::Linked);
         let binding = self.store.get_binding(principal, pack_id).await?;
         let execute = self
             .store
@@ -162,7 +158,7 @@ impl Service {
             });
         Ok(PackState {
             granted,
-            deliverable: granted && connected && matches!(activation, Activation::On(_)),
+            deliverable: deliverable(&view, pack_id, principal),
             activation,
             binding,
             execute,

@@ -1,6 +1,5 @@
 //! Sense policy rows: grants, activations, Bindings, project members, and the Execute-state mirror.
 use super::audit::Actor;
-use std::collections::HashMap;
 
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
@@ -150,17 +149,11 @@ impl Store {
             .all(db)
             .await
             .map_err(classify)?;
-        let mut policy = PackPolicy {
-            binding_mode: BindingMode::parse(&pack.binding_mode)
-                .ok_or_else(|| corrupt("binding mode"))?,
-            lands: stimuli
-                .into_iter()
-                .filter(|s| refs.contains(&s.r#ref))
-                .map(|s| (s.r#ref, s.land))
-                .collect(),
-            activation: None,
-            principals: HashMap::new(),
-        };
+        let mut policy = PackPolicy::declared(
+            BindingMode::parse(&pack.binding_mode).ok_or_else(|| corrupt("binding mode"))?,
+            &refs.iter().map(String::as_str).collect::<Vec<_>>(),
+            stimuli.into_iter().map(|s| (s.r#ref, s.land)),
+        );
         // Rows come in chunks, so loading a pack with many principals never holds
         // more than a chunk of rows besides the policy itself.
         macro_rules! each_row {
