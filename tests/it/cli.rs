@@ -381,11 +381,23 @@ async fn python_grpcio_client_runs_the_sense_flow() {
     assert!(text(&o).contains("python flow ok"), "{}", text(&o));
 }
 
-/// The `sh` blocks of the README's "Walkthrough" sections, in order.
+/// The `sh` blocks of the "Walkthrough" sections of the README, then of `docs/*.md` in name
+/// order.
 fn walkthrough_blocks() -> Vec<String> {
-    let readme = std::fs::read_to_string(repo_path("README.md")).expect("README");
+    let mut docs: Vec<_> = std::fs::read_dir(repo_path("docs"))
+        .expect("docs/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    let mut text = std::fs::read_to_string(repo_path("README.md")).expect("README");
+    for d in docs {
+        text.push('\n');
+        text.push_str(&std::fs::read_to_string(d).expect("doc"));
+    }
     let (mut blocks, mut in_walkthrough, mut block) = (Vec::new(), false, None::<String>);
-    for line in readme.lines() {
+    for line in text.lines() {
         match &mut block {
             Some(b) if line.trim_end() == "```" => {
                 blocks.push(std::mem::take(b));
@@ -395,7 +407,10 @@ fn walkthrough_blocks() -> Vec<String> {
                 b.push_str(line);
                 b.push('\n');
             }
-            None if line.starts_with("## ") => in_walkthrough = line.starts_with("## Walkthrough"),
+            // A file's title or a section ends a walkthrough.
+            None if line.starts_with("# ") || line.starts_with("## ") => {
+                in_walkthrough = line.starts_with("## Walkthrough")
+            }
             None if in_walkthrough && line.trim_end() == "```sh" => block = Some(String::new()),
             None => {}
         }
