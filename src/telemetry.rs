@@ -36,10 +36,6 @@ impl Telemetry {
             let _ = m.shutdown();
         }
     }
-
-    pub fn exporting(&self) -> bool {
-        self.provider.is_some()
-    }
 }
 
 /// Whether the standard environment asks for OTLP trace export.

@@ -1,0 +1,106 @@
+//! Declared triggers: §7.1.1 (shape), §7.1.2 (syntax, duplicates), §7.1.4 and §7.8 (source).
+use std::collections::HashSet;
+
+use serde_json::{Map, Value};
+
+use super::Linter;
+use crate::domain::names::check_ref;
+use crate::domain::pack::{DeclaredTrigger, TriggerSource};
+
+/// The declared triggers, the field of each one's ref, and every valid ref declared.
+pub(super) struct Declared {
+    pub triggers: Vec<DeclaredTrigger>,
+    pub fields: Vec<String>,
+    pub seen: HashSet<String>,
+}
+
+pub(super) fn declared(l: &mut Linter, obj: &Map<String, Value>) -> Declared {
+    // Declared triggers: s7_1_1 (shape), s7_1_2 (syntax, duplicates), s7_1_4 and s7_8 (source).
+    let mut triggers = Vec::new();
+    let mut trigger_fields = Vec::new();
+    let mut seen = HashSet::new();
+    for (i, t) in l
+        .array(obj.get("stimulusTriggers"), "stimulusTriggers")
+        .iter()
+        .enumerate()
+    {
+        let path = format!("stimulusTriggers[{i}]");
+        let Some(t) = t.as_object() else {
+            l.error(
+                "s7_1_1",
+                path.clone(),
+                format!("`{path}` must be an object `{{ ref }}`"),
+            );
+            continue;
+        };
+        let ref_path = format!("{path}.ref");
+        let r = match t.get("ref") {
+            Some(Value::String(s)) => s.clone(),
+            None | Some(Value::Null) => {
+                l.error("s7_1_2", ref_path.clone(), "ref must be non-empty");
+                continue;
+            }
+            Some(_) => {
+                l.error("s7_1_2", ref_path.clone(), "ref must be a string");
+                continue;
+            }
+        };
+        if let Err(e) = check_ref(&r) {
+            l.error("s7_1_2", ref_path.clone(), e);
+        } else if !seen.insert(r.clone()) {
+            l.error(
+                "s7_1_2",
+                ref_path.clone(),
+                format!("ref `{r}` is declared more than once"),
+            );
+        }
+        let source_path = format!("{path}.source");
+        let source = match l.opt_str(t, "source", &source_path) {
+            None => TriggerSource::Push,
+            Some(s) => match TriggerSource::parse(s) {
+                Some(TriggerSource::Poll) => {
+                    l.error(
+                        "s7_1_4",
+                        source_path,
+                        format!("trigger `{r}` has source `poll`: a pack must not declare a trigger for a condition it can only obtain by polling"),
+                    );
+                    TriggerSource::Poll
+                }
+                Some(src @ (TriggerSource::Timer | TriggerSource::Monitor)) => {
+                    l.error(
+                        "s7_8",
+                        source_path,
+                        format!("trigger `{r}` has source `{src}`: timers and monitors are not pack triggers"),
+                    );
+                    src
+                }
+                Some(TriggerSource::Push) => TriggerSource::Push,
+                None => {
+                    l.error(
+                        "s7_1_1",
+                        source_path,
+                        format!("source `{s}` must be `push` (the default); `poll`, `timer` and `monitor` are not triggers"),
+                    );
+                    TriggerSource::Push
+                }
+            },
+        };
+        for key in t.keys() {
+            if key != "ref" && key != "source" && key != "description" {
+                l.warn(
+                    "s7_1_1",
+                    format!("{path}.{key}"),
+                    format!("unknown trigger field `{key}` is ignored"),
+                );
+            }
+        }
+        trigger_fields.push(ref_path);
+        triggers.push(DeclaredTrigger { r#ref: r, source });
+    }
+
+    Declared {
+        triggers,
+        fields: trigger_fields,
+        seen,
+    }
+}

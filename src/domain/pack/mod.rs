@@ -1,0 +1,426 @@
+//! Pack manifests: their shape (§7.1.1) and the lint of §7.1, §7.7.1, §7.8 and §7.9, as pure functions.
+use serde_json::Value;
+
+mod lint;
+pub use lint::lint;
+
+/// The ref of the trigger that reports Binding health (§7.7).
+pub const BINDING_DEGRADED: &str = "binding.degraded";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PackKind {
+    Standard,
+    SenseOnly,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BindingMode {
+    User,
+    Local,
+    Mothership,
+    Public,
+}
+
+/// How the condition behind a trigger is obtained. Only `Push` is a pack trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TriggerSource {
+    Push,
+    Poll,
+    Timer,
+    Monitor,
+}
+
+str_enum!(PackKind { Standard = "standard", SenseOnly = "sense_only" });
+str_enum!(BindingMode { User = "user", Local = "local", Mothership = "mothership", Public = "public" });
+str_enum!(TriggerSource { Push = "push", Poll = "poll", Timer = "timer", Monitor = "monitor" });
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeclaredTrigger {
+    pub r#ref: String,
+    pub source: TriggerSource,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stimulus {
+    pub r#ref: String,
+    pub operation: String,
+    pub land: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    pub name: String,
+    pub installs_webhook: bool,
+}
+
+/// A manifest that passed lint: what the service stores and decides on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    pub pack_id: String,
+    pub kind: PackKind,
+    pub binding_mode: BindingMode,
+    /// `None` when the manifest names no hub; `Some("none")` when it says so explicitly.
+    pub binding_hub: Option<String>,
+    pub triggers: Vec<DeclaredTrigger>,
+    pub stimuli: Vec<Stimulus>,
+    pub commands: Vec<Command>,
+    pub upstream_requires_registration: bool,
+    /// The manifest as given, kept for GetPack.
+    pub raw: Value,
+}
+
+/// A pack as the store holds it: its manifest and its registration history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegisteredPack {
+    pub manifest: Manifest,
+    /// 1 on first registration, one more on each re-registration.
+    pub generation: i64,
+    /// Microseconds since the Unix epoch.
+    pub create_time: i64,
+    pub update_time: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+/// One thing lint has to say about a manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub severity: Severity,
+    /// The clause id enforced, e.g. `s7_1_2`; `s7_1_1` for the manifest's shape.
+    pub rule: &'static str,
+    /// Path in the manifest, e.g. `stimulusTriggers[0].ref`.
+    pub field: String,
+    pub message: String,
+}
+
+/// What lint found, and the manifest when there was no error.
+#[derive(Debug, Clone)]
+pub struct LintReport {
+    pub findings: Vec<Finding>,
+    pub pack_id: Option<String>,
+    pub manifest: Option<Manifest>,
+}
+
+impl LintReport {
+    pub fn errors(&self) -> impl Iterator<Item = &Finding> {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Error)
+    }
+    pub fn warnings(&self) -> impl Iterator<Item = &Finding> {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Warning)
+    }
+    pub fn is_valid(&self) -> bool {
+        self.errors().next().is_none()
+    }
+}
+
+/// Parses manifest text as JSON, or failing that as YAML (s7_1_1).
+pub fn parse_manifest_text(text: &str) -> Result<Value, String> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) => Ok(v),
+        Err(json_err) => match serde_yaml::from_str::<Value>(text) {
+            Ok(v) => Ok(v),
+            Err(yaml_err) => Err(format!(
+                "manifest is neither JSON ({json_err}) nor YAML ({yaml_err})"
+            )),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn valid() -> Value {
+        json!({
+            "id": "github",
+            "kind": "standard",
+            "stimulusTriggers": [{ "ref": "issue.opened" }, { "ref": "binding.degraded" }],
+            "policy": { "stimuli": [
+                { "ref": "issue.opened", "operation": "read", "land": "user" },
+                { "ref": "binding.degraded", "operation": "read", "land": "user" }
+            ]},
+            "binding": { "mode": "user", "hub": "github" },
+            "commands": [{ "name": "issues.create" }]
+        })
+    }
+
+    fn sense_only() -> Value {
+        json!({
+            "id": "weather",
+            "kind": "sense_only",
+            "stimulusTriggers": [{ "ref": "storm.warning" }],
+            "policy": { "stimuli": [{ "ref": "storm.warning", "operation": "read", "land": "user" }]},
+            "binding": { "mode": "public", "hub": "none" }
+        })
+    }
+
+    fn rules(v: &Value, sev: Severity) -> Vec<(&'static str, String)> {
+        lint(v)
+            .findings
+            .into_iter()
+            .filter(|f| f.severity == sev)
+            .map(|f| (f.rule, f.field))
+            .collect()
+    }
+
+    fn errors(v: &Value) -> Vec<(&'static str, String)> {
+        rules(v, Severity::Error)
+    }
+
+    #[test]
+    fn s7_1_1_valid_manifest_passes_clean() {
+        let r = lint(&valid());
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+        let m = r.manifest.expect("manifest");
+        assert_eq!(m.pack_id, "github");
+        assert_eq!(m.triggers.len(), 2);
+        assert_eq!(m.binding_mode, BindingMode::User);
+        assert!(lint(&sense_only()).findings.is_empty());
+    }
+
+    #[test]
+    fn s7_1_1_manifest_yaml_and_json_text_parse_alike() {
+        let yaml = "id: github\nstimulusTriggers:\n  - ref: issue.opened\n  - ref: binding.degraded\npolicy:\n  stimuli:\n    - {ref: issue.opened, operation: read, land: user}\n    - {ref: binding.degraded, operation: read, land: user}\nbinding: {mode: user, hub: github}\ncommands: [{name: issues.create}]\nkind: standard\n";
+        let v = parse_manifest_text(yaml).expect("yaml");
+        assert_eq!(v, valid());
+        let v = parse_manifest_text(&valid().to_string()).expect("json");
+        assert_eq!(v, valid());
+        assert!(parse_manifest_text("{ not: [json").is_err());
+        let mut not_obj = json!([1, 2]);
+        assert_eq!(errors(&not_obj), vec![("s7_1_1", String::new())]);
+        not_obj =
+            json!({"id": "x", "stimulusTriggers": ["issue.opened"], "binding": {"mode": "public"}});
+        assert_eq!(
+            errors(&not_obj),
+            vec![("s7_1_1", "stimulusTriggers[0]".to_string())]
+        );
+    }
+
+    #[test]
+    fn s7_1_2_ref_must_be_non_empty_lower_case_dot_separated() {
+        for bad in [
+            "",
+            "Issue.Opened",
+            "issue..opened",
+            ".issue",
+            "issue.",
+            "issue opened",
+            "issue/opened",
+        ] {
+            let mut v = valid();
+            v["stimulusTriggers"][0]["ref"] = json!(bad);
+            v["policy"]["stimuli"][0]["ref"] = json!(bad);
+            let e = errors(&v);
+            assert!(
+                e.contains(&("s7_1_2", "stimulusTriggers[0].ref".into())),
+                "{bad:?}: {e:?}"
+            );
+            assert!(lint(&v).manifest.is_none());
+        }
+        let mut v = valid();
+        v["stimulusTriggers"][0] = json!({});
+        assert!(errors(&v).contains(&("s7_1_2", "stimulusTriggers[0].ref".into())));
+    }
+
+    #[test]
+    fn s7_1_2_duplicate_refs_are_an_error() {
+        let mut v = valid();
+        v["stimulusTriggers"] = json!([{ "ref": "issue.opened" }, { "ref": "binding.degraded" }, { "ref": "issue.opened" }]);
+        assert!(errors(&v).contains(&("s7_1_2", "stimulusTriggers[2].ref".into())));
+    }
+
+    #[test]
+    fn s7_1_3_every_ref_needs_a_read_policy_entry_with_a_land() {
+        // Missing entry.
+        let mut v = valid();
+        v["policy"]["stimuli"] =
+            json!([{ "ref": "binding.degraded", "operation": "read", "land": "user" }]);
+        assert_eq!(
+            errors(&v),
+            vec![("s7_1_3", "stimulusTriggers[0].ref".into())]
+        );
+        let msg = lint(&v)
+            .findings
+            .into_iter()
+            .find(|f| f.rule == "s7_1_3")
+            .map(|f| f.message);
+        assert!(msg.is_some_and(|m| m.contains("issue.opened")));
+        // Operation other than read.
+        let mut v = valid();
+        v["policy"]["stimuli"][0]["operation"] = json!("write");
+        assert_eq!(
+            errors(&v),
+            vec![("s7_1_3", "policy.stimuli[0].operation".into())]
+        );
+        // Missing and empty land.
+        for land in [Value::Null, json!("")] {
+            let mut v = valid();
+            v["policy"]["stimuli"][0]["land"] = land;
+            assert_eq!(
+                errors(&v),
+                vec![("s7_1_3", "policy.stimuli[0].land".into())]
+            );
+        }
+        // No policy at all.
+        let mut v = valid();
+        v.as_object_mut().map(|o| o.remove("policy"));
+        assert_eq!(errors(&v).len(), 2);
+        assert!(errors(&v).iter().all(|(r, _)| *r == "s7_1_3"));
+        // Two entries for one ref: the land would be ambiguous.
+        let mut v = valid();
+        v["policy"]["stimuli"] = json!([
+            { "ref": "issue.opened", "operation": "read", "land": "user" },
+            { "ref": "issue.opened", "operation": "read", "land": "brain" },
+            { "ref": "binding.degraded", "operation": "read", "land": "user" }
+        ]);
+        assert_eq!(
+            errors(&v),
+            vec![("s7_1_3", "stimulusTriggers[0].ref".into())]
+        );
+    }
+
+    #[test]
+    fn s7_1_4_polled_triggers_fail_lint() {
+        let mut v = valid();
+        v["stimulusTriggers"][0]["source"] = json!("poll");
+        assert_eq!(
+            errors(&v),
+            vec![("s7_1_4", "stimulusTriggers[0].source".into())]
+        );
+        v["stimulusTriggers"][0]["source"] = json!("push");
+        assert!(errors(&v).is_empty());
+    }
+
+    #[test]
+    fn s7_8_timers_and_monitors_are_not_triggers() {
+        for src in ["timer", "monitor"] {
+            let mut v = valid();
+            v["stimulusTriggers"][0]["source"] = json!(src);
+            assert_eq!(
+                errors(&v),
+                vec![("s7_8", "stimulusTriggers[0].source".into())]
+            );
+        }
+    }
+
+    #[test]
+    fn s7_7_3_binding_degraded_in_brain_draws_a_warning() {
+        let mut v = valid();
+        v["policy"]["stimuli"][1]["land"] = json!("brain");
+        let r = lint(&v);
+        assert!(r.is_valid(), "a warning, not an error");
+        assert_eq!(
+            rules(&v, Severity::Warning),
+            vec![("s7_7_3", "policy.stimuli[1].land".into())]
+        );
+        v["policy"]["stimuli"][1]["land"] = json!("user");
+        assert!(rules(&v, Severity::Warning).is_empty());
+    }
+
+    #[test]
+    fn s7_7_1_bound_packs_should_declare_binding_degraded() {
+        for mode in ["user", "local", "mothership"] {
+            let mut v = valid();
+            v["binding"]["mode"] = json!(mode);
+            v["stimulusTriggers"] = json!([{ "ref": "issue.opened" }]);
+            v["policy"]["stimuli"] =
+                json!([{ "ref": "issue.opened", "operation": "read", "land": "user" }]);
+            let r = lint(&v);
+            assert!(r.is_valid(), "a warning, not an error");
+            assert_eq!(
+                rules(&v, Severity::Warning),
+                vec![("s7_7_1", "stimulusTriggers".into())]
+            );
+        }
+        let mut v = valid();
+        v["binding"]["mode"] = json!("public");
+        v["stimulusTriggers"] = json!([{ "ref": "issue.opened" }]);
+        v["policy"]["stimuli"] =
+            json!([{ "ref": "issue.opened", "operation": "read", "land": "user" }]);
+        assert!(rules(&v, Severity::Warning).is_empty());
+    }
+
+    #[test]
+    fn s7_9_1_sense_only_declares_at_least_one_trigger() {
+        let mut v = sense_only();
+        v["stimulusTriggers"] = json!([]);
+        v["policy"]["stimuli"] = json!([]);
+        assert_eq!(errors(&v), vec![("s7_9_1", "stimulusTriggers".into())]);
+        v.as_object_mut().map(|o| o.remove("stimulusTriggers"));
+        assert_eq!(errors(&v), vec![("s7_9_1", "stimulusTriggers".into())]);
+        // No commands is fine.
+        assert!(lint(&sense_only()).is_valid());
+        // A standard pack may have no trigger.
+        let mut v = sense_only();
+        v["kind"] = json!("standard");
+        v["stimulusTriggers"] = json!([]);
+        v["policy"]["stimuli"] = json!([]);
+        assert!(errors(&v).is_empty());
+    }
+
+    #[test]
+    fn s7_9_2_sense_only_should_be_public_or_hubless() {
+        let mut v = sense_only();
+        v["binding"] = json!({ "mode": "user", "hub": "weather-hub" });
+        v["stimulusTriggers"] = json!([{ "ref": "storm.warning" }, { "ref": "binding.degraded" }]);
+        v["policy"]["stimuli"] = json!([
+            { "ref": "storm.warning", "operation": "read", "land": "user" },
+            { "ref": "binding.degraded", "operation": "read", "land": "user" }
+        ]);
+        assert!(lint(&v).is_valid());
+        assert_eq!(
+            rules(&v, Severity::Warning),
+            vec![("s7_9_2", "binding".into())]
+        );
+        v["binding"]["hub"] = json!("none");
+        assert!(rules(&v, Severity::Warning).is_empty());
+    }
+
+    #[test]
+    fn s7_9_2_sense_only_must_not_require_a_webhook_install_command() {
+        for cmd in [
+            json!({ "name": "setup", "installsWebhook": true }),
+            json!({ "name": "install_webhook" }),
+            json!("register-webhook"),
+        ] {
+            let mut v = sense_only();
+            v["commands"] = json!([{ "name": "forecast.get" }, cmd]);
+            assert_eq!(errors(&v), vec![("s7_9_2", "commands[1]".into())], "{v}");
+            v["upstreamRequiresRegistration"] = json!(true);
+            assert!(errors(&v).is_empty());
+        }
+        // An explicit false overrides the name.
+        let mut v = sense_only();
+        v["commands"] = json!([{ "name": "install_webhook", "installsWebhook": false }]);
+        assert!(errors(&v).is_empty());
+        // Standard packs may install webhooks.
+        let mut v = valid();
+        v["commands"] = json!(["install_webhook"]);
+        assert!(errors(&v).is_empty());
+    }
+
+    #[test]
+    fn shape_errors_are_all_reported() {
+        let v = json!({
+            "kind": "weird",
+            "binding": { "mode": "cloud" },
+            "stimulusTriggers": [{ "ref": "A" }],
+        });
+        let e = errors(&v);
+        for want in ["id", "kind", "binding.mode", "stimulusTriggers[0].ref"] {
+            assert!(
+                e.iter().any(|(_, f)| f == want),
+                "{want} missing from {e:?}"
+            );
+        }
+    }
+}
