@@ -9,7 +9,6 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::server::HealthReporter;
 
 use crate::config::Config;
-use std::future::IntoFuture;
 use std::sync::Arc;
 
 use crate::auth::Authenticator;
@@ -233,72 +232,23 @@ impl App {
         let ready_now = self.service.ready().await;
         let (ready_tx, ready_rx) = watch::channel(ready_now);
         set_serving(&health, ready_now).await;
-        // Readiness: SERVING while the store answers and the policy view is current. A lost
-        // policy listener is reported at once; otherwise readiness is asked every READINESS_PROBE.
-        {
-            let service = self.service.clone();
-            let mut current = self.service.watch_current();
-            let health = health.clone();
-            let mut stop = stop_rx.clone();
-            tokio::spawn(async move {
-                let mut serving = None;
-                let mut tick = tokio::time::interval(READINESS_PROBE);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        changed = current.changed() => {
-                            if changed.is_err() {
-                                return;
-                            }
-                            current.borrow_and_update();
-                        }
-                        _ = tick.tick() => {}
-                        _ = stop.changed() => return,
-                    }
-                    let now = service.ready().await;
-                    // Shutdown has its own say (NOT_SERVING) and must not be overwritten.
-                    if *stop.borrow() {
-                        return;
-                    }
-                    if serving != Some(now) {
-                        if serving.is_some() {
-                            if now {
-                                tracing::info!("ready: store answers and policy is current");
-                            } else {
-                                tracing::warn!(
-                                    "not ready: store unreachable or policy not current"
-                                );
-                            }
-                        }
-                        serving = Some(now);
-                        let _ = ready_tx.send(now);
-                        set_serving(&health, now).await;
-                    }
-                }
-            });
-        }
+        tokio::spawn(follow_readiness(
+            self.service.clone(),
+            health.clone(),
+            ready_tx,
+            stop_rx.clone(),
+        ));
         tokio::spawn(async move {
             shutdown.await;
             let _ = stop_tx.send(true);
         });
         let mut on_stop = stop_rx.clone();
         let stop_health = health.clone();
-        let http = axum::serve(
+        tokio::spawn(serve_http(
             self.metrics_listener,
             http_routes(self.service.clone(), ready_rx),
-        )
-        .with_graceful_shutdown({
-            let mut rx = stop_rx.clone();
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            }
-        })
-        .into_future();
-        tokio::spawn(async move {
-            if let Err(e) = http.await {
-                tracing::error!(error = %e, "metrics server failed");
-            }
-        });
+            stop_rx.clone(),
+        ));
         let max = self.limits.max_request_bytes;
         let mut builder = Server::builder();
         if let Some(tls) = self.tls.clone() {
@@ -392,20 +342,80 @@ impl App {
             .get()
             .copied()
             .unwrap_or_else(|| tokio::time::Instant::now() + grace);
-        // The final writes normally take milliseconds; a store that does not answer gets no
-        // more than FINAL_WRITES of what is left of the grace period.
-        let deadline = deadline.min(tokio::time::Instant::now() + FINAL_WRITES);
-        match tokio::time::timeout_at(deadline, self.service.flush_drops()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "drop counts not written at shutdown"),
-            Err(_) => {
-                tracing::warn!("drop counts not written at shutdown: the store did not answer")
-            }
-        }
-        let _ = tokio::time::timeout_at(deadline, self.service.store.close()).await;
+        final_writes(self.service, deadline).await;
         tracing::info!("stopped");
         result
     }
+}
+
+/// Readiness: SERVING while the store answers and the policy view is current. A lost policy
+/// listener is reported at once; otherwise readiness is asked every READINESS_PROBE. Ends at
+/// shutdown, which has its own say (NOT_SERVING).
+async fn follow_readiness(
+    service: Service,
+    health: tonic_health::server::HealthReporter,
+    ready_tx: watch::Sender<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut current = service.watch_current();
+    let mut serving = None;
+    let mut tick = tokio::time::interval(READINESS_PROBE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            changed = current.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                current.borrow_and_update();
+            }
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let now = service.ready().await;
+        if *stop.borrow() {
+            return;
+        }
+        if serving != Some(now) {
+            if serving.is_some() {
+                if now {
+                    tracing::info!("ready: store answers and policy is current");
+                } else {
+                    tracing::warn!("not ready: store unreachable or policy not current");
+                }
+            }
+            serving = Some(now);
+            let _ = ready_tx.send(now);
+            set_serving(&health, now).await;
+        }
+    }
+}
+
+/// The HTTP listener (metrics, health), until shutdown.
+async fn serve_http(listener: TcpListener, routes: axum::Router, mut stop: watch::Receiver<bool>) {
+    let served = axum::serve(listener, routes)
+        .with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await;
+    if let Err(e) = served {
+        tracing::error!(error = %e, "metrics server failed");
+    }
+}
+
+/// The last drop counts, then the store closed, by `deadline`. The final writes normally take
+/// milliseconds; a store that does not answer gets no more than FINAL_WRITES of what is left
+/// of the grace period.
+async fn final_writes(service: Service, deadline: tokio::time::Instant) {
+    let deadline = deadline.min(tokio::time::Instant::now() + FINAL_WRITES);
+    match tokio::time::timeout_at(deadline, service.flush_drops()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "drop counts not written at shutdown"),
+        Err(_) => {
+            tracing::warn!("drop counts not written at shutdown: the store did not answer")
+        }
+    }
+    let _ = tokio::time::timeout_at(deadline, service.store.close()).await;
 }
 
 /// Opens the store, retrying while it is unreachable (a replica may start while its database
