@@ -16,5 +16,6 @@ mod packs;
 mod position;
 mod security;
 mod sense;
+mod support;
 mod telemetry;
 mod trace;

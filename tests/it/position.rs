@@ -10,8 +10,9 @@ use hcp_sense::grpc::pb::{
 use sea_orm::{ConnectionTrait, TransactionTrait};
 use tonic::transport::Channel;
 
-use crate::cli::{connect, set_up_weather, storm_warning, Served, BIN};
+use crate::cli::{connect, set_up_weather, storm_warning};
 use crate::helpers::{StoreKind, TestDb};
+use crate::support::served::{Served, BIN};
 
 /// One page of an unfiltered, ascending listing.
 async fn list_page(ch: &Channel, page_size: i32, token: &str) -> pb::ListRecordsResponse {
@@ -195,7 +196,7 @@ async fn two_replicas_one_clock_behind_list_without_skips_or_repeats_postgres() 
     set_up_weather(&ch_ahead).await;
     // libfaketime, preloaded into the server itself (Debian's faketime): the `faketime`
     // wrapper would run the server as its child, which outlives the wrapper when killed.
-    let mut cmd = crate::cli::serve_command(&db.url);
+    let mut cmd = crate::support::served::serve_command(&db.url);
     cmd.env("LD_PRELOAD", LIBFAKETIME).env("FAKETIME", "-5s");
     cmd.args(key);
     assert!(

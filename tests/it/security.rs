@@ -444,7 +444,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_10_mib_payload_is_refused_without_the_server_growing() {
     let db = crate::helpers::TestDb::create(StoreKind::Sqlite).await;
-    let served = crate::cli::Served::start(&db.url, &[]);
+    let served = crate::support::served::Served::start(&db.url, &[]);
     let ch = Channel::from_shared(format!("http://{}", served.addr))
         .expect("uri")
         .connect()
@@ -614,9 +614,9 @@ async fn tokens_jwts_and_payloads_never_reach_the_logs() {
         ),
     )
     .expect("config");
-    let mut cmd = crate::cli::serve_command(&db.url);
+    let mut cmd = crate::support::served::serve_command(&db.url);
     cmd.arg("--config").arg(&config).env("RUST_LOG", "debug");
-    let served = crate::cli::Served::spawn(cmd);
+    let served = crate::support::served::Served::spawn(cmd);
     let ch = Channel::from_shared(format!("http://{}", served.addr))
         .expect("uri")
         .connect()

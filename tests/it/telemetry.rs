@@ -29,8 +29,8 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use tonic::transport::Channel;
 
-use crate::cli::Served;
 use crate::helpers::{example, http_get, repo_path, spawn_app, StoreKind, TestDb};
+use crate::support::served::Served;
 
 /// An OTLP/gRPC receiver keeping every span it is sent, and the names of the metrics.
 #[derive(Clone, Default)]
@@ -206,7 +206,7 @@ async fn drive(ch: Channel, traceparent: &str) {
 
 async fn served_with_otlp(endpoint: &str, extra_env: &[(&str, &str)]) -> (Served, TestDb) {
     let db = TestDb::create(StoreKind::Sqlite).await;
-    let mut cmd = crate::cli::serve_command(&db.url);
+    let mut cmd = crate::support::served::serve_command(&db.url);
     cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         .env("OTEL_SERVICE_NAME", "hcp-sense-test")
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")

@@ -10,9 +10,9 @@ use tonic::transport::Channel;
 use tonic::Code;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 
-use crate::cli::{serve_command, Served};
 use crate::helpers::{spawn_app_with, StoreKind, TestApp, TestDb};
 use crate::identity::opened;
+use crate::support::served::{serve_command, Served};
 
 /// Server-side sockets in ESTABLISHED state on `port` (from /proc/net/tcp, IPv4 loopback).
 fn established(port: u16) -> usize {
