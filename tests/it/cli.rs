@@ -105,15 +105,7 @@ async fn grpcurl_session(kind: StoreKind) {
     assert!(served.terminate(), "SIGTERM exits 0");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpcurl_lists_describes_and_registers_sqlite() {
-    grpcurl_session(StoreKind::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpcurl_lists_describes_and_registers_postgres() {
-    grpcurl_session(StoreKind::Postgres).await;
-}
+on_both_stores!(grpcurl_lists_describes_and_registers => grpcurl_session);
 
 #[test]
 fn lint_command_reports_and_sets_the_exit_code() {
@@ -459,15 +451,7 @@ async fn sigterm_under_load(kind: StoreKind) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_under_load_loses_no_acknowledged_record_sqlite() {
-    sigterm_under_load(StoreKind::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_under_load_loses_no_acknowledged_record_postgres() {
-    sigterm_under_load(StoreKind::Postgres).await;
-}
+on_both_stores!(sigterm_under_load_loses_no_acknowledged_record => sigterm_under_load);
 
 async fn kill_9_five_times(kind: StoreKind) {
     use hcp_sense::grpc::pb::ingest_service_client::IngestServiceClient;
@@ -527,12 +511,4 @@ async fn kill_9_five_times(kind: StoreKind) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_under_load_keeps_every_acknowledged_record_sqlite() {
-    kill_9_five_times(StoreKind::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_under_load_keeps_every_acknowledged_record_postgres() {
-    kill_9_five_times(StoreKind::Postgres).await;
-}
+on_both_stores!(kill_9_under_load_keeps_every_acknowledged_record => kill_9_five_times);

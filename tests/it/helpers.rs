@@ -35,6 +35,23 @@ macro_rules! both_stores {
     )+};
 }
 
+/// A test of the served binary or of a database, once per store: `name => run` makes the tests
+/// `name::sqlite` and `name::postgres`, each calling `run(StoreKind)`.
+macro_rules! on_both_stores {
+    ($name:ident => $run:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$run(crate::helpers::StoreKind::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$run(crate::helpers::StoreKind::Postgres).await
+            }
+        }
+    };
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
     Sqlite,

@@ -64,15 +64,7 @@ async fn up_down_up(kind: StoreKind) {
     store.close().await;
 }
 
-#[tokio::test]
-async fn migrations_up_down_up_sqlite() {
-    up_down_up(StoreKind::Sqlite).await;
-}
-
-#[tokio::test]
-async fn migrations_up_down_up_postgres() {
-    up_down_up(StoreKind::Postgres).await;
-}
+on_both_stores!(migrations_up_down_up => up_down_up);
 
 /// A database a newer release has migrated: this binary still migrates (nothing to do) and
 /// serves with `--migrate false`, as a previous release does during a rollout or after a
@@ -124,12 +116,4 @@ async fn a_newer_release_s_migrations(kind: StoreKind) {
     store.close().await;
 }
 
-#[tokio::test]
-async fn migrations_of_a_newer_release_are_left_alone_sqlite() {
-    a_newer_release_s_migrations(StoreKind::Sqlite).await;
-}
-
-#[tokio::test]
-async fn migrations_of_a_newer_release_are_left_alone_postgres() {
-    a_newer_release_s_migrations(StoreKind::Postgres).await;
-}
+on_both_stores!(migrations_of_a_newer_release_are_left_alone => a_newer_release_s_migrations);

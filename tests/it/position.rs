@@ -172,15 +172,7 @@ async fn migration_keeps_receive_order(kind: StoreKind) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migration_keeps_receive_order_of_earlier_records_sqlite() {
-    migration_keeps_receive_order(StoreKind::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migration_keeps_receive_order_of_earlier_records_postgres() {
-    migration_keeps_receive_order(StoreKind::Postgres).await;
-}
+on_both_stores!(migration_keeps_receive_order_of_earlier_records => migration_keeps_receive_order);
 
 /// Two replicas, one with its clock 5 s behind, deliver concurrently while a reader pages
 /// through the listing; once they stop, the reader goes on to the end. Every acknowledged

@@ -987,12 +987,4 @@ async fn retention_prunes_expired_records(kind: crate::helpers::StoreKind) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_prunes_expired_records_sqlite() {
-    retention_prunes_expired_records(crate::helpers::StoreKind::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_prunes_expired_records_postgres() {
-    retention_prunes_expired_records(crate::helpers::StoreKind::Postgres).await;
-}
+on_both_stores!(retention_prunes_expired_records => retention_prunes_expired_records);
