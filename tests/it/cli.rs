@@ -378,12 +378,8 @@ pub async fn set_up_weather(ch: &tonic::transport::Channel) {
 
 pub fn storm_warning(trigger_id: String) -> hcp_sense::grpc::pb::DeliverTriggerRequest {
     hcp_sense::grpc::pb::DeliverTriggerRequest {
-        pack_id: "weather".into(),
-        r#ref: "storm.warning".into(),
-        principal: "alice".into(),
-        land: "user".into(),
         trigger_id,
-        ..Default::default()
+        ..crate::support::trigger::trigger("weather", "storm.warning", "alice", "user")
     }
 }
 

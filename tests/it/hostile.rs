@@ -9,6 +9,7 @@ use tonic::Code;
 
 use crate::helpers::{example, TestApp};
 use crate::packs::{register, register_req};
+use crate::support::trigger::{trigger, with_payload};
 
 /// Records each case's outcome; the test fails listing every case that went wrong.
 #[derive(Default)]
@@ -52,14 +53,10 @@ fn text(t: &str) -> pb::RegisterPackRequest {
 }
 
 fn trig(edit: impl FnOnce(&mut DeliverTriggerRequest)) -> DeliverTriggerRequest {
-    let mut t = DeliverTriggerRequest {
-        pack_id: "github".into(),
-        r#ref: "issue.opened".into(),
-        principal: "alice".into(),
-        land: "user".into(),
-        payload_source: Some(PayloadSource::Payload(json_to_struct(&json!({ "n": 1 })))),
-        ..Default::default()
-    };
+    let mut t = with_payload(
+        trigger("github", "issue.opened", "alice", "user"),
+        json!({ "n": 1 }),
+    );
     edit(&mut t);
     t
 }

@@ -75,13 +75,7 @@ pub async fn set_up(ch: &Channel, admin: &str, principals: &[&str]) {
 }
 
 pub fn opened(principal: &str) -> DeliverTriggerRequest {
-    DeliverTriggerRequest {
-        pack_id: "github".into(),
-        r#ref: "issue.opened".into(),
-        principal: principal.into(),
-        land: "user".into(),
-        ..Default::default()
-    }
+    crate::support::trigger::trigger("github", "issue.opened", principal, "user")
 }
 
 // --- DER by hand, for the extensions a hostile CA writes ---

@@ -16,19 +16,14 @@ use tonic::Code;
 
 use crate::helpers::{example, violations, TestApp};
 use crate::packs::register;
+use crate::support::trigger::{trigger, with_payload};
 
 /// A trigger for `github` that passes every check once alice is set up.
 fn trig(principal: &str, r#ref: &str, land: &str) -> DeliverTriggerRequest {
-    DeliverTriggerRequest {
-        pack_id: "github".into(),
-        r#ref: r#ref.into(),
-        principal: principal.into(),
-        land: land.into(),
-        payload_source: Some(PayloadSource::Payload(json_to_struct(
-            &json!({ "issue": 42 }),
-        ))),
-        ..Default::default()
-    }
+    with_payload(
+        trigger("github", r#ref, principal, land),
+        json!({ "issue": 42 }),
+    )
 }
 
 fn opened(principal: &str) -> DeliverTriggerRequest {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use hcp_sense::grpc::convert::json_to_struct;
 use hcp_sense::grpc::pb::{
-    self, ingest_service_client::IngestServiceClient, pack_service_client::PackServiceClient,
+    ingest_service_client::IngestServiceClient, pack_service_client::PackServiceClient,
     policy_service_client::PolicyServiceClient, register_pack_request, ActivateSenseRequest,
     BindingState, DeliverTriggerRequest, GrantSenseEnableRequest, PutBindingRequest,
     RegisterPackRequest, Route,
@@ -31,6 +31,7 @@ use tonic::transport::Channel;
 
 use crate::helpers::{example, http_get, repo_path, spawn_app, StoreKind, TestDb};
 use crate::support::served::Served;
+use crate::support::trigger::with_payload;
 
 /// An OTLP/gRPC receiver keeping every span it is sent, and the names of the metrics.
 #[derive(Clone, Default)]
@@ -112,16 +113,10 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn trigger(pack: &str, r#ref: &str, land: &str) -> DeliverTriggerRequest {
-    DeliverTriggerRequest {
-        pack_id: pack.into(),
-        r#ref: r#ref.into(),
-        principal: "otel-alice".into(),
-        land: land.into(),
-        payload_source: Some(pb::deliver_trigger_request::PayloadSource::Payload(
-            json_to_struct(&serde_json::json!({ "secret": "do-not-export" })),
-        )),
-        ..Default::default()
-    }
+    with_payload(
+        crate::support::trigger::trigger(pack, r#ref, "otel-alice", land),
+        serde_json::json!({ "secret": "do-not-export" }),
+    )
 }
 
 /// Drives one trigger per drop reason and one per recorded route; the inbox one carries a traceparent.

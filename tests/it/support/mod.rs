@@ -2,3 +2,4 @@
 pub mod postgres;
 pub mod proxy;
 pub mod served;
+pub mod trigger;
