@@ -393,8 +393,8 @@ mod tests {
         .expect("valid")
     }
 
-    /// The conditions a trigger can fail, each independently switchable.
-    #[derive(Clone, Copy, Debug)]
+    /// The conditions a trigger can fail, each independently switchable; by default none.
+    #[derive(Clone, Copy, Debug, Default)]
     struct Fail {
         unknown_pack: bool,
         undeclared_ref: bool,
@@ -502,17 +502,7 @@ mod tests {
             );
             assert_eq!(recorded, mask == 0);
         }
-        let (view, _) = case(
-            Fail {
-                unknown_pack: false,
-                undeclared_ref: false,
-                no_grant: false,
-                no_binding: false,
-                land: false,
-                off: false,
-            },
-            Route::Inbox,
-        );
+        let (view, _) = case(Fail::default(), Route::Inbox);
         assert!(!deliverable(&view, "q", "alice"), "an unknown pack");
         assert!(
             !deliverable(&view, "p", "bob"),
@@ -528,17 +518,7 @@ mod tests {
             BindingState::Pending,
             BindingState::Error,
         ] {
-            let (mut view, t) = case(
-                Fail {
-                    unknown_pack: false,
-                    undeclared_ref: false,
-                    no_grant: false,
-                    no_binding: false,
-                    land: false,
-                    off: false,
-                },
-                Route::Inbox,
-            );
+            let (mut view, t) = case(Fail::default(), Route::Inbox);
             view = view.with_principal("p", "alice", |p| {
                 p.binding = Some(BindingRef {
                     binding_id: "b-1".into(),
@@ -552,17 +532,7 @@ mod tests {
             );
         }
         // No binding at all.
-        let (view, t) = case(
-            Fail {
-                unknown_pack: false,
-                undeclared_ref: false,
-                no_grant: false,
-                no_binding: false,
-                land: false,
-                off: false,
-            },
-            Route::Inbox,
-        );
+        let (view, t) = case(Fail::default(), Route::Inbox);
         let view = view.with_principal("p", "alice", |p| p.binding = None);
         assert_eq!(
             decide(&view, &t),
@@ -600,17 +570,7 @@ mod tests {
                 activation: None,
             },
         );
-        let (_, t) = case(
-            Fail {
-                unknown_pack: false,
-                undeclared_ref: false,
-                no_grant: false,
-                no_binding: false,
-                land: false,
-                off: false,
-            },
-            Route::Inbox,
-        );
+        let (_, t) = case(Fail::default(), Route::Inbox);
         let view = PolicyView::from_packs([("p".to_owned(), pack)]);
         assert_eq!(
             decide(&view, &t),

@@ -46,31 +46,31 @@ pub fn threads(pid: u32, prefixes: &[&str]) -> f64 {
 
 /// The CPU seconds of every process named `postgres`.
 pub fn postgres() -> f64 {
-    sample(0).postgres
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim_end() == "postgres")
+        })
+        .map(|pid| of(&pid))
+        .sum()
+}
+
+/// The CPU seconds of this process.
+pub fn client() -> f64 {
+    of("self")
 }
 
 /// Now, for the server `server_pid`, every process named `postgres`, and this process.
 pub fn sample(server_pid: u32) -> Cpu {
-    let mut postgres = 0.0;
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let name = e.file_name();
-            let Some(pid) = name
-                .to_str()
-                .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
-            else {
-                continue;
-            };
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if comm.trim_end() == "postgres" {
-                postgres += of(pid);
-            }
-        }
-    }
     Cpu {
         server: of(&server_pid.to_string()),
-        postgres,
-        client: of("self"),
+        postgres: postgres(),
+        client: client(),
     }
 }
 

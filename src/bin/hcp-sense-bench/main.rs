@@ -246,9 +246,9 @@ async fn sweep(o: &Options, kind: &str) -> anyhow::Result<()> {
         let db = BenchDb::create(kind, &o.postgres_url, "limit").await?;
         server::migrate(bin(o), &db.url)?;
         let conn = db.connect().await?;
-        let cpu0 = (cpu::sample(0).client, cpu::postgres());
+        let cpu0 = (cpu::client(), cpu::postgres());
         let (rows, secs) = seed::store_limit(&conn, pop, o.duration()).await?;
-        let cpu1 = (cpu::sample(0).client, cpu::postgres());
+        let cpu1 = (cpu::client(), cpu::postgres());
         let _ = conn.close().await;
         db.drop_db().await;
         // This process did nothing else meanwhile: its CPU and PostgreSQL's are the insert's.
