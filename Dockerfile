@@ -9,10 +9,11 @@ FROM rust:1.95-bookworm AS builder
 ENV CARGO_TERM_COLOR=never
 RUN rustup component add rustfmt clippy
 WORKDIR /src
-# The whole workspace ("." and "migrations"; fuzz/ is excluded from it): clippy's --all-targets
-# compiles the integration tests too, and build.rs compiles proto/.
-COPY Cargo.toml Cargo.lock build.rs ./
+# The whole workspace (".", "api" and "migrations"; fuzz/ is excluded from it): clippy's
+# --all-targets compiles the integration tests too, and api/build.rs compiles proto/.
+COPY Cargo.toml Cargo.lock ./
 COPY proto/ proto/
+COPY api/ api/
 COPY migrations/ migrations/
 COPY src/ src/
 COPY .cargo/ .cargo/

@@ -62,6 +62,7 @@ struct ServerLimits {
 impl App {
     /// Connects the store, applies migrations unless disabled, and binds the listener.
     pub async fn build(config: Config) -> anyhow::Result<App> {
+        crate::grpc::codec::install();
         let store = connect_waiting(&config.database, config.db_startup_wait).await?;
         if config.migrate {
             store.migrate_up().await?;
@@ -97,22 +98,24 @@ impl App {
                 );
             }
         }
-        let pages = PageTokens::new(config.page_token_secret.as_deref());
+        let pages = PageTokens::new(config.page_token_secret());
         let mut auth = Authenticator::from_config(&config.auth)?;
-        if let Some(tls) = config.tls.as_ref().filter(|t| t.client_ca_file.is_some()) {
-            auth = auth.with_client_certificates(tls.client_role, tls.client_identity);
+        let tls_files = config.tls.files()?;
+        if tls_files.is_some() && config.tls.client_ca_file.is_some() {
+            auth =
+                auth.with_client_certificates(config.tls.client_role, config.tls.client_identity);
         }
         let auth = Arc::new(auth);
-        let tls = match &config.tls {
+        let tls = match tls_files {
             None => None,
-            Some(t) => {
+            Some((cert_file, key_file)) => {
                 let read = |p: &std::path::Path| {
                     std::fs::read(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
                 };
                 let mut c = ServerTlsConfig::new()
-                    .identity(Identity::from_pem(read(&t.cert_file)?, read(&t.key_file)?))
+                    .identity(Identity::from_pem(read(cert_file)?, read(key_file)?))
                     .timeout(config.first_request_timeout);
-                if let Some(ca) = &t.client_ca_file {
+                if let Some(ca) = &config.tls.client_ca_file {
                     // Certificates are one way in; callers without one may still send a token.
                     c = c
                         .client_ca_root(Certificate::from_pem(read(ca)?))

@@ -13,7 +13,7 @@ use crate::domain::names::check_id;
 pub const MIN_HS256_SECRET: usize = 32;
 
 /// What a caller may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Packs, grants, activation, Bindings, Execute-state mirror, project membership, drop reports, audit.
@@ -123,8 +123,10 @@ pub enum Caller {
 pub enum CertIdentity {
     /// The subject's common name (exactly one).
     #[default]
+    #[value(alias = "common_name")]
     CommonName,
     /// The one URI subject alternative name, such as a SPIFFE id.
+    #[value(alias = "uri_san")]
     UriSan,
 }
 

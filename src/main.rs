@@ -1,11 +1,11 @@
-//! The `hcp-sense` command: serve, migrate, lint.
+//! The `hcp-sense` command: serve, migrate, check-config, lint.
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use hcp_sense::app::{shutdown_signal, App};
-use hcp_sense::config::{DatabaseOptions, LogFormat, ServeOptions};
+use hcp_sense::config::{Config, FileAuth, LogFormat, Logging, StoreConfig};
 use hcp_sense::domain::pack::{lint, parse_manifest_text, Severity};
 use hcp_sense::store::Store;
 use hcp_sense::telemetry::init_logging;
@@ -24,29 +24,26 @@ struct Cli {
     command: Option<Cmd>,
     /// Options of `serve`, the default command.
     #[command(flatten)]
-    serve: ServeOptions,
+    serve: Config,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
     /// Serve the gRPC API (the default).
-    Serve(Box<ServeOptions>),
+    Serve(Box<Config>),
     /// Apply or inspect the schema migrations.
     Migrate {
         /// `up` applies every pending migration; `status` lists them.
         #[arg(value_enum, default_value = "up")]
         action: MigrateAction,
         #[command(flatten)]
-        database: DatabaseOptions,
-        /// compact, pretty or json.
-        #[arg(
-            long,
-            env = "HCP_SENSE_LOG_FORMAT",
-            value_name = "FORMAT",
-            default_value = "compact"
-        )]
-        log_format: LogFormat,
+        database: StoreConfig,
+        #[command(flatten)]
+        logging: Logging,
     },
+    /// Check a serve configuration (file, environment and flags, as `serve` takes them) and
+    /// exit: 0 if the server would start with it, 1 naming what is wrong.
+    CheckConfig(Box<Config>),
     /// Lint a pack manifest (JSON or YAML; `-` reads standard input). Exits 1 on any error.
     Lint {
         /// The manifest file.
@@ -63,16 +60,36 @@ enum MigrateAction {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, auth) = match hcp_sense::config::parse::<Cli>(std::env::args_os()) {
+        Ok(parsed) => parsed,
+        Err(e) => match e.downcast::<clap::Error>() {
+            // Help, version and usage errors print as clap prints them.
+            Ok(e) => e.exit(),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     match cli.command {
         Some(Cmd::Lint { manifest }) => lint_file(&manifest),
         Some(Cmd::Migrate {
             action,
             database,
-            log_format,
-        }) => run(migrate(action, database, log_format)),
-        Some(Cmd::Serve(opts)) => run(serve(*opts)),
-        None => run(serve(cli.serve)),
+            logging,
+        }) => run(migrate(action, database, logging.log_format)),
+        Some(Cmd::Serve(config)) => run(serve(*config, auth)),
+        Some(Cmd::CheckConfig(config)) => match config.checked(auth) {
+            Ok(_) => {
+                println!("configuration ok");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        None => run(serve(cli.serve, auth)),
     }
 }
 
@@ -101,12 +118,13 @@ fn run(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
     }
 }
 
-async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
-    let config = opts.resolve()?;
-    let telemetry = hcp_sense::telemetry::init(config.log_format, config.sample_drop_decisions);
+async fn serve(config: Config, auth: FileAuth) -> anyhow::Result<()> {
+    let config = config.checked(auth)?;
+    let telemetry =
+        hcp_sense::telemetry::init(config.logging.log_format, config.sample_drop_decisions);
     tracing::info!(
         listen = %config.listen,
-        store = ?hcp_sense::store::Engine::of_url(&config.database.url),
+        store = ?hcp_sense::store::Engine::of_url(secrecy::ExposeSecret::expose_secret(&config.database.url)),
         "starting hcp-sense {}",
         env!("CARGO_PKG_VERSION")
     );
@@ -119,11 +137,11 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
 
 async fn migrate(
     action: MigrateAction,
-    database: DatabaseOptions,
+    database: StoreConfig,
     log_format: LogFormat,
 ) -> anyhow::Result<()> {
     init_logging(log_format);
-    let store = Store::connect(&database.resolve()).await?;
+    let store = Store::connect(&database).await?;
     if let MigrateAction::Up = action {
         store.migrate_up().await?;
     }

@@ -1,58 +1,10 @@
-//! The protobuf codec of every service: prost's, except that a request that cannot be decoded is INVALID_ARGUMENT naming its field, not INTERNAL.
-use std::marker::PhantomData;
-
-use prost::Message;
-use tonic::codec::{BufferSettings, DecodeBuf, Decoder};
-use tonic::Status;
-use tonic_prost::{ProstCodec, ProstEncoder};
-
+//! How a request that cannot be decoded is answered: INVALID_ARGUMENT naming its field, not prost's INTERNAL.
 use crate::error::Error;
 
-/// Used by the generated servers and clients (`codec_path` in build.rs).
-#[derive(Debug, Clone)]
-pub struct Codec<T, U>(PhantomData<(T, U)>);
-
-impl<T, U> Default for Codec<T, U> {
-    fn default() -> Self {
-        Codec(PhantomData)
-    }
-}
-
-impl<T, U> tonic::codec::Codec for Codec<T, U>
-where
-    T: Message + Send + 'static,
-    U: Message + Default + Send + 'static,
-{
-    type Encode = T;
-    type Decode = U;
-    type Encoder = ProstEncoder<T>;
-    type Decoder = RequestDecoder<U>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        ProstCodec::<T, U>::default().encoder()
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        RequestDecoder(PhantomData)
-    }
-}
-
-#[derive(Debug)]
-pub struct RequestDecoder<U>(PhantomData<U>);
-
-impl<U: Message + Default> Decoder for RequestDecoder<U> {
-    type Item = U;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        U::decode(buf)
-            .map(Some)
-            .map_err(|e| Status::from(decode_error(&e)))
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        BufferSettings::default()
-    }
+/// Makes the generated services of `hcp-sense-api` answer undecodable requests through
+/// [`decode_error`] and the one error table.
+pub fn install() {
+    hcp_sense_api::codec::on_decode_error(|e| tonic::Status::from(decode_error(e)));
 }
 
 /// Oneofs whose only nesting member is a Struct, and that member's name.

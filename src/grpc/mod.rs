@@ -38,12 +38,5 @@ pub fn actor_of<T>(req: &tonic::Request<T>) -> Actor {
     }
 }
 
-/// Code generated from `proto/hcp/sense/v1`.
-pub mod pb {
-    #![allow(clippy::all, missing_docs)]
-    tonic::include_proto!("hcp.sense.v1");
-
-    /// The encoded descriptor set of every hcp-sense proto and its imports, served by reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/hcp_sense_descriptor.bin"));
-}
+/// The wire contract's generated types, clients and service traits (the `hcp-sense-api` crate).
+pub use hcp_sense_api::v1 as pb;

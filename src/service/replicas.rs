@@ -1,21 +1,19 @@
-//! Replicas on one PostgreSQL: each LISTENs for the policy changes others announce and reloads.
+//! Replicas on one PostgreSQL: each follows the policy changes the others announce (the store's `PolicyChanges`) and reloads.
 //!
-//! Every admin write announces itself with NOTIFY in its own transaction (see
-//! `WriteTxn::commit_announcing`). A replica that cannot listen — its connection closed, or
-//! silent past a heartbeat — fails closed until it has listened again and reloaded all policy.
+//! A replica whose listener is lost fails closed — decisions refused, NOT_SERVING — until it
+//! has listened again and reloaded all policy.
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sea_orm::sqlx::{self, postgres::PgListener};
-
-/// How often a replica proves that its listening connection still carries notifications.
-const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
-/// A heartbeat not back within this long means the connection is lost.
-const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(750);
-
 use super::Service;
-use crate::store::{Engine, POLICY_CHANNEL};
+use crate::store::changes::{PolicyChange, PolicyChanges};
+
+/// Longest a pack's reload may take before the replica fails closed and reloads everything:
+/// the reloads wait on the store, and a view quietly behind is worse than a refusal.
+const REFRESH_TIMEOUT: Duration = Duration::from_millis(750);
+/// The pause between attempts to reload everything.
+const RELOAD_PAUSE: Duration = Duration::from_millis(200);
 
 impl Service {
     /// Whether the policy view is known to be current. Decisions are refused while it is not.
@@ -41,153 +39,65 @@ impl Service {
         self.policy.current_tx.subscribe()
     }
 
-    /// On PostgreSQL, starts the listener that keeps this replica's view in step
-    /// with the others'. It stops when `stop` completes.
+    /// On PostgreSQL, starts following the store's policy changes, keeping this replica's
+    /// view in step with the others'. It stops when `stop` completes.
     pub fn start_listener(&self, mut stop: tokio::sync::watch::Receiver<bool>) {
-        if self.store.engine() != Engine::Postgres {
+        let Some(mut changes) = self.store.policy_changes() else {
             return;
-        }
+        };
         let svc = self.clone();
         tokio::spawn(async move {
             tokio::select! {
-                _ = svc.listen() => {}
+                _ = svc.follow(&mut changes) => {}
                 _ = stop.wait_for(|s| *s) => {}
             }
         });
     }
 
-    async fn listen(&self) {
-        let pause = Duration::from_millis(200);
-        // A channel of this replica's own, for the heartbeats it sends itself.
-        let heartbeat = format!(
-            "hcp_sense_hb_{:x}_{:x}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default()
-        );
+    async fn follow(&self, changes: &mut PolicyChanges) {
         loop {
-            // A pool of its own, one connection, made anew after each loss: the lost
-            // connection may be stuck on a silent socket and must not hold a slot of the
-            // service's pool, nor be waited for.
-            let options = self
-                .store
-                .connection()
-                .get_postgres_connection_pool()
-                .connect_options();
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .acquire_timeout(HEARTBEAT_TIMEOUT * 4)
-                .connect_lazy_with((*options).clone());
-            let mut listener = match PgListener::connect_with(&pool).await {
-                Ok(mut l) => {
-                    // Report a lost connection at once rather than first waiting out a
-                    // reconnect (up to the pool's acquire timeout while the store is down).
-                    l.eager_reconnect(false);
-                    l
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "policy listener cannot connect");
+            match changes.next().await {
+                PolicyChange::Lost(why) => {
                     self.set_current(false);
-                    tokio::time::sleep(pause).await;
-                    continue;
+                    tracing::warn!(reason = %why, "policy listener stopped; reconnecting");
                 }
-            };
-            if let Err(e) = listener
-                .listen_all([POLICY_CHANNEL, heartbeat.as_str()])
-                .await
-            {
-                tracing::warn!(error = %e, "policy listener cannot subscribe");
-                self.set_current(false);
-                tokio::time::sleep(pause).await;
-                continue;
+                PolicyChange::Resync => self.reload_until_current(changes).await,
+                PolicyChange::Packs(packs) => {
+                    let refreshed = tokio::time::timeout(REFRESH_TIMEOUT, async {
+                        let _turn = self.policy.writer.lock().await;
+                        for pack in &packs {
+                            self.refresh_pack(pack).await?;
+                        }
+                        Ok::<(), crate::error::Error>(())
+                    })
+                    .await;
+                    let why = match refreshed {
+                        Ok(Ok(())) => continue,
+                        Ok(Err(e)) => format!("reloading packs {packs:?}: {e}"),
+                        Err(_) => format!("reloading packs {packs:?} timed out"),
+                    };
+                    tracing::warn!(reason = %why, "policy view behind; reloading all");
+                    self.set_current(false);
+                    self.reload_until_current(changes).await;
+                }
             }
-            // Subscribed: whatever changed while not listening is in the store.
-            if let Err(e) = self.reload_all().await {
-                tracing::warn!(error = %e, "policy reload failed");
-                self.set_current(false);
-                tokio::time::sleep(pause).await;
-                continue;
-            }
-            self.set_current(true);
-            let why = self.follow(&mut listener, &heartbeat).await;
-            self.set_current(false);
-            tracing::warn!(reason = %why, "policy listener stopped; reconnecting");
-            tokio::time::sleep(pause).await;
         }
     }
 
-    /// Applies the changes other replicas announce, and proves every HEARTBEAT_EVERY that the
-    /// connection still carries notifications: a connection lost without being closed (a
-    /// partition, a failover) never says so by itself. Returns why it stopped.
-    async fn follow(&self, listener: &mut PgListener, heartbeat: &str) -> String {
+    /// Reloads all policy, retrying while the store fails, and marks the view current once it
+    /// has; gives up early when the listener is lost (its next resync comes after).
+    async fn reload_until_current(&self, changes: &PolicyChanges) {
         loop {
-            // Sent on the listening connection itself, so it comes back only over it.
-            let sent = tokio::time::timeout(
-                HEARTBEAT_TIMEOUT,
-                sqlx::query("SELECT pg_notify($1, '')")
-                    .bind(heartbeat)
-                    .execute(&mut *listener),
-            )
-            .await;
-            match sent {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return format!("heartbeat failed: {e}"),
-                Err(_) => return "heartbeat not answered".into(),
+            match self.reload_all().await {
+                Ok(()) => return self.set_current(true),
+                Err(e) => {
+                    tracing::warn!(error = %e, "policy reload failed");
+                    self.set_current(false);
+                }
             }
-            let sent_at = tokio::time::Instant::now();
-            let mut heard = false;
-            loop {
-                let until = sent_at
-                    + if heard {
-                        HEARTBEAT_EVERY
-                    } else {
-                        HEARTBEAT_TIMEOUT
-                    };
-                let first = match tokio::time::timeout_at(until, listener.try_recv()).await {
-                    Err(_) if heard => break,
-                    Err(_) => return "heartbeat not heard back".into(),
-                    Ok(Ok(Some(n))) => n,
-                    Ok(Ok(None)) => return "connection lost".into(),
-                    Ok(Err(e)) => return e.to_string(),
-                };
-                // Anything arriving proves the connection carries notifications.
-                heard = true;
-                // Take whatever else has arrived already, so a burst of admin writes costs one
-                // reload per pack rather than one per write.
-                let mut packs = std::collections::BTreeSet::new();
-                let mut next = Some(first);
-                while let Some(n) = next.take() {
-                    if n.channel() != heartbeat {
-                        packs.insert(n.payload().to_owned());
-                    }
-                    match tokio::time::timeout(Duration::ZERO, listener.try_recv()).await {
-                        Err(_) => {}
-                        Ok(Ok(Some(n))) => next = Some(n),
-                        Ok(Ok(None)) => return "connection lost".into(),
-                        Ok(Err(e)) => return e.to_string(),
-                    }
-                }
-                if packs.is_empty() {
-                    continue;
-                }
-                // Bounded like a heartbeat: the writer's turn and the reloads wait on the
-                // store, and a store gone silent must not hold off the next heartbeat. Too
-                // slow, and the replica fails closed and reloads everything.
-                let refreshed = tokio::time::timeout(HEARTBEAT_TIMEOUT, async {
-                    let _turn = self.policy.writer.lock().await;
-                    for pack in &packs {
-                        self.refresh_pack(pack).await?;
-                    }
-                    Ok::<(), crate::error::Error>(())
-                })
-                .await;
-                match refreshed {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return format!("reloading packs {packs:?}: {e}"),
-                    Err(_) => return format!("reloading packs {packs:?} timed out"),
-                }
+            tokio::time::sleep(RELOAD_PAUSE).await;
+            if changes.lost_pending() {
+                return;
             }
         }
     }

@@ -1,5 +1,6 @@
 //! The store: every SQL the service runs, behind one type, on SQLite or PostgreSQL.
 pub mod audit;
+pub mod changes;
 pub mod entity;
 mod nodelay;
 mod packs;
@@ -21,6 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::config::StoreConfig;
 use crate::error::Error;
 use hcp_sense_migration::{Migrator, MigratorTrait};
+use secrecy::ExposeSecret;
 
 /// Longest a PostgreSQL session may sit in a transaction waiting for this service.
 const IDLE_IN_TRANSACTION: &str = "10s";
@@ -74,13 +76,13 @@ impl Store {
     /// Opens a pool. SQLite files are created when missing and run in WAL mode
     /// with full fsync, so an acknowledged write survives a crash.
     pub async fn connect(cfg: &StoreConfig) -> Result<Store, Error> {
-        let engine = Engine::of_url(&cfg.url).ok_or_else(|| {
+        let engine = Engine::of_url(cfg.url.expose_secret()).ok_or_else(|| {
             Error::invalid(
                 "database_url",
                 "must start with sqlite:// or postgres:// (postgresql://)",
             )
         })?;
-        let mut url = cfg.url.clone();
+        let mut url = cfg.url.expose_secret().to_owned();
         if engine == Engine::Sqlite && !url.contains("mode=") {
             url.push(if url.contains('?') { '&' } else { '?' });
             url.push_str("mode=rwc");
@@ -248,8 +250,8 @@ impl Store {
     /// writer turn: for a writer that runs on a runtime of its own.
     pub async fn dedicated(&self) -> Result<Store, Error> {
         let mut s = Store::connect(&StoreConfig {
-            url: self.config.url.clone(),
             max_connections: Some(1),
+            ..self.config.clone()
         })
         .await?;
         s.write_turn = self.write_turn.clone();

@@ -11,10 +11,14 @@ const BENCH: &str = env!("CARGO_BIN_EXE_hcp-sense-bench");
 fn the_benchmark_reaches_the_server_only_through_its_public_api() {
     let dir = repo_path("src/bin/hcp-sense-bench");
     let mut files = 0;
+    let mut uses_the_api_crate = false;
     for entry in std::fs::read_dir(&dir).expect("bench sources") {
         let path = entry.expect("entry").path();
         let text = std::fs::read_to_string(&path).expect("read");
         files += 1;
+        // The wire contract's crate is the one way in; nothing of the server's library.
+        uses_the_api_crate |= text.contains("hcp_sense_api::v1");
+        let text = text.replace("hcp_sense_api::", "");
         // The library's paths, as code uses them (the server's log target is a string).
         for forbidden in [
             "use hcp_sense",
@@ -31,6 +35,10 @@ fn the_benchmark_reaches_the_server_only_through_its_public_api() {
             );
         }
     }
+    assert!(
+        uses_the_api_crate,
+        "the benchmark's client comes from hcp-sense-api"
+    );
     assert!(
         files >= 5,
         "the benchmark's modules are in {}",

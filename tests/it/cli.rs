@@ -203,6 +203,30 @@ async fn config_file_env_and_flags_layer() {
             .is_some_and(|a| a.starts_with("127.0.0.1:") && a != "127.0.0.1:1"),
         "{line}"
     );
+    // check-config judges a file as serve would, naming the key, and starts nothing.
+    let path = cfg.to_str().expect("path");
+    let check = run(BIN, &["check-config", "--config", path]);
+    assert!(check.status.success(), "{}", text(&check));
+    std::fs::write(
+        &cfg,
+        "listen = \"127.0.0.1:1\"\nmax_json_depth = \"deep\"\n",
+    )
+    .expect("write");
+    let check = run(BIN, &["check-config", "--config", path]);
+    assert_eq!(check.status.code(), Some(1), "{}", text(&check));
+    assert!(
+        text(&check).contains("`max_json_depth`"),
+        "{}",
+        text(&check)
+    );
+    let flag = run(
+        BIN,
+        &["check-config", "--config", path, "--max-json-depth", "8"],
+    );
+    assert!(
+        !flag.status.success(),
+        "a bad file value is refused even under a flag"
+    );
 }
 
 #[test]
@@ -226,6 +250,41 @@ fn help_documents_every_option() {
     for cmd in ["serve", "migrate", "lint"] {
         assert!(out.contains(cmd), "{cmd}:\n{out}");
     }
+}
+
+/// The options table in docs/running.md names every option of `serve --help` with the default
+/// the binary really uses: a default is declared once, in the code, and the docs keep up.
+#[test]
+fn the_docs_name_every_option_with_its_real_default() {
+    let help = String::from_utf8(run(BIN, &["serve", "--help"]).stdout).expect("utf-8");
+    let docs = std::fs::read_to_string(repo_path("docs/running.md")).expect("docs/running.md");
+    let mut checked = 0;
+    let mut option: Option<String> = None;
+    for line in help.lines() {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("--").or_else(|| t.strip_prefix("-h, --")) {
+            let name = rest.split([' ', '=']).next().unwrap_or_default();
+            option = Some(format!("`--{name}`")).filter(|_| !matches!(name, "help" | "version"));
+            if let Some(o) = &option {
+                assert!(
+                    docs.contains(o.as_str()),
+                    "docs/running.md does not name {o}"
+                );
+                checked += 1;
+            }
+        } else if let (Some(o), Some(default)) = (&option, t.strip_prefix("[default: ")) {
+            let default = format!("`{}`", default.trim_end_matches(']'));
+            let row = docs
+                .lines()
+                .find(|l| l.starts_with('|') && l.contains(o.as_str()))
+                .unwrap_or_else(|| panic!("no table row for {o}"));
+            assert!(
+                row.contains(&default),
+                "{o}: --help says {default}, docs say: {row}"
+            );
+        }
+    }
+    assert!(checked >= 35, "only {checked} options in --help:\n{help}");
 }
 
 #[test]

@@ -180,7 +180,7 @@ pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -
     let test_db = TestDb::create(kind).await;
     let mut config = Config::for_database(test_db.url.clone());
     adjust(&mut config);
-    let tls = config.tls.is_some();
+    let tls = config.tls.cert_file.is_some();
     let app = App::build(config).await.expect("build app");
     let addr = app.local_addr();
     let metrics_addr = app.metrics_addr();

@@ -202,13 +202,13 @@ impl Pki {
             jwt: None,
         };
         c.auth_failure_rate_per_sec = 0.0;
-        c.tls = Some(hcp_sense::config::TlsConfig {
-            cert_file: self.path("server.pem"),
-            key_file: self.path("server.key"),
+        c.tls = hcp_sense::config::TlsOptions {
+            cert_file: Some(self.path("server.pem")),
+            key_file: Some(self.path("server.key")),
             client_ca_file: Some(self.path("ca.pem")),
             client_role: Role::Reader,
             client_identity: by,
-        });
+        };
     }
 }
 
@@ -435,12 +435,8 @@ async fn refused_at_start_empty_principals_short_secrets_duplicate_tokens_and_or
         .await
         .expect("a 32-byte secret");
     // A client CA without a server certificate would be ignored silently: refused.
-    let e = hcp_sense::config::ServeOptions {
-        tls_client_ca_file: Some("ca.pem".into()),
-        ..Default::default()
-    }
-    .resolve()
-    .expect_err("client CA alone");
+    let e = hcp_sense::config::Config::from_args(["hcp-sense", "--tls-client-ca-file", "ca.pem"])
+        .expect_err("client CA alone");
     assert!(e.to_string().contains("--tls-client-ca-file needs"), "{e}");
 }
 
@@ -652,7 +648,7 @@ async fn rate_limits_are_per_credential_kind_and_failures_per_address() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_tokens_are_signed_by_the_server_that_issued_them() {
     let with = |secret: Option<&'static str>| {
-        move |c: &mut Config| c.page_token_secret = secret.map(str::to_owned)
+        move |c: &mut Config| c.page_token_secret = secret.map(|s| s.to_owned().into())
     };
     let a = spawn_app_with(StoreKind::Sqlite, with(Some("shared-key"))).await;
     let b = spawn_app_with(StoreKind::Sqlite, with(Some("other-key"))).await;

@@ -69,3 +69,73 @@ fn the_domain_imports_no_grpc_or_sql_and_the_edge_no_store() {
         );
     }
 }
+
+/// The store owns every SQL statement: no other layer names sea-orm or sqlx.
+#[test]
+fn only_the_store_speaks_sql() {
+    for dir in ["service", "grpc", "domain"] {
+        for (path, text) in sources(dir) {
+            for c in ["sea_orm", "sqlx", "pg_notify", "LISTEN "] {
+                assert!(
+                    !text.contains(c),
+                    "{path} uses {c}: SQL belongs in src/store/"
+                );
+            }
+        }
+    }
+    for file in [
+        "app.rs",
+        "main.rs",
+        "auth.rs",
+        "config.rs",
+        "metrics.rs",
+        "telemetry.rs",
+    ] {
+        let text = std::fs::read_to_string(repo_path(&format!("src/{file}"))).expect("read");
+        assert!(
+            !text.contains("sea_orm") && !text.contains("sqlx"),
+            "src/{file} speaks SQL"
+        );
+    }
+}
+
+/// A Rust runtime can depend on the wire contract (`hcp-sense-api`) without the server: the
+/// crate's dependencies, followed through Cargo.lock, include no store and no hcp-sense.
+#[test]
+fn the_api_crate_carries_no_server_and_no_store() {
+    let lock: toml::Table = std::fs::read_to_string(repo_path("Cargo.lock"))
+        .expect("Cargo.lock")
+        .parse()
+        .expect("Cargo.lock parses");
+    let packages = lock["package"].as_array().expect("packages");
+    let deps_of = |name: &str| -> Vec<String> {
+        packages
+            .iter()
+            .filter(|p| p["name"].as_str() == Some(name))
+            .flat_map(|p| {
+                p.get("dependencies")
+                    .and_then(|d| d.as_array())
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|d| {
+                d.as_str()
+                    .map(|s| s.split(' ').next().unwrap_or_default().to_owned())
+            })
+            .collect()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut stack = vec!["hcp-sense-api".to_owned()];
+    while let Some(name) = stack.pop() {
+        if seen.insert(name.clone()) {
+            stack.extend(deps_of(&name));
+        }
+    }
+    assert!(seen.contains("tonic") && seen.contains("prost"), "{seen:?}");
+    for forbidden in ["hcp-sense", "hcp-sense-migration", "sea-orm", "sqlx-core"] {
+        assert!(
+            !seen.contains(forbidden),
+            "hcp-sense-api pulls in {forbidden}"
+        );
+    }
+}

@@ -8,8 +8,8 @@ use crate::helpers::{StoreKind, TestDb};
 async fn up_down_up(kind: StoreKind) {
     let db = TestDb::create(kind).await;
     let store = Store::connect(&StoreConfig {
-        url: db.url.clone(),
         max_connections: Some(2),
+        ..StoreConfig::at(db.url.clone())
     })
     .await
     .expect("connect");
@@ -73,8 +73,8 @@ async fn a_newer_release_s_migrations(kind: StoreKind) {
     use sea_orm::ConnectionTrait;
     let db = TestDb::create(kind).await;
     let store = Store::connect(&StoreConfig {
-        url: db.url.clone(),
         max_connections: Some(2),
+        ..StoreConfig::at(db.url.clone())
     })
     .await
     .expect("connect");

@@ -121,8 +121,8 @@ async fn migration_keeps_receive_order(kind: StoreKind) {
     use hcp_sense_migration::{Migrator, MigratorTrait};
     let db = TestDb::create(kind).await;
     let store = Store::connect(&StoreConfig {
-        url: db.url.clone(),
         max_connections: Some(2),
+        ..StoreConfig::at(db.url.clone())
     })
     .await
     .expect("connect");
@@ -523,8 +523,8 @@ async fn postgres_sockets_have_tcp_nodelay_postgres() {
     use hcp_sense::store::Store;
     let db = TestDb::create(StoreKind::Postgres).await;
     let store = Store::connect(&StoreConfig {
-        url: db.url.clone(),
         max_connections: Some(1),
+        ..StoreConfig::at(db.url.clone())
     })
     .await
     .expect("connect");

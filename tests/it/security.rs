@@ -110,7 +110,7 @@ fn methods() -> Vec<String> {
 async fn call(ch: &Channel, token: &str, method: &str) -> Code {
     let mut grpc = tonic::client::Grpc::new(bearer(ch, token));
     grpc.ready().await.expect("ready");
-    let codec = tonic_prost::ProstCodec::<(), ()>::default();
+    let codec = hcp_sense_api::codec::Codec::<(), ()>::default();
     let path = http::uri::PathAndQuery::try_from(method.to_owned()).expect("path");
     match grpc.unary(tonic::Request::new(()), path, codec).await {
         Ok(_) => Code::Ok,
@@ -317,13 +317,13 @@ async fn mutual_tls_names_the_reader_by_its_certificate() {
             ],
             jwt: None,
         };
-        c.tls = Some(hcp_sense::config::TlsConfig {
-            cert_file: p("server.pem"),
-            key_file: p("server.key"),
+        c.tls = hcp_sense::config::TlsOptions {
+            cert_file: Some(p("server.pem")),
+            key_file: Some(p("server.key")),
             client_ca_file: Some(p("ca.pem")),
             client_role: Role::Reader,
             client_identity: Default::default(),
-        });
+        };
     })
     .await;
     let read = |f: &str| std::fs::read(p(f)).expect("pem");

@@ -25,11 +25,8 @@ use report::{header, result, row, Writer};
 use seed::{now_micros, BenchDb};
 use server::Server;
 
-/// The protos, compiled for this client alone (build.rs).
-pub mod pb {
-    #![allow(clippy::all, missing_docs)]
-    include!(concat!(env!("OUT_DIR"), "/client/hcp.sense.v1.rs"));
-}
+/// The wire contract's clients and messages, without the server (the `hcp-sense-api` crate).
+pub use hcp_sense_api::v1 as pb;
 
 /// Benchmarks hcp-sense servers it starts, through their public gRPC API.
 #[derive(Debug, Clone, Parser)]

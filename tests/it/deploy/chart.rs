@@ -11,6 +11,8 @@ async fn helm_chart_renders_validates_and_its_config_starts_the_server() {
         .arg(repo_path("tests/helm/check_chart.py"))
         .arg("--emit-config")
         .arg(out.path())
+        .arg("--binary")
+        .arg(crate::support::served::BIN)
         .output()
         .expect("python3 with helm-python-sdk and kubernetes-validate (see .ci/run)");
     assert!(
@@ -153,6 +155,24 @@ fn dockerfile_builds_with_the_commands_ci_runs_and_runs_as_non_root() {
         assert!(
             ci_lines.contains(&c.as_str()),
             "the Dockerfile's `{c}` is not a command of .ci/run"
+        );
+    }
+    // Every workspace crate is copied into the build stage.
+    let manifest: toml::Table = std::fs::read_to_string(repo_path("Cargo.toml"))
+        .expect("Cargo.toml")
+        .parse()
+        .expect("Cargo.toml parses");
+    let members = manifest["workspace"]["members"]
+        .as_array()
+        .expect("members");
+    for m in members
+        .iter()
+        .filter_map(|m| m.as_str())
+        .filter(|m| *m != ".")
+    {
+        assert!(
+            instructions.contains(&format!("COPY {m}/ {m}/").as_str()),
+            "the Dockerfile copies workspace member {m}/"
         );
     }
     let last_stage = &instructions[instructions
