@@ -1,12 +1,21 @@
-//! Audit rows, written inside the transaction of the admin change they describe.
+//! Audit rows, written inside the transaction of the admin change they describe; `Store::audited` is the one way an admin change of a row is made.
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait,
+    PrimaryKeyTrait, QueryFilter, QueryOrder, QuerySelect,
 };
 
 use super::entity::audit_events;
-use super::{classify, now_micros, Store};
+use super::{classify, now_micros, Store, WriteTxn};
 use crate::error::Result;
+
+/// What an audited change touches, and whether the other replicas must reload its pack.
+pub(crate) struct Change<'a> {
+    pub actor: &'a Actor,
+    pub pack_id: Option<&'a str>,
+    pub principal: Option<&'a str>,
+    /// The row is policy that decisions read: announce the pack on commit.
+    pub announce: bool,
+}
 
 /// Who made the change being written: every audited write is passed one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +71,51 @@ pub(crate) async fn record(
 }
 
 impl Store {
+    /// One audited change of the row of `E` at `key`, in the write `w`: the row as it was is
+    /// read (locked, so concurrent changes of it take turns), `apply` changes it given that,
+    /// the row as it is now is read back, both go to the audit log as JSON, and `w` commits,
+    /// announcing the pack when the change says so. A change that found no row and left none
+    /// changed nothing and is neither audited nor announced. Returns what `apply` returned and
+    /// the row as it now is.
+    pub(crate) async fn audited<E, T>(
+        &self,
+        w: WriteTxn,
+        change: Change<'_>,
+        key: <E::PrimaryKey as PrimaryKeyTrait>::ValueType,
+        apply: impl AsyncFnOnce(&DatabaseTransaction, Option<&E::Model>) -> Result<T>,
+    ) -> Result<(T, Option<E::Model>)>
+    where
+        E: EntityTrait,
+        E::Model: serde::Serialize,
+        <E::PrimaryKey as PrimaryKeyTrait>::ValueType: Clone,
+    {
+        let before = E::find_by_id(key.clone())
+            .lock_exclusive()
+            .one(&w.txn)
+            .await
+            .map_err(classify)?;
+        let out = apply(&w.txn, before.as_ref()).await?;
+        let after = E::find_by_id(key).one(&w.txn).await.map_err(classify)?;
+        if before.is_none() && after.is_none() {
+            w.commit().await?;
+            return Ok((out, None));
+        }
+        record(
+            &w.txn,
+            change.actor,
+            change.pack_id,
+            change.principal,
+            before.as_ref().and_then(json),
+            after.as_ref().and_then(json),
+        )
+        .await?;
+        match change.pack_id.filter(|_| change.announce) {
+            Some(pack_id) => w.commit_announcing(pack_id).await?,
+            None => w.commit().await?,
+        }
+        Ok((out, after))
+    }
+
     /// Audit events, newest first, before the given (time, id) position.
     pub async fn list_audit_events(
         &self,

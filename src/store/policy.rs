@@ -1,16 +1,17 @@
 //! Sense policy rows: grants, activations, Bindings, project members, and the Execute-state mirror.
-use super::audit::Actor;
+use super::audit::{Actor, Change};
 
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    ActiveValue::Set, ColumnTrait, Condition, DatabaseTransaction, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect,
 };
 
 use super::entity::{
     bindings, execute_states, pack_stimuli, pack_triggers, packs, project_members,
     sense_activations, sense_grants,
 };
-use super::{classify, Store, WriteTxn};
+use super::{classify, Store};
 use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member, Record};
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, BindingRef, BindingState, PackPolicy, PolicyView, Route};
@@ -94,16 +95,26 @@ fn keyset<E: EntityTrait, C: ColumnTrait>(
     q
 }
 
-/// A Binding read for a write, locked until the transaction ends (PostgreSQL; on SQLite the
-/// writer's turn already excludes other writers).
-async fn locked_binding(w: &WriteTxn, principal: &str, pack_id: &str) -> Result<Option<Binding>> {
-    bindings::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
-        .lock_exclusive()
-        .one(&w.txn)
+/// Inserts `row`, or where a row with its key (`key` columns) exists, overwrites `update`
+/// columns of it (none: leaves it as it is).
+async fn upsert<E: EntityTrait>(
+    txn: &DatabaseTransaction,
+    row: E::ActiveModel,
+    key: [E::Column; 2],
+    update: &[E::Column],
+) -> Result<()> {
+    let mut on = OnConflict::columns(key);
+    if update.is_empty() {
+        on.do_nothing();
+    } else {
+        on.update_columns(update.iter().copied());
+    }
+    E::insert(row)
+        .on_conflict(on.to_owned())
+        .exec_without_returning(txn)
         .await
-        .map_err(classify)?
-        .map(binding)
-        .transpose()
+        .map_err(classify)?;
+    Ok(())
 }
 
 impl Store {
@@ -209,43 +220,26 @@ impl Store {
         pack_id: &str,
         now: i64,
     ) -> Result<Grant> {
-        let w = self.begin_write().await?;
-        let before = sense_grants::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
-            .one(&w.txn)
-            .await
-            .map_err(classify)?
-            .and_then(|g| super::audit::json(&g));
-        sense_grants::Entity::insert(sense_grants::ActiveModel {
-            principal: Set(principal.to_owned()),
-            pack_id: Set(pack_id.to_owned()),
-            create_time: Set(now),
-        })
-        .on_conflict(
-            OnConflict::columns([
-                sense_grants::Column::Principal,
-                sense_grants::Column::PackId,
-            ])
-            .do_nothing()
-            .to_owned(),
-        )
-        .exec_without_returning(&w.txn)
-        .await
-        .map_err(classify)?;
-        let g = sense_grants::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
-            .one(&w.txn)
-            .await
-            .map_err(classify)?
-            .ok_or_else(|| corrupt("grant"))?;
-        super::audit::record(
-            &w.txn,
+        let change = Change {
             actor,
-            Some(pack_id),
-            Some(principal),
-            before,
-            super::audit::json(&g),
-        )
-        .await?;
-        w.commit_announcing(pack_id).await?;
+            pack_id: Some(pack_id),
+            principal: Some(principal),
+            announce: true,
+        };
+        let key = (principal.to_owned(), pack_id.to_owned());
+        let w = self.begin_write().await?;
+        let ((), g) = self
+            .audited::<sense_grants::Entity, _>(w, change, key, async |txn, _| {
+                use sense_grants::Column as C;
+                let row = sense_grants::ActiveModel {
+                    principal: Set(principal.to_owned()),
+                    pack_id: Set(pack_id.to_owned()),
+                    create_time: Set(now),
+                };
+                upsert::<sense_grants::Entity>(txn, row, [C::Principal, C::PackId], &[]).await
+            })
+            .await?;
+        let g = g.ok_or_else(|| corrupt("grant"))?;
         Ok(Grant {
             principal: g.principal,
             pack_id: g.pack_id,
@@ -259,19 +253,27 @@ impl Store {
         principal: &str,
         pack_id: &str,
     ) -> Result<bool> {
+        let change = Change {
+            actor,
+            pack_id: Some(pack_id),
+            principal: Some(principal),
+            announce: true,
+        };
+        let key = (principal.to_owned(), pack_id.to_owned());
         let w = self.begin_write().await?;
-        let before = sense_grants::Entity::find_by_id((principal.to_owned(), pack_id.to_owned()))
-            .one(&w.txn)
-            .await
-            .map_err(classify)?
-            .and_then(|g| super::audit::json(&g));
-        let r = sense_grants::Entity::delete_by_id((principal.to_owned(), pack_id.to_owned()))
-            .exec(&w.txn)
-            .await
-            .map_err(classify)?;
-        super::audit::record(&w.txn, actor, Some(pack_id), Some(principal), before, None).await?;
-        w.commit_announcing(pack_id).await?;
-        Ok(r.rows_affected > 0)
+        let (deleted, _) = self
+            .audited::<sense_grants::Entity, _>(w, change, key.clone(), async |txn, before| {
+                if before.is_none() {
+                    return Ok(false);
+                }
+                sense_grants::Entity::delete_by_id(key)
+                    .exec(txn)
+                    .await
+                    .map_err(classify)?;
+                Ok(true)
+            })
+            .await?;
+        Ok(deleted)
     }
 
     /// A page of a table keyed by the two columns `key`, mapped to the domain by `map`.
@@ -333,45 +335,28 @@ impl Store {
 
     /// Sets an activation (an empty principal is pack-wide).
     pub async fn put_activation(&self, actor: &Actor, a: &ActivationRow) -> Result<()> {
-        let w = self.begin_write().await?;
-        let before =
-            sense_activations::Entity::find_by_id((a.principal.clone(), a.pack_id.clone()))
-                .one(&w.txn)
-                .await
-                .map_err(classify)?
-                .and_then(|r| super::audit::json(&r));
-        sense_activations::Entity::insert(sense_activations::ActiveModel {
-            principal: Set(a.principal.clone()),
-            pack_id: Set(a.pack_id.clone()),
-            enabled: Set(a.enabled),
-            route: Set(a.route.as_str().to_owned()),
-            update_time: Set(a.update_time),
-        })
-        .on_conflict(
-            OnConflict::columns([
-                sense_activations::Column::Principal,
-                sense_activations::Column::PackId,
-            ])
-            .update_columns([
-                sense_activations::Column::Enabled,
-                sense_activations::Column::Route,
-                sense_activations::Column::UpdateTime,
-            ])
-            .to_owned(),
-        )
-        .exec_without_returning(&w.txn)
-        .await
-        .map_err(classify)?;
-        super::audit::record(
-            &w.txn,
+        let change = Change {
             actor,
-            Some(&a.pack_id),
-            Some(&a.principal),
-            before,
-            super::audit::json(a),
-        )
+            pack_id: Some(&a.pack_id),
+            principal: Some(&a.principal),
+            announce: true,
+        };
+        let key = (a.principal.clone(), a.pack_id.clone());
+        let w = self.begin_write().await?;
+        self.audited::<sense_activations::Entity, _>(w, change, key, async |txn, _| {
+            use sense_activations::Column as C;
+            let row = sense_activations::ActiveModel {
+                principal: Set(a.principal.clone()),
+                pack_id: Set(a.pack_id.clone()),
+                enabled: Set(a.enabled),
+                route: Set(a.route.as_str().to_owned()),
+                update_time: Set(a.update_time),
+            };
+            let update = [C::Enabled, C::Route, C::UpdateTime];
+            upsert::<sense_activations::Entity>(txn, row, [C::Principal, C::PackId], &update).await
+        })
         .await?;
-        w.commit_announcing(&a.pack_id).await
+        Ok(())
     }
 
     pub async fn get_activation(
@@ -387,47 +372,31 @@ impl Store {
             .transpose()
     }
 
+    /// Mirrors Execute state; not policy, so nothing is announced.
     pub async fn put_execute_state(&self, actor: &Actor, e: &ExecuteState) -> Result<()> {
-        let w = self.begin_write().await?;
-        let before = execute_states::Entity::find_by_id((e.principal.clone(), e.pack_id.clone()))
-            .one(&w.txn)
-            .await
-            .map_err(classify)?
-            .and_then(|r| super::audit::json(&r));
-        execute_states::Entity::insert(execute_states::ActiveModel {
-            principal: Set(e.principal.clone()),
-            pack_id: Set(e.pack_id.clone()),
-            installed: Set(e.installed),
-            activated: Set(e.activated),
-            connected: Set(e.connected),
-            update_time: Set(e.update_time),
-        })
-        .on_conflict(
-            OnConflict::columns([
-                execute_states::Column::Principal,
-                execute_states::Column::PackId,
-            ])
-            .update_columns([
-                execute_states::Column::Installed,
-                execute_states::Column::Activated,
-                execute_states::Column::Connected,
-                execute_states::Column::UpdateTime,
-            ])
-            .to_owned(),
-        )
-        .exec_without_returning(&w.txn)
-        .await
-        .map_err(classify)?;
-        super::audit::record(
-            &w.txn,
+        let change = Change {
             actor,
-            Some(&e.pack_id),
-            Some(&e.principal),
-            before,
-            super::audit::json(e),
-        )
+            pack_id: Some(&e.pack_id),
+            principal: Some(&e.principal),
+            announce: false,
+        };
+        let key = (e.principal.clone(), e.pack_id.clone());
+        let w = self.begin_write().await?;
+        self.audited::<execute_states::Entity, _>(w, change, key, async |txn, _| {
+            use execute_states::Column as C;
+            let row = execute_states::ActiveModel {
+                principal: Set(e.principal.clone()),
+                pack_id: Set(e.pack_id.clone()),
+                installed: Set(e.installed),
+                activated: Set(e.activated),
+                connected: Set(e.connected),
+                update_time: Set(e.update_time),
+            };
+            let update = [C::Installed, C::Activated, C::Connected, C::UpdateTime];
+            upsert::<execute_states::Entity>(txn, row, [C::Principal, C::PackId], &update).await
+        })
         .await?;
-        w.commit().await
+        Ok(())
     }
 
     /// Read only by GetPackState: Sense never writes Execute state (§7.2.4).
@@ -455,53 +424,46 @@ impl Store {
     }
 
     /// Creates or replaces a Binding. The Binding as it was is read inside the write's
-    /// transaction (locked on PostgreSQL, so two replicas changing one Binding take turns),
-    /// and `produce` turns it into whatever the change produces: the record of its
-    /// `binding.degraded` trigger, if any, is stored in the same transaction.
+    /// transaction (locked, and on PostgreSQL under an advisory lock of its key too, so two
+    /// replicas changing one Binding take turns), and `produce` turns it into whatever the
+    /// change produces: the record of its `binding.degraded` trigger, if any, is stored in the
+    /// same transaction.
     pub async fn put_binding<T>(
         &self,
         actor: &Actor,
         b: &Binding,
         produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
     ) -> Result<(T, Option<Record>)> {
-        let w = self.begin_binding_write(&b.principal, &b.pack_id).await?;
-        let before = locked_binding(&w, &b.principal, &b.pack_id).await?;
-        let (produced, mut record) = produce(before.as_ref());
-        bindings::Entity::insert(bindings::ActiveModel {
-            principal: Set(b.principal.clone()),
-            pack_id: Set(b.pack_id.clone()),
-            binding_id: Set(b.binding_id.clone()),
-            mode: Set(b.mode.as_str().to_owned()),
-            state: Set(b.state.as_str().to_owned()),
-            update_time: Set(b.update_time),
-        })
-        .on_conflict(
-            OnConflict::columns([bindings::Column::Principal, bindings::Column::PackId])
-                .update_columns([
-                    bindings::Column::BindingId,
-                    bindings::Column::Mode,
-                    bindings::Column::State,
-                    bindings::Column::UpdateTime,
-                ])
-                .to_owned(),
-        )
-        .exec_without_returning(&w.txn)
-        .await
-        .map_err(classify)?;
-        if let Some(r) = record.as_mut() {
-            super::sink::write_records(&w.txn, self.engine(), std::slice::from_mut(r)).await?;
-        }
-        super::audit::record(
-            &w.txn,
+        let change = Change {
             actor,
-            Some(&b.pack_id),
-            Some(&b.principal),
-            before.and_then(|r| super::audit::json(&r)),
-            super::audit::json(&b),
-        )
-        .await?;
-        w.commit_announcing(&b.pack_id).await?;
-        Ok((produced, record))
+            pack_id: Some(&b.pack_id),
+            principal: Some(&b.principal),
+            announce: true,
+        };
+        let key = (b.principal.clone(), b.pack_id.clone());
+        let w = self.begin_binding_write(&b.principal, &b.pack_id).await?;
+        let (out, _) = self
+            .audited::<bindings::Entity, _>(w, change, key, async |txn, before| {
+                let before = before.cloned().map(binding).transpose()?;
+                let (produced, mut record) = produce(before.as_ref());
+                use bindings::Column as C;
+                let row = bindings::ActiveModel {
+                    principal: Set(b.principal.clone()),
+                    pack_id: Set(b.pack_id.clone()),
+                    binding_id: Set(b.binding_id.clone()),
+                    mode: Set(b.mode.as_str().to_owned()),
+                    state: Set(b.state.as_str().to_owned()),
+                    update_time: Set(b.update_time),
+                };
+                let update = [C::BindingId, C::Mode, C::State, C::UpdateTime];
+                upsert::<bindings::Entity>(txn, row, [C::Principal, C::PackId], &update).await?;
+                if let Some(r) = record.as_mut() {
+                    super::sink::write_records(txn, self.engine(), std::slice::from_mut(r)).await?;
+                }
+                Ok((produced, record))
+            })
+            .await?;
+        Ok(out)
     }
 
     /// Deletes a Binding, reading it inside the transaction as `put_binding` does; `produce`
@@ -513,30 +475,32 @@ impl Store {
         pack_id: &str,
         produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
     ) -> Result<(T, Option<Record>)> {
-        let w = self.begin_binding_write(principal, pack_id).await?;
-        let before = locked_binding(&w, principal, pack_id).await?;
-        let (produced, mut record) = produce(before.as_ref());
-        let Some(before) = before else {
-            return Ok((produced, None));
-        };
-        bindings::Entity::delete_by_id((principal.to_owned(), pack_id.to_owned()))
-            .exec(&w.txn)
-            .await
-            .map_err(classify)?;
-        if let Some(r) = record.as_mut() {
-            super::sink::write_records(&w.txn, self.engine(), std::slice::from_mut(r)).await?;
-        }
-        super::audit::record(
-            &w.txn,
+        let change = Change {
             actor,
-            Some(pack_id),
-            Some(principal),
-            super::audit::json(&before),
-            None,
-        )
-        .await?;
-        w.commit_announcing(pack_id).await?;
-        Ok((produced, record))
+            pack_id: Some(pack_id),
+            principal: Some(principal),
+            announce: true,
+        };
+        let key = (principal.to_owned(), pack_id.to_owned());
+        let w = self.begin_binding_write(principal, pack_id).await?;
+        let (out, _) = self
+            .audited::<bindings::Entity, _>(w, change, key.clone(), async |txn, before| {
+                let before = before.cloned().map(binding).transpose()?;
+                let (produced, mut record) = produce(before.as_ref());
+                if before.is_none() {
+                    return Ok((produced, None));
+                }
+                bindings::Entity::delete_by_id(key)
+                    .exec(txn)
+                    .await
+                    .map_err(classify)?;
+                if let Some(r) = record.as_mut() {
+                    super::sink::write_records(txn, self.engine(), std::slice::from_mut(r)).await?;
+                }
+                Ok((produced, record))
+            })
+            .await?;
+        Ok(out)
     }
 
     pub async fn add_member(
@@ -546,39 +510,25 @@ impl Store {
         principal: &str,
         now: i64,
     ) -> Result<()> {
-        let w = self.begin_write().await?;
-        let before =
-            project_members::Entity::find_by_id((project.to_owned(), principal.to_owned()))
-                .one(&w.txn)
-                .await
-                .map_err(classify)?
-                .and_then(|r| super::audit::json(&r));
-        project_members::Entity::insert(project_members::ActiveModel {
-            project: Set(project.to_owned()),
-            principal: Set(principal.to_owned()),
-            create_time: Set(now),
-        })
-        .on_conflict(
-            OnConflict::columns([
-                project_members::Column::Project,
-                project_members::Column::Principal,
-            ])
-            .do_nothing()
-            .to_owned(),
-        )
-        .exec_without_returning(&w.txn)
-        .await
-        .map_err(classify)?;
-        super::audit::record(
-            &w.txn,
+        let change = Change {
             actor,
-            None,
-            Some(principal),
-            before,
-            super::audit::json(&serde_json::json!({ "project": project, "principal": principal })),
-        )
+            pack_id: None,
+            principal: Some(principal),
+            announce: false,
+        };
+        let key = (project.to_owned(), principal.to_owned());
+        let w = self.begin_write().await?;
+        self.audited::<project_members::Entity, _>(w, change, key, async |txn, _| {
+            use project_members::Column as C;
+            let row = project_members::ActiveModel {
+                project: Set(project.to_owned()),
+                principal: Set(principal.to_owned()),
+                create_time: Set(now),
+            };
+            upsert::<project_members::Entity>(txn, row, [C::Project, C::Principal], &[]).await
+        })
         .await?;
-        w.commit().await
+        Ok(())
     }
 
     pub async fn remove_member(
@@ -587,19 +537,26 @@ impl Store {
         project: &str,
         principal: &str,
     ) -> Result<bool> {
+        let change = Change {
+            actor,
+            pack_id: None,
+            principal: Some(principal),
+            announce: false,
+        };
+        let key = (project.to_owned(), principal.to_owned());
         let w = self.begin_write().await?;
-        let before =
-            project_members::Entity::find_by_id((project.to_owned(), principal.to_owned()))
-                .one(&w.txn)
-                .await
-                .map_err(classify)?
-                .and_then(|r| super::audit::json(&r));
-        let r = project_members::Entity::delete_by_id((project.to_owned(), principal.to_owned()))
-            .exec(&w.txn)
-            .await
-            .map_err(classify)?;
-        super::audit::record(&w.txn, actor, None, Some(principal), before, None).await?;
-        w.commit().await?;
-        Ok(r.rows_affected > 0)
+        let (removed, _) = self
+            .audited::<project_members::Entity, _>(w, change, key.clone(), async |txn, before| {
+                if before.is_none() {
+                    return Ok(false);
+                }
+                project_members::Entity::delete_by_id(key)
+                    .exec(txn)
+                    .await
+                    .map_err(classify)?;
+                Ok(true)
+            })
+            .await?;
+        Ok(removed)
     }
 }

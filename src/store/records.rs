@@ -47,6 +47,23 @@ pub struct Listed {
     pub settled: bool,
 }
 
+/// The horizon of this database's writes: the lowest id of a transaction in flight in this
+/// database (`lo`, else the next id to be given), and the next id (`hi`). Transactions of other
+/// databases on the cluster cannot write records, so a long one there — another application's,
+/// a migration elsewhere — never holds listings back. Sessions of other users are not visible
+/// (their xids read as NULL); if this database has any, the cluster-wide lower bound is used,
+/// which is never too high.
+const HORIZON: &str = "WITH a AS (SELECT backend_xid, query FROM pg_stat_activity WHERE datname = current_database()) \
+     SELECT CASE WHEN EXISTS (SELECT 1 FROM a WHERE query = '<insufficient privilege>') \
+                 THEN pg_snapshot_xmin(s)::text::bigint \
+                 ELSE COALESCE((SELECT min(x::text::bigint) FROM pg_snapshot_xip(s) AS x \
+                                WHERE (x::text::bigint & 4294967295) IN \
+                                      (SELECT backend_xid::text::bigint FROM a WHERE backend_xid IS NOT NULL)), \
+                               pg_snapshot_xmax(s)::text::bigint) \
+            END AS lo, \
+            pg_snapshot_xmax(s)::text::bigint AS hi \
+     FROM pg_current_snapshot() AS s";
+
 /// How long a PostgreSQL listing waits for writes in flight when it starts to commit or end,
 /// so that a record acknowledged before the call is listed (see `horizon`).
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
@@ -171,11 +188,7 @@ impl Store {
         let read = || async {
             let row = self
                 .db
-                .query_one_raw(Statement::from_string(
-                    DbBackend::Postgres,
-                    "SELECT pg_snapshot_xmin(s)::text::bigint AS lo, pg_snapshot_xmax(s)::text::bigint AS hi \
-                     FROM pg_current_snapshot() AS s",
-                ))
+                .query_one_raw(Statement::from_string(DbBackend::Postgres, HORIZON))
                 .await
                 .map_err(classify)?
                 .ok_or_else(|| Error::Internal("no snapshot".into()))?;

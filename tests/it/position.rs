@@ -113,6 +113,42 @@ async fn a_listing_waits_for_writes_in_flight_and_never_passes_one_postgres() {
     assert_eq!(list_all(&ch, 10, last.resume_page_token).await, vec![later]);
 }
 
+/// Only this database's writes hold a listing back: a write transaction left open in another
+/// database of the same cluster (another application's, a long migration) cannot commit a
+/// record here, and the listing neither waits for it nor holds records back behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_open_in_another_database_holds_no_listing_back_postgres() {
+    let db = TestDb::create(StoreKind::Postgres).await;
+    let elsewhere = TestDb::create(StoreKind::Postgres).await;
+    let served = Served::start(&db.url, &[]);
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    let other = elsewhere.connect().await;
+    let open = other.begin().await.expect("begin");
+    open.execute_unprepared("CREATE TABLE held (x int); INSERT INTO held VALUES (1)")
+        .await
+        .expect("a write elsewhere, left open");
+    let id = IngestServiceClient::new(ch.clone())
+        .deliver_trigger(storm_warning("while-elsewhere-writes".into()))
+        .await
+        .expect("deliver")
+        .into_inner()
+        .record_id;
+    let started = std::time::Instant::now();
+    let page = list_page(&ch, 10, "").await;
+    let ids: Vec<String> = page.records.iter().map(|r| r.record_id.clone()).collect();
+    assert_eq!(ids, vec![id], "the acknowledged record is listed");
+    assert!(
+        page.next_page_token.is_empty(),
+        "and the listing is settled"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(200),
+        "without waiting for the other database's write"
+    );
+    open.rollback().await.expect("rollback");
+}
+
 /// Records written before positions existed keep their receive order, ahead of every record
 /// written after the migration; new records number on from them.
 async fn migration_keeps_receive_order(kind: StoreKind) {

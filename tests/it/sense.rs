@@ -983,3 +983,80 @@ async fn retention_prunes_expired_records(kind: crate::helpers::StoreKind) {
 }
 
 on_both_stores!(retention_prunes_expired_records => retention_prunes_expired_records);
+
+/// Every admin change of a row goes through one audited write: the row before and after as
+/// JSON, in the change's transaction; a change that found nothing and left nothing (revoking
+/// a grant twice, removing a member who is not one) is not an event.
+async fn admin_changes_are_audited_once_each_and_no_ops_not_at_all(
+    kind: crate::helpers::StoreKind,
+) {
+    let mut app = crate::helpers::spawn_app(kind).await;
+    register(&mut app, &example("github.pack.json")).await;
+    let grant = || GrantSenseEnableRequest {
+        principal: "alice".into(),
+        pack_id: "github".into(),
+    };
+    let revoke = || RevokeSenseEnableRequest {
+        principal: "alice".into(),
+        pack_id: "github".into(),
+    };
+    app.policy.grant_sense_enable(grant()).await.expect("grant");
+    app.policy
+        .grant_sense_enable(grant())
+        .await
+        .expect("grant again");
+    app.policy
+        .revoke_sense_enable(revoke())
+        .await
+        .expect("revoke");
+    app.policy
+        .revoke_sense_enable(revoke())
+        .await
+        .expect("revoke again");
+    let member = || RemoveProjectMemberRequest {
+        project: "p1".into(),
+        principal: "alice".into(),
+    };
+    app.policy
+        .remove_project_member(member())
+        .await
+        .expect("remove a non-member");
+    let mut audit = pb::audit_service_client::AuditServiceClient::new(app.channel.clone());
+    let events = audit
+        .list_audit_events(pb::ListAuditEventsRequest {
+            principal: "alice".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("audit")
+        .into_inner()
+        .audit_events;
+    let rpcs: Vec<&str> = events.iter().rev().map(|e| e.rpc.as_str()).collect();
+    assert_eq!(
+        rpcs,
+        ["GrantSenseEnable", "GrantSenseEnable", "RevokeSenseEnable"],
+        "{events:?}"
+    );
+    let row = |t: &str| -> Value {
+        if t.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(t).expect("JSON")
+        }
+    };
+    let (first, again, revoked) = (&events[2], &events[1], &events[0]);
+    assert_eq!(
+        (row(&first.before), row(&first.after)["principal"].clone()),
+        (Value::Null, json!("alice"))
+    );
+    assert_eq!(
+        row(&again.before),
+        row(&again.after),
+        "granting again keeps the first grant"
+    );
+    assert_eq!(
+        (row(&revoked.before)["pack_id"].clone(), row(&revoked.after)),
+        (json!("github"), Value::Null)
+    );
+}
+on_both_stores!(admin_changes_are_audited_once_each_and_no_ops_not_at_all => admin_changes_are_audited_once_each_and_no_ops_not_at_all);
