@@ -116,6 +116,30 @@ impl Store {
         Ok((out, after))
     }
 
+    /// Deletes the row of `E` at `key` as an audited change; false when there was none.
+    pub(crate) async fn audited_delete<E>(
+        &self,
+        w: WriteTxn,
+        change: Change<'_>,
+        key: <E::PrimaryKey as PrimaryKeyTrait>::ValueType,
+    ) -> Result<bool>
+    where
+        E: EntityTrait,
+        E::Model: serde::Serialize,
+        <E::PrimaryKey as PrimaryKeyTrait>::ValueType: Clone,
+    {
+        let (deleted, _) = self
+            .audited::<E, _>(w, change, key.clone(), async |txn, before| {
+                if before.is_none() {
+                    return Ok(false);
+                }
+                E::delete_by_id(key).exec(txn).await.map_err(classify)?;
+                Ok(true)
+            })
+            .await?;
+        Ok(deleted)
+    }
+
     /// Audit events, newest first, before the given (time, id) position.
     pub async fn list_audit_events(
         &self,

@@ -261,19 +261,8 @@ impl Store {
         };
         let key = (principal.to_owned(), pack_id.to_owned());
         let w = self.begin_write().await?;
-        let (deleted, _) = self
-            .audited::<sense_grants::Entity, _>(w, change, key.clone(), async |txn, before| {
-                if before.is_none() {
-                    return Ok(false);
-                }
-                sense_grants::Entity::delete_by_id(key)
-                    .exec(txn)
-                    .await
-                    .map_err(classify)?;
-                Ok(true)
-            })
-            .await?;
-        Ok(deleted)
+        self.audited_delete::<sense_grants::Entity>(w, change, key)
+            .await
     }
 
     /// A page of a table keyed by the two columns `key`, mapped to the domain by `map`.
@@ -545,18 +534,7 @@ impl Store {
         };
         let key = (project.to_owned(), principal.to_owned());
         let w = self.begin_write().await?;
-        let (removed, _) = self
-            .audited::<project_members::Entity, _>(w, change, key.clone(), async |txn, before| {
-                if before.is_none() {
-                    return Ok(false);
-                }
-                project_members::Entity::delete_by_id(key)
-                    .exec(txn)
-                    .await
-                    .map_err(classify)?;
-                Ok(true)
-            })
-            .await?;
-        Ok(removed)
+        self.audited_delete::<project_members::Entity>(w, change, key)
+            .await
     }
 }
