@@ -158,6 +158,12 @@ impl App {
                     // A batch past the call's own deadline can no longer answer anyone.
                     batch_timeout: config.request_timeout,
                     sink_writers: config.sink_writers,
+                    watch: crate::service::WatchLimits {
+                        max_behind: config.watch_max_behind,
+                        max_lag: config.watch_max_lag,
+                        progress_every: config.watch_progress,
+                        max_watchers: config.max_watches,
+                    },
                 },
                 metrics,
             )
@@ -228,6 +234,8 @@ impl App {
         let (stop_tx, stop_rx) = watch::channel(false);
         // Replicas: follow other replicas' policy changes; report NOT_SERVING while behind.
         self.service.start_listener(stop_rx.clone());
+        // WatchRecords: one tail per replica; watches end (resumable) when shutdown begins.
+        self.service.start_tail(stop_rx.clone());
         // Serve once the listener has subscribed and reloaded (PostgreSQL), so a fresh replica
         // is not unready for its first calls; if that takes long, serve NOT_SERVING meanwhile.
         let mut current = self.service.watch_current();

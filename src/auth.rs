@@ -523,8 +523,11 @@ pub fn allowed(method: &str, role: Role) -> bool {
                 "hcp.sense.v1.PolicyService",
                 "ReportBindingHealth",
                 Role::Runtime | Role::Admin
-            ) | ("hcp.sense.v1.RecordService", "ListRecords", Role::Reader)
-                | ("hcp.sense.v1.RecordService", "ListDropReports", Role::Admin)
+            ) | (
+                "hcp.sense.v1.RecordService",
+                "ListRecords" | "WatchRecords",
+                Role::Reader
+            ) | ("hcp.sense.v1.RecordService", "ListDropReports", Role::Admin)
                 | (
                     "hcp.sense.v1.PackService"
                         | "hcp.sense.v1.PolicyService"

@@ -205,6 +205,34 @@ pub struct Config {
         default_value_t = 1024
     )]
     pub max_health_watches: usize,
+
+    /// Most open WatchRecords streams on this server; past it, RESOURCE_EXHAUSTED.
+    #[arg(
+        long,
+        env = "HCP_SENSE_MAX_WATCHES",
+        value_name = "N",
+        default_value_t = 10_000
+    )]
+    pub max_watches: usize,
+
+    /// Records committed after a watcher's position (of any principal) that it may be behind;
+    /// one further behind is ended with a resume token. Also the size of the shared ring.
+    #[arg(
+        long,
+        env = "HCP_SENSE_WATCH_MAX_BEHIND",
+        value_name = "N",
+        default_value_t = 10_000
+    )]
+    pub watch_max_behind: usize,
+
+    /// Longest a watcher may go without catching up (or take one message) before it is ended
+    /// with a resume token.
+    #[arg(long = "watch-max-lag-secs", env = "HCP_SENSE_WATCH_MAX_LAG_SECS", value_name = "SECS", value_parser = secs, default_value = "30")]
+    pub watch_max_lag: Duration,
+
+    /// A watcher with nothing to send gets a progress message (its resume token) this often.
+    #[arg(long = "watch-progress-secs", env = "HCP_SENSE_WATCH_PROGRESS_SECS", value_name = "SECS", value_parser = secs, default_value = "10")]
+    pub watch_progress: Duration,
 }
 
 /// Where the store is. Shared by `serve` and `migrate`.
@@ -381,6 +409,12 @@ impl Config {
             );
         }
         self.tls.files()?;
+        if self.watch_max_behind == 0 {
+            anyhow::bail!("--watch-max-behind must be at least 1");
+        }
+        if self.watch_progress.is_zero() || self.watch_max_lag.is_zero() {
+            anyhow::bail!("--watch-progress-secs and --watch-max-lag-secs must be at least 1");
+        }
         // Zero means "off" for these two, as documented.
         self.record_retention = self.record_retention.filter(|d| !d.is_zero());
         self.http2_keepalive_interval = self.http2_keepalive_interval.filter(|d| !d.is_zero());

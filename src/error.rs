@@ -30,9 +30,25 @@ pub enum Error {
     /// The store (or another dependency) cannot be reached; the call may be retried.
     #[error("{0}")]
     Unavailable(String),
+    /// A stream ended before the caller ended it, with the token to resume it from.
+    #[error("{message}")]
+    Interrupted {
+        cause: Interruption,
+        message: String,
+        resume_token: String,
+    },
     /// A fault of the service; the cause is logged, the client gets a generic message.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// Why a stream was ended early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interruption {
+    /// The reader fell behind the bounds on a watcher; resuming loses nothing.
+    Behind,
+    /// The store cannot be reached, or the server is shutting down.
+    Unavailable,
 }
 
 impl Error {

@@ -98,6 +98,32 @@ pub struct RecordFilter {
     pub descending: bool,
 }
 
+impl RecordFilter {
+    /// Whether a record passes the equality filters (not the time bounds, nor visibility).
+    pub fn matches(&self, r: &Record) -> bool {
+        let eq = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
+        eq(&self.principal, &r.principal)
+            && eq(&self.pack_id, &r.pack_id)
+            && eq(&self.r#ref, &r.r#ref)
+            && eq(&self.land, &r.land)
+            && self.route.is_none_or(|route| route == r.route)
+    }
+
+    /// §7.5.2: whether the viewer may read the record, given the projects it is a member of
+    /// now. A brain record is read only by a member of its project; without a viewer, never.
+    pub fn visible(
+        &self,
+        r: &Record,
+        viewer_projects: &std::collections::BTreeSet<String>,
+    ) -> bool {
+        r.land != crate::domain::decide::BRAIN
+            || (self.viewer.is_some()
+                && r.project
+                    .as_ref()
+                    .is_some_and(|p| viewer_projects.contains(p)))
+    }
+}
+
 /// A principal's membership of a project (§7.5.2: brain records are read by members).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {

@@ -1,4 +1,7 @@
-//! RecordService: ListRecords and ListDropReports with keyset pagination.
+//! RecordService: ListRecords and ListDropReports with keyset pagination, and WatchRecords continuing a listing as records commit.
+use std::pin::Pin;
+
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::convert::{drop_reason_from, drop_report, micros, record, route_from};
@@ -7,7 +10,71 @@ use super::pb::{self, record_service_server::RecordService};
 use crate::auth::{Caller, Role};
 use crate::domain::model::{Position, RecordFilter};
 use crate::error::Error;
-use crate::service::Service;
+use crate::service::{Service, WatchEvent};
+
+/// Positions, not receive times: a token of a release that paged by time is refused as not
+/// issued here, and this release's tokens are refused by such a release. ListRecords' page
+/// tokens and WatchRecords' resume tokens are one kind: either continues the other.
+const RECORDS: &str = "records@position";
+
+/// A reader reads as its own principal: the authenticated identity replaces `viewer`, and
+/// other principals' records are not its to read. Returns the reader's principal.
+fn as_reader(
+    caller: Option<&Caller>,
+    principal: &mut String,
+    viewer: &mut String,
+) -> Result<Option<String>, Error> {
+    let Some(Caller::Known(id)) = caller else {
+        return Ok(None);
+    };
+    if id.role != Role::Reader {
+        return Ok(None);
+    }
+    let own = id.principal.clone().unwrap_or_default();
+    if !principal.is_empty() && *principal != own {
+        return Err(Error::PermissionDenied(format!(
+            "a reader reads only its own principal's records, not `{principal}`"
+        )));
+    }
+    *principal = own.clone();
+    *viewer = own.clone();
+    Ok(Some(own))
+}
+
+impl Records {
+    fn position_token(&self, fp: &str, p: Position) -> String {
+        self.pages
+            .encode(RECORDS, fp, &format!("{}{SEP}{}", p.txid, p.seq))
+    }
+
+    /// The position a page or resume token holds (`None`: empty, the start), reported as
+    /// `field` when it is not one.
+    fn token_position(
+        &self,
+        fp: &str,
+        token: &str,
+        field: &str,
+    ) -> Result<Option<Position>, Error> {
+        let rename = |e: Error| match e {
+            Error::InvalidArgument(mut v) => {
+                for x in &mut v {
+                    x.field = field.to_owned();
+                }
+                Error::InvalidArgument(v)
+            }
+            e => e,
+        };
+        let Some(k) = self.pages.decode(RECORDS, fp, token).map_err(rename)? else {
+            return Ok(None);
+        };
+        let bad = || Error::invalid(field, "is malformed");
+        let (txid, seq) = k.split_once(SEP).ok_or_else(bad)?;
+        Ok(Some(Position {
+            txid: txid.parse().map_err(|_| bad())?,
+            seq: seq.parse().map_err(|_| bad())?,
+        }))
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct Records {
@@ -46,27 +113,9 @@ impl RecordService for Records {
         &self,
         req: Request<pb::ListRecordsRequest>,
     ) -> Result<Response<pb::ListRecordsResponse>, Status> {
-        // Positions, not receive times: a token of a release that paged by time is refused as
-        // not issued here, and this release's tokens are refused by such a release.
-        const KIND: &str = "records@position";
         let caller = req.extensions().get::<Caller>().cloned();
         let mut r = req.into_inner();
-        // A reader reads as its own principal: the authenticated identity
-        // replaces `viewer`, and other principals' records are not its to list.
-        if let Some(Caller::Known(id)) = &caller {
-            if id.role == Role::Reader {
-                let own = id.principal.clone().unwrap_or_default();
-                if !r.principal.is_empty() && r.principal != own {
-                    return Err(Error::PermissionDenied(format!(
-                        "a reader lists only its own principal's records, not `{}`",
-                        r.principal
-                    ))
-                    .into());
-                }
-                r.principal = own.clone();
-                r.viewer = own;
-            }
-        }
+        as_reader(caller.as_ref(), &mut r.principal, &mut r.viewer)?;
         let descending = match r.order_by.trim().to_ascii_lowercase().as_str() {
             "" | "receive_time" | "receive_time asc" => false,
             "receive_time desc" => true,
@@ -99,27 +148,13 @@ impl RecordService for Records {
         };
         let fp = filter_fingerprint(&filter);
         let size = page_size(r.page_size)?;
-        let after = match self.pages.decode(KIND, &fp, &r.page_token)? {
-            None => None,
-            Some(k) => {
-                let Some((txid, seq)) = k.split_once(SEP) else {
-                    return Err(bad_token("is malformed").into());
-                };
-                Some(Position {
-                    txid: txid.parse().map_err(|_| bad_token("is malformed"))?,
-                    seq: seq.parse().map_err(|_| bad_token("is malformed"))?,
-                })
-            }
-        };
+        let after = self.token_position(&fp, &r.page_token, "page_token")?;
         let listed = self
             .service
             .list_records(&filter, after.as_ref(), size + 1)
             .await?;
         let mut records = listed.records;
-        let token = |p: Position| {
-            self.pages
-                .encode(KIND, &fp, &format!("{}{SEP}{}", p.txid, p.seq))
-        };
+        let token = |p: Position| self.position_token(&fp, p);
         let mut next_page_token = next_token(&mut records, size, |r| token(r.position));
         // Writes still in flight may commit after this page: an ascending listing goes on
         // from here (an empty page is possible) rather than end. Descending, they would come
@@ -144,6 +179,67 @@ impl RecordService for Records {
             next_page_token,
             resume_page_token,
         }))
+    }
+
+    type WatchRecordsStream =
+        Pin<Box<dyn Stream<Item = Result<pb::WatchRecordsResponse, Status>> + Send + 'static>>;
+
+    async fn watch_records(
+        &self,
+        req: Request<pb::WatchRecordsRequest>,
+    ) -> Result<Response<Self::WatchRecordsStream>, Status> {
+        use pb::watch_records_request::Start;
+        let caller = req.extensions().get::<Caller>().cloned();
+        let mut r = req.into_inner();
+        let reader = as_reader(caller.as_ref(), &mut r.principal, &mut r.viewer)?;
+        let filter = RecordFilter {
+            viewer: opt(r.viewer),
+            principal: opt(r.principal),
+            pack_id: opt(r.pack_id),
+            r#ref: opt(r.r#ref),
+            land: opt(r.land),
+            route: route_from("route", r.route)?,
+            ..RecordFilter::default()
+        };
+        // The filters first, then the slot: a refused watch holds none.
+        let watch = self.service.open_watch(&filter)?;
+        let fp = filter_fingerprint(&filter);
+        let from = match r.start {
+            Some(Start::ResumeToken(t)) if !t.is_empty() => self
+                .token_position(&fp, &t, "resume_token")?
+                .unwrap_or_default(),
+            Some(Start::AfterRecordId(id)) => {
+                self.service.position_of(&id, reader.as_deref()).await?
+            }
+            Some(Start::FromNow(true)) => self.service.now_position().await?,
+            _ => {
+                return Err(Error::invalid(
+                    "start",
+                    "set one of resume_token (a ListRecords or WatchRecords token), after_record_id, or from_now: true",
+                )
+                .into())
+            }
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(watch.run(filter, from, tx));
+        let this = self.clone();
+        let stream =
+            tokio_stream::wrappers::ReceiverStream::new(rx).map(move |event| match event {
+                WatchEvent::Sent { records, position } => Ok(pb::WatchRecordsResponse {
+                    records: records.iter().map(|r| record(r)).collect(),
+                    resume_token: this.position_token(&fp, position),
+                }),
+                WatchEvent::Ended {
+                    cause,
+                    why,
+                    position,
+                } => Err(Status::from(Error::Interrupted {
+                    cause,
+                    message: why,
+                    resume_token: this.position_token(&fp, position),
+                })),
+            });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn list_drop_reports(

@@ -2,7 +2,7 @@
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::error::Error;
+use crate::error::{Error, Interruption};
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
@@ -22,6 +22,23 @@ impl From<Error> for Status {
             Error::Unauthenticated(m) => Status::unauthenticated(m),
             Error::ResourceExhausted(m) => Status::resource_exhausted(m),
             Error::Unavailable(m) => Status::unavailable(m),
+            Error::Interrupted {
+                cause,
+                message,
+                resume_token,
+            } => {
+                let (code, reason) = match cause {
+                    Interruption::Behind => (Code::ResourceExhausted, "WATCH_BEHIND"),
+                    Interruption::Unavailable => (Code::Unavailable, "WATCH_INTERRUPTED"),
+                };
+                let mut details = ErrorDetails::new();
+                details.set_error_info(
+                    reason,
+                    "hcp.sense.v1",
+                    std::collections::HashMap::from([("resume_token".to_owned(), resume_token)]),
+                );
+                Status::with_error_details(code, message, details)
+            }
             // The cause was logged where it happened; the client learns nothing internal.
             Error::Internal(_) => Status::internal("internal error"),
         }

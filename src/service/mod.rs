@@ -6,6 +6,7 @@ mod policy;
 mod records;
 mod replicas;
 mod retention;
+mod watch;
 
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ pub use deliver::decision_span;
 pub use drops::DropLog;
 pub use packs::Registered;
 pub use policy::PackState;
+pub use watch::{Watch, WatchEvent, WatchLimits, MAX_PER_MESSAGE};
 
 use crate::domain::decide::DropReason;
 use crate::domain::names::{check_id, check_pack_id};
@@ -41,6 +43,8 @@ pub struct Limits {
     /// Sink writers committing batches concurrently, each on a connection of its own
     /// (PostgreSQL; SQLite has one writer).
     pub sink_writers: usize,
+    /// Bounds on WatchRecords streams.
+    pub watch: WatchLimits,
 }
 
 /// Sink writers by default: enough to overlap commits on a PostgreSQL a network away.
@@ -56,6 +60,7 @@ impl Default for Limits {
             max_json_depth: 32,
             batch_timeout: std::time::Duration::from_secs(30),
             sink_writers: DEFAULT_SINK_WRITERS,
+            watch: WatchLimits::default(),
         }
     }
 }
@@ -81,6 +86,7 @@ pub struct Service {
     sink: Sink,
     limits: Limits,
     pub metrics: Arc<Metrics>,
+    tail: Arc<watch::Tail>,
 }
 
 impl Service {
@@ -119,6 +125,7 @@ impl Service {
             }),
             drops,
             sink,
+            tail: Arc::new(watch::Tail::new(limits.watch)),
             limits,
             metrics,
         })

@@ -27,6 +27,12 @@ impl Service {
         after: Option<&RecordCursor>,
         limit: u64,
     ) -> Result<Listed> {
+        self.check_record_filter(f)?;
+        self.store.list_records(f, after, limit).await
+    }
+
+    /// The rules on a listing's or a watch's filters.
+    pub(crate) fn check_record_filter(&self, f: &RecordFilter) -> Result<()> {
         if let Some(v) = &f.viewer {
             valid_id("viewer", v)?;
         }
@@ -47,7 +53,7 @@ impl Service {
                 return Err(Error::invalid("end_time", "must not be before start_time"));
             }
         }
-        self.store.list_records(f, after, limit).await
+        Ok(())
     }
 
     /// Drop reports, after writing the counts still pending so the caller sees every drop so far.

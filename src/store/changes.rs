@@ -12,7 +12,7 @@ use std::time::Duration;
 use sea_orm::sqlx::{self, postgres::PgListener};
 use tokio::sync::Notify;
 
-use super::{Engine, Store, POLICY_CHANNEL};
+use super::{Engine, Store, POLICY_CHANNEL, RECORDS_CHANNEL};
 
 /// How often the listener proves that its connection still carries notifications.
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
@@ -156,7 +156,9 @@ impl Store {
             let why = match self.subscribe(&heartbeat).await {
                 Ok(mut listener) => {
                     out.push(PolicyChange::Resync);
-                    follow(&mut listener, &heartbeat, out).await
+                    // Records announced while not listening are read now.
+                    self.commits().remote.notify_one();
+                    follow(&mut listener, &heartbeat, out, self).await
                 }
                 Err(why) => why,
             };
@@ -184,16 +186,16 @@ impl Store {
         // the pool's acquire timeout while the store is down).
         listener.eager_reconnect(false);
         listener
-            .listen_all([POLICY_CHANNEL, heartbeat])
+            .listen_all([POLICY_CHANNEL, RECORDS_CHANNEL, heartbeat])
             .await
             .map_err(|e| format!("cannot subscribe: {e}"))?;
         Ok(listener)
     }
 }
 
-/// Passes on the packs announced, and proves every HEARTBEAT_EVERY that the connection still
+/// Passes on the packs announced, wakes the watch tail for records announced, and proves every HEARTBEAT_EVERY that the connection still
 /// carries notifications. Returns why it stopped.
-async fn follow(listener: &mut PgListener, heartbeat: &str, out: &Shared) -> String {
+async fn follow(listener: &mut PgListener, heartbeat: &str, out: &Shared, store: &Store) -> String {
     loop {
         // Sent on the listening connection itself, so it comes back only over it.
         let sent = tokio::time::timeout(
@@ -226,7 +228,9 @@ async fn follow(listener: &mut PgListener, heartbeat: &str, out: &Shared) -> Str
             };
             // Anything arriving proves the connection carries notifications.
             heard = true;
-            if n.channel() != heartbeat {
+            if n.channel() == RECORDS_CHANNEL {
+                store.commits().remote.notify_one();
+            } else if n.channel() != heartbeat {
                 out.push(PolicyChange::Packs(BTreeSet::from([n
                     .payload()
                     .to_owned()])));

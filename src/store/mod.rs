@@ -42,6 +42,15 @@ pub struct Store {
     /// here instead. PostgreSQL uses row locks and leaves this unused.
     write_turn: Arc<tokio::sync::Mutex<()>>,
     config: StoreConfig,
+    commits: Arc<Commits>,
+}
+
+/// Wake-ups for the watch tail: records committed through this process, or announced by
+/// another replica. Each only says "read again"; what was written is read by position.
+#[derive(Debug, Default)]
+pub struct Commits {
+    pub local: tokio::sync::Notify,
+    pub remote: tokio::sync::Notify,
 }
 
 /// Which engine a URL names.
@@ -150,6 +159,7 @@ impl Store {
             db,
             write_turn: Arc::default(),
             config: cfg.clone(),
+            commits: Arc::default(),
         })
     }
 
@@ -255,6 +265,7 @@ impl Store {
         })
         .await?;
         s.write_turn = self.write_turn.clone();
+        s.commits = self.commits.clone();
         Ok(s)
     }
 
@@ -297,6 +308,26 @@ impl Store {
     pub fn connection(&self) -> &DatabaseConnection {
         &self.db
     }
+
+    /// The wake-ups of record commits, shared by every clone of this store.
+    pub fn commits(&self) -> &Commits {
+        &self.commits
+    }
+
+    /// Tells the other replicas' watch tails that records committed here (PostgreSQL).
+    pub async fn announce_records(&self) -> Result<(), Error> {
+        if self.engine() == Engine::Postgres {
+            self.db
+                .execute_raw(sea_orm::Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    "SELECT pg_notify($1, '')",
+                    [RECORDS_CHANNEL.into()],
+                ))
+                .await
+                .map_err(classify)?;
+        }
+        Ok(())
+    }
 }
 
 /// A write transaction, holding the SQLite writer's turn until it ends.
@@ -329,6 +360,9 @@ impl WriteTxn {
 
 /// The PostgreSQL channel of policy changes; the payload is the pack id.
 pub const POLICY_CHANNEL: &str = "hcp_sense_policy";
+
+/// The PostgreSQL channel on which replicas say that records committed; no payload.
+pub const RECORDS_CHANNEL: &str = "hcp_sense_records";
 
 /// The advisory lock class of Binding writes ("hcpb"); the second key is the Binding's hash.
 const BINDING_LOCK: i32 = 0x6863_7062;

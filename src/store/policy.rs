@@ -452,6 +452,9 @@ impl Store {
                 Ok((produced, record))
             })
             .await?;
+        if out.1.is_some() {
+            self.commits().local.notify_one();
+        }
         Ok(out)
     }
 
@@ -489,6 +492,9 @@ impl Store {
                 Ok((produced, record))
             })
             .await?;
+        if out.1.is_some() {
+            self.commits().local.notify_one();
+        }
         Ok(out)
     }
 

@@ -36,6 +36,15 @@ fn record(m: records::Model) -> Result<Record> {
     })
 }
 
+/// The highest position below a PostgreSQL horizon: every transaction with a lower id has
+/// ended, so every record at or below it is final.
+fn below(horizon: i64) -> Position {
+    Position {
+        txid: horizon - 1,
+        seq: i64::MAX,
+    }
+}
+
 /// A position in a record listing: that of the last record returned.
 pub type RecordCursor = Position;
 
@@ -45,6 +54,9 @@ pub type RecordCursor = Position;
 pub struct Listed {
     pub records: Vec<Record>,
     pub settled: bool,
+    /// Ascending: every matching record at or below this position is in the page or before
+    /// the cursor (the last record's position when the page is full).
+    pub watermark: Position,
 }
 
 /// The horizon of this database's writes: the lowest id of a transaction in flight in this
@@ -146,9 +158,13 @@ impl Store {
         };
         q = q.filter(visible);
         let (horizon, settled) = self.horizon().await?;
-        if let Some(horizon) = horizon {
-            q = q.filter(C::CommitTxid.lt(horizon));
-        }
+        let mut watermark = match horizon {
+            Some(horizon) => {
+                q = q.filter(C::CommitTxid.lt(horizon));
+                below(horizon)
+            }
+            None => self.last_position().await?,
+        };
         if let Some(p) = after {
             // A row-value comparison, which both engines answer with an index range scan.
             let key = Expr::tuple([Expr::col(C::CommitTxid), Expr::col(C::Seq)]);
@@ -164,7 +180,60 @@ impl Store {
         } else {
             q.order_by_asc(C::CommitTxid).order_by_asc(C::Seq)
         };
-        let records = q
+        let records;
+        (records, watermark) = self.page(q, limit, watermark).await?;
+        if let Some(p) = after {
+            watermark = watermark.max(*p);
+        }
+        Ok(Listed {
+            records,
+            settled,
+            watermark,
+        })
+    }
+
+    /// Every record committed after `after`, of any principal, in position order, at most
+    /// `limit`, and the position they reach: what the watch tail reads. It does not wait for
+    /// writes in flight; what they commit comes on a later read.
+    pub async fn tail_records(
+        &self,
+        after: Position,
+        limit: u64,
+    ) -> Result<(Vec<Record>, Position)> {
+        use records::Column as C;
+        let (mut q, mut reach) = match self.engine() {
+            Engine::Postgres => {
+                let lo = self.read_horizon().await?.0;
+                (
+                    records::Entity::find().filter(C::CommitTxid.lt(lo)),
+                    below(lo),
+                )
+            }
+            // One writer, committing in position order: what is there now is final.
+            Engine::Sqlite => (records::Entity::find(), self.last_position().await?),
+        };
+        let key = Expr::tuple([Expr::col(C::CommitTxid), Expr::col(C::Seq)]);
+        q = q
+            .filter(
+                key.clone()
+                    .gt(Expr::tuple([Expr::val(after.txid), Expr::val(after.seq)])),
+            )
+            .filter(key.lte(Expr::tuple([Expr::val(reach.txid), Expr::val(reach.seq)])));
+        let records;
+        q = q.order_by_asc(C::CommitTxid).order_by_asc(C::Seq);
+        (records, reach) = self.page(q, limit, reach).await?;
+        Ok((records, reach.max(after)))
+    }
+
+    /// At most `limit` records of `q`, and the position they cover: `reach` when they are all
+    /// there are, else the last one's.
+    async fn page(
+        &self,
+        q: sea_orm::Select<records::Entity>,
+        limit: u64,
+        reach: Position,
+    ) -> Result<(Vec<Record>, Position)> {
+        let records: Vec<Record> = q
             .limit(limit)
             .all(&self.db)
             .await
@@ -172,7 +241,64 @@ impl Store {
             .into_iter()
             .map(record)
             .collect::<Result<_>>()?;
-        Ok(Listed { records, settled })
+        let reach = match records.last() {
+            Some(last) if records.len() as u64 >= limit => last.position,
+            _ => reach,
+        };
+        Ok((records, reach))
+    }
+
+    /// The position every record committed so far is at or below: where "now" is.
+    pub async fn watermark(&self) -> Result<Position> {
+        match self.engine() {
+            Engine::Postgres => Ok(below(self.read_horizon().await?.0)),
+            Engine::Sqlite => self.last_position().await,
+        }
+    }
+
+    /// The highest position stored (zero when there is none).
+    async fn last_position(&self) -> Result<Position> {
+        use records::Column as C;
+        let last: Option<(i64, i64)> = records::Entity::find()
+            .select_only()
+            .columns([C::CommitTxid, C::Seq])
+            .order_by_desc(C::CommitTxid)
+            .order_by_desc(C::Seq)
+            .into_tuple()
+            .one(&self.db)
+            .await
+            .map_err(classify)?;
+        Ok(last.map_or(Position::default(), |(txid, seq)| Position { txid, seq }))
+    }
+
+    /// A record's position and principal, by id.
+    pub async fn record_position(&self, record_id: &str) -> Result<Option<(Position, String)>> {
+        Ok(records::Entity::find_by_id(record_id.to_owned())
+            .one(&self.db)
+            .await
+            .map_err(classify)?
+            .map(|m| {
+                (
+                    Position {
+                        txid: m.commit_txid,
+                        seq: m.seq,
+                    },
+                    m.principal,
+                )
+            }))
+    }
+
+    /// The projects a principal is a member of now.
+    pub async fn projects_of(&self, principal: &str) -> Result<std::collections::BTreeSet<String>> {
+        let rows: Vec<String> = project_members::Entity::find()
+            .select_only()
+            .column(project_members::Column::Project)
+            .filter(project_members::Column::Principal.eq(principal))
+            .into_tuple()
+            .all(&self.db)
+            .await
+            .map_err(classify)?;
+        Ok(rows.into_iter().collect())
     }
 
     /// PostgreSQL's visibility horizon as a transaction id: every transaction with a lower id
@@ -185,26 +311,28 @@ impl Store {
         if self.engine() != Engine::Postgres {
             return Ok((None, true));
         }
-        let read = || async {
-            let row = self
-                .db
-                .query_one_raw(Statement::from_string(DbBackend::Postgres, HORIZON))
-                .await
-                .map_err(classify)?
-                .ok_or_else(|| Error::Internal("no snapshot".into()))?;
-            let lo: i64 = row.try_get("", "lo").map_err(classify)?;
-            let hi: i64 = row.try_get("", "hi").map_err(classify)?;
-            Ok::<_, Error>((lo, hi))
-        };
-        let (mut lo, target) = read().await?;
+        let (mut lo, target) = self.read_horizon().await?;
         let deadline = tokio::time::Instant::now() + SETTLE;
         let mut pause = std::time::Duration::from_micros(500);
         while lo < target && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(std::time::Duration::from_millis(20));
-            lo = read().await?.0;
+            lo = self.read_horizon().await?.0;
         }
         Ok((Some(lo), lo >= target))
+    }
+
+    /// This database's horizon now, without waiting: (lowest id in flight, next id).
+    async fn read_horizon(&self) -> Result<(i64, i64)> {
+        let row = self
+            .db
+            .query_one_raw(Statement::from_string(DbBackend::Postgres, HORIZON))
+            .await
+            .map_err(classify)?
+            .ok_or_else(|| Error::Internal("no snapshot".into()))?;
+        let lo: i64 = row.try_get("", "lo").map_err(classify)?;
+        let hi: i64 = row.try_get("", "hi").map_err(classify)?;
+        Ok((lo, hi))
     }
 
     /// Records copied from another PostgreSQL cluster (a restore, a logical replica promoted)

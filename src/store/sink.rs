@@ -251,6 +251,7 @@ async fn write_batches(
         );
         match result {
             Ok(stored) => {
+                parent.commits().local.notify_one();
                 for (answer, s) in answers.into_iter().zip(stored) {
                     let _ = answer.send(Ok(s));
                 }

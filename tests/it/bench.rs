@@ -77,6 +77,10 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
             "1,2",
             "--stream-in-flight",
             "16",
+            "--watch-rate",
+            "200",
+            "--watch-idle",
+            "50",
             "--json",
             json.to_str().expect("path"),
         ])
@@ -117,6 +121,12 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
                 assert!(r["calls_per_sec"].as_f64() > Some(0.0), "{r}");
             }
         }
+        // Every acknowledged record reached the watcher; idle watches were opened.
+        let w = find(store, "watch");
+        assert_eq!(w["missing"], 0, "{w}");
+        assert!(w["records"].as_u64() > Some(0), "{w}");
+        assert!(w["p99_ms"].as_f64().is_some(), "{w}");
+        assert!(w["idle_rss_mib"].as_f64().is_some(), "{w}");
         // Dropped triggers are answered, not errors.
         assert_eq!(find(store, "dropped, C=4")["errors"], 0);
         let streamed = find(store, "DeliverTriggers, 2 streams");

@@ -380,6 +380,8 @@ fn readme_walkthroughs_run_verbatim() {
         "hcp.sense.v1.IngestService",
         "\"disposition\": \"DISPOSITION_RECORDED_INBOX\"",
         "\"title\": \"Crash on start\"",
+        "\"title\": \"Watched\"",
+        "\"resumeToken\"",
         "\"bindingId\": \"gh-alice\"",
         "\"dropReason\": \"DROP_REASON_UNDECLARED_REF\"",
         "\"ref\": \"issue.deleted\"",

@@ -19,3 +19,4 @@ mod sense;
 mod support;
 mod telemetry;
 mod trace;
+mod watch;

@@ -100,6 +100,53 @@ def main():
         "py-alice", "gh-py-alice", "user", "github", "issue.opened"
     ), rec
     assert rec.payload["title"] == "from python"
+
+    # A live inbox: watch from where the listing ended while triggers arrive, as a consumer
+    # would, then resume from the last message's token after cancelling.
+    watch = records.WatchRecords(
+        records_pb2.WatchRecordsRequest(
+            viewer="py-alice", principal="py-alice", resume_token=listed.resume_page_token
+        )
+    )
+    sent = []
+
+    def deliver_more():
+        for i in range(3):
+            r = ingest.DeliverTrigger(
+                ingest_pb2.DeliverTriggerRequest(
+                    pack_id="github", ref="issue.opened", principal="py-alice", land="user",
+                    trigger_id=f"py-watch-{i}",
+                )
+            )
+            sent.append(r.record_id)
+
+    import threading
+
+    writer = threading.Thread(target=deliver_more)
+    writer.start()
+    seen, token = [], None
+    for message in watch:
+        seen.extend(r.record_id for r in message.records)
+        token = message.resume_token
+        if len(seen) >= 3:
+            break
+    watch.cancel()
+    writer.join()
+    assert seen == sent, (seen, sent)
+    later = ingest.DeliverTrigger(
+        ingest_pb2.DeliverTriggerRequest(
+            pack_id="github", ref="issue.opened", principal="py-alice", land="user", trigger_id="py-watch-later"
+        )
+    )
+    resumed = records.WatchRecords(
+        records_pb2.WatchRecordsRequest(viewer="py-alice", principal="py-alice", resume_token=token),
+        timeout=10,
+    )
+    for message in resumed:
+        if message.records:
+            assert [r.record_id for r in message.records] == [later.record_id], message
+            break
+    resumed.cancel()
     print("python flow ok", rec.record_id)
 
 

@@ -12,6 +12,7 @@ mod report;
 mod seed;
 mod server;
 mod telemetry;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -91,6 +92,15 @@ struct Options {
     /// Milliseconds the proxy of --writers-compare adds to each round trip to PostgreSQL.
     #[arg(long, default_value_t = 1.0)]
     postgres_delay_ms: f64,
+    /// Measure WatchRecords: ack-to-watcher latency at --watch-rate, and idle watchers' memory.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    watch: bool,
+    /// Recorded triggers a second delivered while one watcher follows them.
+    #[arg(long, default_value_t = 5000.0)]
+    watch_rate: f64,
+    /// Idle watches opened to measure their memory.
+    #[arg(long, default_value_t = 1000)]
+    watch_idle: usize,
     /// Also write every result to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -206,6 +216,11 @@ async fn run(o: &Options) -> anyhow::Result<()> {
     if o.stores.iter().any(|s| s == "postgres") && !o.writers_compare.is_empty() {
         writers_compare(o).await?;
     }
+    if o.watch {
+        for kind in &o.stores {
+            watch_phase(o, kind).await?;
+        }
+    }
     scaling(o).await?;
     if o.telemetry {
         telemetry_cost(o).await?;
@@ -228,6 +243,34 @@ async fn run(o: &Options) -> anyhow::Result<()> {
             }))?,
         )?;
     }
+    Ok(())
+}
+
+/// WatchRecords on one store: ack-to-watcher latency at a fixed rate, then idle watchers' memory.
+async fn watch_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
+    let pop = o.population(o.principals);
+    let (db, server) = prepare(o, kind, "watch", pop, &[]).await?;
+    let chs = server.channels(o.channels).await?;
+    let (lat, missing) = watch::latency(&chs, o.duration(), pop, o.watch_rate).await?;
+    let pct = |q: f64| {
+        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+            .map_or(f64::NAN, |us| *us as f64 / 1000.0)
+    };
+    let (p50, p99) = (pct(0.5), pct(0.99));
+    let mib = watch::idle_rss(&server, &chs, o.watch_idle).await?;
+    println!(
+        "{kind:<9} watch: ack to watcher p50 {p50:.2} ms, p99 {p99:.2} ms at {:.0} recorded/s ({} records, {missing} not received); {} idle watches: +{mib:.1} MiB RSS",
+        o.watch_rate,
+        lat.len(),
+        o.watch_idle
+    );
+    result(json!({
+        "store": kind, "phase": "watch", "rate": o.watch_rate, "records": lat.len(),
+        "missing": missing, "p50_ms": p50, "p99_ms": p99,
+        "idle_watchers": o.watch_idle, "idle_rss_mib": mib,
+    }));
+    server.stop();
+    db.drop_db().await;
     Ok(())
 }
 

@@ -1,0 +1,634 @@
+//! WatchRecords: one tail per replica reads committed records by position into a bounded ring, and every watcher is fed from it after catching up from the store.
+//!
+//! The tail is woken by this process's commits, by other replicas' announcements (PostgreSQL
+//! NOTIFY) and by a fallback timer, and always reads the store by position: a wake-up says
+//! only "read again". Its ring keeps the last `max_behind` records of every principal; a
+//! watcher whose position falls out of the ring is more than `max_behind` records behind and
+//! is ended with its position, from which a new watch resumes with nothing lost.
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::Service;
+use crate::domain::decide::BRAIN;
+use crate::domain::model::{Position, Record, RecordFilter};
+use crate::error::{Error, Interruption, Result};
+
+/// Records the tail reads from the store at once.
+const TAIL_READ: u64 = 512;
+/// Records one catch-up read takes from the store.
+const CATCH_UP_READ: u64 = 256;
+/// Most records in one message to a watcher.
+pub const MAX_PER_MESSAGE: usize = 100;
+/// The tail reads at least this often, whatever woke it or did not.
+const FALLBACK_READ: Duration = Duration::from_secs(1);
+/// The pause before the tail reads again after the store failed it.
+const RETRY: Duration = Duration::from_millis(200);
+/// Longest a read of the store may take before the watches relying on it are ended: a store
+/// gone silent (a partition) never says so by itself.
+const STORE_READ_TIMEOUT: Duration = Duration::from_secs(3);
+/// Least time between two announcements of local commits to other replicas.
+const ANNOUNCE_EVERY: Duration = Duration::from_millis(5);
+/// Longest a new watch waits for the tail's first read of the store.
+const TAIL_START_WAIT: Duration = Duration::from_secs(10);
+
+/// Bounds on watchers.
+#[derive(Debug, Clone, Copy)]
+pub struct WatchLimits {
+    /// Records (of any principal) a watcher may be behind the tail before it is ended.
+    pub max_behind: usize,
+    /// Longest a watcher may go without catching up with the tail before it is ended.
+    pub max_lag: Duration,
+    /// A watcher with nothing to send gets a progress message this often.
+    pub progress_every: Duration,
+    /// Most watches open at once on this replica.
+    pub max_watchers: usize,
+}
+
+impl Default for WatchLimits {
+    fn default() -> Self {
+        WatchLimits {
+            max_behind: 10_000,
+            max_lag: Duration::from_secs(30),
+            progress_every: Duration::from_secs(10),
+            max_watchers: 10_000,
+        }
+    }
+}
+
+/// What a watcher hands its caller.
+#[derive(Debug)]
+pub enum WatchEvent {
+    /// Records in position order (none: progress), and the position everything sent reaches.
+    Sent {
+        records: Vec<Arc<Record>>,
+        position: Position,
+    },
+    /// The watch ends; resume from `position`.
+    Ended {
+        cause: Interruption,
+        why: String,
+        position: Position,
+    },
+}
+
+/// The tail's state that watchers wait on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TailStatus {
+    /// Every record at or below this position has been read into the ring (or out of it).
+    watermark: Position,
+    state: TailState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TailState {
+    /// Before its first read of the store.
+    Starting,
+    Reading,
+    /// The store failed its last read.
+    Failing,
+    /// The server is shutting down.
+    Stopped,
+}
+
+#[derive(Debug, Default)]
+struct Ring {
+    records: VecDeque<Arc<Record>>,
+    /// The position of the last record that left the ring (or where the tail started).
+    evicted_upto: Position,
+}
+
+/// One per replica: the ring and the status watchers follow.
+#[derive(Debug)]
+pub struct Tail {
+    ring: Mutex<Ring>,
+    status: watch::Sender<TailStatus>,
+    limits: WatchLimits,
+    watchers: AtomicUsize,
+}
+
+impl Tail {
+    pub fn new(limits: WatchLimits) -> Tail {
+        Tail {
+            ring: Mutex::default(),
+            status: watch::channel(TailStatus {
+                watermark: Position::default(),
+                state: TailState::Starting,
+            })
+            .0,
+            limits,
+            watchers: AtomicUsize::new(0),
+        }
+    }
+
+    fn ring(&self) -> MutexGuard<'_, Ring> {
+        // Every update of the ring is a few statements that cannot panic half-way.
+        self.ring
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn set(&self, f: impl FnOnce(&mut TailStatus)) {
+        self.status.send_if_modified(|s| {
+            let before = *s;
+            f(s);
+            *s != before
+        });
+    }
+
+    /// Adds records read from the store, evicting the oldest past `max_behind`.
+    fn push(&self, records: Vec<Record>, reach: Position) {
+        {
+            let mut ring = self.ring();
+            for r in records {
+                ring.records.push_back(Arc::new(r));
+            }
+            while ring.records.len() > self.limits.max_behind {
+                if let Some(old) = ring.records.pop_front() {
+                    ring.evicted_upto = old.position;
+                }
+            }
+        }
+        self.set(|s| {
+            s.watermark = s.watermark.max(reach);
+            if s.state != TailState::Stopped {
+                s.state = TailState::Reading;
+            }
+        });
+    }
+
+    /// Matching records after `cursor`, at most `max`, and the position the scan reached; or
+    /// `None` when records after `cursor` have left the ring (the watcher is too far behind).
+    fn after(
+        &self,
+        cursor: Position,
+        filter: &RecordFilter,
+        max: usize,
+        watermark: Position,
+    ) -> Option<(Vec<Arc<Record>>, Position)> {
+        let ring = self.ring();
+        if ring.evicted_upto > cursor {
+            return None;
+        }
+        let start = ring.records.partition_point(|r| r.position <= cursor);
+        let mut out = Vec::new();
+        let mut reached = cursor;
+        for r in ring.records.range(start..) {
+            if filter.matches(r) {
+                if out.len() == max {
+                    return Some((out, reached));
+                }
+                out.push(r.clone());
+            }
+            reached = r.position;
+        }
+        // Scanned to the end of the ring: everything up to the watermark is covered.
+        Some((out, reached.max(watermark)))
+    }
+}
+
+/// A slot among `max_watchers`, given back when the watch ends.
+struct Slot(Arc<Tail>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.watchers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Service {
+    /// Starts this replica's tail; it stops, ending every watch with UNAVAILABLE, when `stop`
+    /// completes.
+    pub fn start_tail(&self, mut stop: watch::Receiver<bool>) {
+        let svc = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = svc.run_tail() => {}
+                _ = stop.wait_for(|s| *s) => {}
+            }
+            svc.tail.set(|s| s.state = TailState::Stopped);
+        });
+    }
+
+    async fn run_tail(&self) {
+        let tail = &self.tail;
+        // History is read by each watcher from the store; the ring starts now.
+        let start = loop {
+            match self.store.watermark().await {
+                Ok(p) => break p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch tail cannot read the store");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        };
+        tail.ring().evicted_upto = start;
+        tail.push(Vec::new(), start);
+        let commits = self.store.commits();
+        // Local commits are announced to other replicas at most every ANNOUNCE_EVERY; one
+        // held back is sent when that time comes, not left for their fallback read.
+        let mut announced = Instant::now() - ANNOUNCE_EVERY;
+        let mut unannounced = false;
+        loop {
+            let next = if unannounced {
+                announced + ANNOUNCE_EVERY
+            } else {
+                Instant::now() + FALLBACK_READ
+            };
+            let local = tokio::select! {
+                _ = commits.local.notified() => true,
+                _ = commits.remote.notified() => false,
+                _ = tokio::time::sleep_until(next) => false,
+            };
+            let mut read_any = false;
+            loop {
+                let from = tail.status.borrow().watermark;
+                let read = tokio::time::timeout(
+                    STORE_READ_TIMEOUT,
+                    self.store.tail_records(from, TAIL_READ),
+                )
+                .await
+                .unwrap_or_else(|_| Err(Error::Unavailable("no answer in time".into())));
+                match read {
+                    Ok((records, reach)) => {
+                        let full = records.len() as u64 >= TAIL_READ;
+                        read_any |= !records.is_empty();
+                        tail.push(records, reach);
+                        if !full {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "watch tail cannot read the store; watches end");
+                        tail.set(|s| s.state = TailState::Failing);
+                        tokio::time::sleep(RETRY).await;
+                        break;
+                    }
+                }
+            }
+            unannounced |= local && read_any;
+            if unannounced && announced.elapsed() >= ANNOUNCE_EVERY {
+                // Other replicas' tails read by position; this only wakes them.
+                if let Err(e) = self.store.announce_records().await {
+                    tracing::debug!(error = %e, "records not announced");
+                }
+                announced = Instant::now();
+                unannounced = false;
+            }
+        }
+    }
+
+    /// The position "now": every record committed so far is at or below it.
+    pub async fn now_position(&self) -> Result<Position> {
+        self.store.watermark().await
+    }
+
+    /// A record's position, for a watch that starts after it; `principal` when given must be
+    /// the record's (a reader's own), else it is as unknown as a missing one.
+    pub async fn position_of(&self, record_id: &str, principal: Option<&str>) -> Result<Position> {
+        super::valid_id("after_record_id", record_id)?;
+        match self.store.record_position(record_id).await? {
+            Some((p, owner)) if principal.is_none_or(|want| want == owner) => Ok(p),
+            _ => Err(Error::NotFound(format!("no record `{record_id}`"))),
+        }
+    }
+
+    /// Takes a watcher slot; RESOURCE_EXHAUSTED when `max_watchers` are open.
+    fn watcher_slot(&self) -> Result<Slot> {
+        let tail = self.tail.clone();
+        let max = tail.limits.max_watchers;
+        tail.watchers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .map_err(|_| {
+                Error::ResourceExhausted(format!(
+                    "{max} watches are open on this server (--max-watches); retry later or on another replica"
+                ))
+            })?;
+        Ok(Slot(tail))
+    }
+
+    /// Checks a watch's filters and takes its slot; the watch itself runs in `watch`.
+    pub fn open_watch(&self, filter: &RecordFilter) -> Result<Watch> {
+        self.check_record_filter(filter)?;
+        Ok(Watch {
+            svc: self.clone(),
+            _slot: self.watcher_slot()?,
+        })
+    }
+}
+
+/// An open watch, holding its slot.
+pub struct Watch {
+    svc: Service,
+    _slot: Slot,
+}
+
+impl Watch {
+    /// Sends every record matching `filter` committed after `from`, then new ones as they
+    /// commit, until the receiver goes or the watch is ended (the last event says why).
+    pub async fn run(self, filter: RecordFilter, from: Position, out: mpsc::Sender<WatchEvent>) {
+        let mut w = Watcher {
+            svc: &self.svc,
+            filter,
+            cursor: from,
+            out,
+            last_sent: Instant::now(),
+            behind_since: None,
+        };
+        let end = match w.catch_up().await {
+            Ok(()) => w.follow().await,
+            Err(end) => end,
+        };
+        let position = w.cursor;
+        let _ = w
+            .out
+            .send(WatchEvent::Ended {
+                cause: end.0,
+                why: end.1,
+                position,
+            })
+            .await;
+    }
+}
+
+type End = (Interruption, String);
+
+struct Watcher<'a> {
+    svc: &'a Service,
+    filter: RecordFilter,
+    /// Everything matching up to here has been sent.
+    cursor: Position,
+    out: mpsc::Sender<WatchEvent>,
+    last_sent: Instant,
+    /// Since when the watcher has not been caught up with the tail.
+    behind_since: Option<Instant>,
+}
+
+fn unavailable(e: &Error) -> End {
+    (
+        Interruption::Unavailable,
+        format!("the store is unavailable ({e}); resume from resume_token"),
+    )
+}
+
+impl Watcher<'_> {
+    fn limits(&self) -> WatchLimits {
+        self.svc.tail.limits
+    }
+
+    /// Sends a message, waiting at most until the lag bound for a reader that does not read.
+    async fn send(&mut self, records: Vec<Arc<Record>>, position: Position) -> Result<(), End> {
+        let event = WatchEvent::Sent { records, position };
+        let max_lag = self.limits().max_lag;
+        match tokio::time::timeout(max_lag, self.out.send(event)).await {
+            Ok(Ok(())) => {
+                self.cursor = self.cursor.max(position);
+                self.last_sent = Instant::now();
+                Ok(())
+            }
+            // The caller went away: nothing to say to anyone.
+            Ok(Err(_)) => Err((Interruption::Unavailable, String::new())),
+            Err(_) => Err((
+                Interruption::Behind,
+                format!(
+                    "the reader took more than {} s to take a message; resume from resume_token",
+                    max_lag.as_secs()
+                ),
+            )),
+        }
+    }
+
+    /// Reads from the store what the ring no longer (or not yet) holds, until the ring covers
+    /// everything after the cursor.
+    async fn catch_up(&mut self) -> Result<(), End> {
+        // The ring's start is only known once the tail has read the store.
+        let mut status = self.svc.tail.status.subscribe();
+        let started = tokio::time::timeout(TAIL_START_WAIT, async {
+            status
+                .wait_for(|s| s.state != TailState::Starting)
+                .await
+                .is_ok()
+        })
+        .await;
+        if started != Ok(true) {
+            return Err(unavailable(&Error::Unavailable(
+                "the watch tail has not read it yet".into(),
+            )));
+        }
+        let mut filter = self.filter.clone();
+        filter.descending = false;
+        loop {
+            // Read before the store is: anything the ring drops after this is in the read.
+            let evicted = self.svc.tail.ring().evicted_upto;
+            let listed = tokio::time::timeout(
+                STORE_READ_TIMEOUT,
+                self.svc
+                    .store
+                    .list_records(&filter, Some(&self.cursor), CATCH_UP_READ),
+            )
+            .await
+            .unwrap_or_else(|_| Err(Error::Unavailable("no answer in time".into())))
+            .map_err(|e| unavailable(&e))?;
+            let full = listed.records.len() as u64 >= CATCH_UP_READ;
+            if !listed.records.is_empty() || listed.watermark > self.cursor {
+                let records: Vec<Arc<Record>> = listed.records.into_iter().map(Arc::new).collect();
+                for chunk in records.chunks(MAX_PER_MESSAGE) {
+                    let reach = chunk.last().map_or(self.cursor, |r| r.position);
+                    self.send(chunk.to_vec(), reach).await?;
+                }
+                if !full {
+                    // Everything matching up to the read's watermark has been sent.
+                    self.cursor = self.cursor.max(listed.watermark);
+                }
+            }
+            if !full && self.cursor >= evicted {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends from the ring as the tail fills it.
+    async fn follow(&mut self) -> End {
+        let mut status = self.svc.tail.status.subscribe();
+        loop {
+            let st = *status.borrow_and_update();
+            match st.state {
+                TailState::Stopped => {
+                    return (
+                        Interruption::Unavailable,
+                        "the server is shutting down; resume from resume_token on another replica"
+                            .into(),
+                    )
+                }
+                TailState::Failing => {
+                    return unavailable(&Error::Unavailable("the watch tail cannot read it".into()))
+                }
+                TailState::Starting | TailState::Reading => {}
+            }
+            if st.state == TailState::Reading {
+                match self.svc.tail.after(self.cursor, &self.filter, MAX_PER_MESSAGE, st.watermark) {
+                    None => {
+                        return (
+                            Interruption::Behind,
+                            format!(
+                                "more than {} records behind (--watch-max-behind); resume from resume_token",
+                                self.limits().max_behind
+                            ),
+                        )
+                    }
+                    Some((records, reach)) => {
+                        let caught_up = reach >= st.watermark;
+                        if !records.is_empty() {
+                            let records = match self.visible(records).await {
+                                Ok(r) => r,
+                                Err(e) => return unavailable(&e),
+                            };
+                            if let Err(end) = self.send(records, reach).await {
+                                return end;
+                            }
+                        } else {
+                            // Nothing for this watcher up to `reach`: progress, sent when due.
+                            self.cursor = self.cursor.max(reach);
+                        }
+                        if !caught_up {
+                            let since = *self.behind_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() > self.limits().max_lag {
+                                return (
+                                    Interruption::Behind,
+                                    format!(
+                                        "not caught up for {} s (--watch-max-lag-secs); resume from resume_token",
+                                        self.limits().max_lag.as_secs()
+                                    ),
+                                );
+                            }
+                            continue;
+                        }
+                        self.behind_since = None;
+                    }
+                }
+            }
+            let progress_at = self.last_sent + self.limits().progress_every;
+            tokio::select! {
+                changed = status.changed() => {
+                    if changed.is_err() {
+                        return (Interruption::Unavailable, "the server is shutting down".into());
+                    }
+                }
+                _ = tokio::time::sleep_until(progress_at) => {
+                    let cursor = self.cursor;
+                    if let Err(end) = self.send(Vec::new(), cursor).await {
+                        return end;
+                    }
+                }
+                _ = self.out.closed() => return (Interruption::Unavailable, String::new()),
+            }
+        }
+    }
+
+    /// §7.5.2 as each message is sent: brain records only while the viewer is a member.
+    async fn visible(&self, records: Vec<Arc<Record>>) -> Result<Vec<Arc<Record>>> {
+        let projects = match (&self.filter.viewer, records.iter().any(|r| r.land == BRAIN)) {
+            (Some(viewer), true) => self.svc.store.projects_of(viewer).await?,
+            _ => BTreeSet::new(),
+        };
+        Ok(records
+            .into_iter()
+            .filter(|r| self.filter.visible(r, &projects))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::policy::Route;
+
+    fn rec(seq: i64, principal: &str) -> Record {
+        Record {
+            record_id: format!("r{seq}"),
+            principal: principal.into(),
+            binding_id: String::new(),
+            land: "user".into(),
+            pack_id: "p".into(),
+            r#ref: "x.y".into(),
+            payload: Default::default(),
+            route: Route::Inbox,
+            project: None,
+            trigger_id: None,
+            received_time: 0,
+            position: Position { txid: 0, seq },
+        }
+    }
+
+    fn tail(max_behind: usize) -> Tail {
+        Tail::new(WatchLimits {
+            max_behind,
+            ..WatchLimits::default()
+        })
+    }
+
+    fn at(seq: i64) -> Position {
+        Position { txid: 0, seq }
+    }
+
+    #[test]
+    fn a_watcher_exactly_max_behind_is_served_and_one_more_is_not() {
+        let t = tail(3);
+        t.push((1..=3).map(|i| rec(i, "a")).collect(), at(3));
+        let all = RecordFilter::default();
+        // Behind by 3 (cursor 0, records 1..3 in the ring): served.
+        let (got, reach) = t.after(at(0), &all, 10, at(3)).expect("in the ring");
+        assert_eq!(got.len(), 3);
+        assert_eq!(reach, at(3));
+        // A fourth record evicts the first: a watcher at 0 is now 4 behind.
+        t.push(vec![rec(4, "a")], at(4));
+        assert!(
+            t.after(at(0), &all, 10, at(4)).is_none(),
+            "4 behind with a ring of 3"
+        );
+        let (got, _) = t.after(at(1), &all, 10, at(4)).expect("3 behind");
+        assert_eq!(
+            got.iter().map(|r| r.position.seq).collect::<Vec<_>>(),
+            [2, 3, 4]
+        );
+    }
+
+    #[test]
+    fn the_ring_filters_and_advances_past_what_does_not_match() {
+        let t = tail(10);
+        t.push(
+            vec![rec(1, "a"), rec(2, "b"), rec(3, "b"), rec(4, "a")],
+            at(4),
+        );
+        let only_a = RecordFilter {
+            principal: Some("a".into()),
+            ..Default::default()
+        };
+        let (got, reach) = t.after(at(0), &only_a, 10, at(4)).expect("ring");
+        assert_eq!(
+            got.iter().map(|r| r.position.seq).collect::<Vec<_>>(),
+            [1, 4]
+        );
+        assert_eq!(reach, at(4));
+        // A message full after one record stops the scan there.
+        let (got, reach) = t.after(at(0), &only_a, 1, at(4)).expect("ring");
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            reach,
+            at(3),
+            "scanned up to the record before the next match"
+        );
+        // Nothing for b after 3, but the scan still reaches the watermark.
+        let only_b = RecordFilter {
+            principal: Some("b".into()),
+            ..Default::default()
+        };
+        let (got, reach) = t.after(at(3), &only_b, 10, at(9)).expect("ring");
+        assert!(got.is_empty());
+        assert_eq!(reach, at(9));
+    }
+}
