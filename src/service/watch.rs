@@ -32,7 +32,9 @@ const RETRY: Duration = Duration::from_millis(200);
 /// gone silent (a partition) never says so by itself.
 const STORE_READ_TIMEOUT: Duration = Duration::from_secs(3);
 /// Least time between two announcements of local commits to other replicas.
-const ANNOUNCE_EVERY: Duration = Duration::from_millis(5);
+const ANNOUNCE_EVERY: Duration = Duration::from_millis(20);
+/// Least time between two reads of the tail: under a stream of commits, one read per gap.
+const MIN_READ_GAP: Duration = Duration::from_millis(2);
 /// Longest a new watch waits for the tail's first read of the store.
 const TAIL_START_WAIT: Duration = Duration::from_secs(10);
 
@@ -82,12 +84,16 @@ struct TailStatus {
     /// Every record at or below this position has been read into the ring (or out of it).
     watermark: Position,
     state: TailState,
+    /// Counts the times the ring was started afresh; a watcher that joined an earlier one
+    /// catches up from the store again.
+    epoch: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TailState {
-    /// Before its first read of the store.
-    Starting,
+    /// No watches open: the tail reads nothing. The first watch moves it to `Reading`,
+    /// starting the ring afresh at the store's position then.
+    Idle,
     Reading,
     /// The store failed its last read.
     Failing,
@@ -109,6 +115,8 @@ pub struct Tail {
     status: watch::Sender<TailStatus>,
     limits: WatchLimits,
     watchers: AtomicUsize,
+    /// Woken when a watch opens, so an idle tail starts at once.
+    opened: tokio::sync::Notify,
 }
 
 impl Tail {
@@ -117,11 +125,13 @@ impl Tail {
             ring: Mutex::default(),
             status: watch::channel(TailStatus {
                 watermark: Position::default(),
-                state: TailState::Starting,
+                state: TailState::Idle,
+                epoch: 0,
             })
             .0,
             limits,
             watchers: AtomicUsize::new(0),
+            opened: tokio::sync::Notify::new(),
         }
     }
 
@@ -216,47 +226,79 @@ impl Service {
 
     async fn run_tail(&self) {
         let tail = &self.tail;
-        // History is read by each watcher from the store; the ring starts now.
-        let start = loop {
-            match self.store.watermark().await {
-                Ok(p) => break p,
-                Err(e) => {
-                    tracing::warn!(error = %e, "watch tail cannot read the store");
-                    tokio::time::sleep(RETRY).await;
-                }
-            }
-        };
-        tail.ring().evicted_upto = start;
-        tail.push(Vec::new(), start);
         let commits = self.store.commits();
-        // Local commits are announced to other replicas at most every ANNOUNCE_EVERY; one
-        // held back is sent when that time comes, not left for their fallback read.
+        // Local commits are announced to other replicas (whose watches may wait on them) at
+        // most every ANNOUNCE_EVERY; one held back is sent when that time comes.
         let mut announced = Instant::now() - ANNOUNCE_EVERY;
         let mut unannounced = false;
+        let mut last_read = Instant::now() - MIN_READ_GAP;
         loop {
-            let next = if unannounced {
-                announced + ANNOUNCE_EVERY
-            } else {
-                Instant::now() + FALLBACK_READ
+            let watched = tail.watchers.load(Ordering::Acquire) > 0;
+            let next = match (unannounced, watched) {
+                (true, _) => announced + ANNOUNCE_EVERY,
+                (false, true) => Instant::now() + FALLBACK_READ,
+                (false, false) => Instant::now() + Duration::from_secs(3600),
             };
             let local = tokio::select! {
                 _ = commits.local.notified() => true,
                 _ = commits.remote.notified() => false,
+                _ = tail.opened.notified() => false,
                 _ = tokio::time::sleep_until(next) => false,
             };
-            let mut read_any = false;
+            unannounced |= local && self.store.engine() == crate::store::Engine::Postgres;
+            if unannounced && announced.elapsed() >= ANNOUNCE_EVERY {
+                // Other replicas' tails read by position; this only wakes them.
+                if let Err(e) = self.store.announce_records().await {
+                    tracing::debug!(error = %e, "records not announced");
+                }
+                announced = Instant::now();
+                unannounced = false;
+            }
+            if tail.watchers.load(Ordering::Acquire) == 0 {
+                // Nobody to feed: read nothing, and start afresh when a watch opens.
+                tail.set(|s| {
+                    if s.state != TailState::Stopped {
+                        s.state = TailState::Idle;
+                    }
+                });
+                continue;
+            }
+            // Reads are coalesced: a burst of commits costs one read per MIN_READ_GAP.
+            let since = last_read.elapsed();
+            if since < MIN_READ_GAP {
+                tokio::time::sleep(MIN_READ_GAP - since).await;
+            }
+            last_read = Instant::now();
+            if tail.status.borrow().state == TailState::Idle {
+                // History is each watch's to read from the store; the ring starts now.
+                match self.store_read(self.store.watermark()).await {
+                    Ok(now) => {
+                        {
+                            let mut ring = tail.ring();
+                            ring.records.clear();
+                            ring.evicted_upto = now;
+                        }
+                        tail.set(|s| {
+                            s.watermark = now;
+                            s.epoch += 1;
+                        });
+                        tail.push(Vec::new(), now);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "watch tail cannot read the store");
+                        tokio::time::sleep(RETRY).await;
+                        continue;
+                    }
+                }
+            }
             loop {
                 let from = tail.status.borrow().watermark;
-                let read = tokio::time::timeout(
-                    STORE_READ_TIMEOUT,
-                    self.store.tail_records(from, TAIL_READ),
-                )
-                .await
-                .unwrap_or_else(|_| Err(Error::Unavailable("no answer in time".into())));
-                match read {
+                match self
+                    .store_read(self.store.tail_records(from, TAIL_READ))
+                    .await
+                {
                     Ok((records, reach)) => {
                         let full = records.len() as u64 >= TAIL_READ;
-                        read_any |= !records.is_empty();
                         tail.push(records, reach);
                         if !full {
                             break;
@@ -270,16 +312,14 @@ impl Service {
                     }
                 }
             }
-            unannounced |= local && read_any;
-            if unannounced && announced.elapsed() >= ANNOUNCE_EVERY {
-                // Other replicas' tails read by position; this only wakes them.
-                if let Err(e) = self.store.announce_records().await {
-                    tracing::debug!(error = %e, "records not announced");
-                }
-                announced = Instant::now();
-                unannounced = false;
-            }
         }
+    }
+
+    /// A read of the store for the tail, bounded: a store gone silent never says so itself.
+    async fn store_read<T>(&self, read: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        tokio::time::timeout(STORE_READ_TIMEOUT, read)
+            .await
+            .unwrap_or_else(|_| Err(Error::Unavailable("no answer in time".into())))
     }
 
     /// The position "now": every record committed so far is at or below it.
@@ -308,6 +348,7 @@ impl Service {
                     "{max} watches are open on this server (--max-watches); retry later or on another replica"
                 ))
             })?;
+        tail.opened.notify_one();
         Ok(Slot(tail))
     }
 
@@ -338,10 +379,16 @@ impl Watch {
             out,
             last_sent: Instant::now(),
             behind_since: None,
+            epoch: 0,
         };
-        let end = match w.catch_up().await {
-            Ok(()) => w.follow().await,
-            Err(end) => end,
+        // A ring started afresh (the tail went idle and woke) is joined again from the store.
+        let end = loop {
+            if let Err(end) = w.catch_up().await {
+                break end;
+            }
+            if let Some(end) = w.follow().await {
+                break end;
+            }
         };
         let position = w.cursor;
         let _ = w
@@ -366,6 +413,8 @@ struct Watcher<'a> {
     last_sent: Instant,
     /// Since when the watcher has not been caught up with the tail.
     behind_since: Option<Instant>,
+    /// The ring this watcher joined (see `TailStatus::epoch`).
+    epoch: u64,
 }
 
 fn unavailable(e: &Error) -> End {
@@ -409,7 +458,7 @@ impl Watcher<'_> {
         let mut status = self.svc.tail.status.subscribe();
         let started = tokio::time::timeout(TAIL_START_WAIT, async {
             status
-                .wait_for(|s| s.state != TailState::Starting)
+                .wait_for(|s| s.state != TailState::Idle)
                 .await
                 .is_ok()
         })
@@ -423,6 +472,7 @@ impl Watcher<'_> {
         filter.descending = false;
         loop {
             // Read before the store is: anything the ring drops after this is in the read.
+            self.epoch = self.svc.tail.status.borrow().epoch;
             let evicted = self.svc.tail.ring().evicted_upto;
             let listed = tokio::time::timeout(
                 STORE_READ_TIMEOUT,
@@ -451,44 +501,49 @@ impl Watcher<'_> {
         }
     }
 
-    /// Sends from the ring as the tail fills it.
-    async fn follow(&mut self) -> End {
+    /// Sends from the ring as the tail fills it; `None` when the ring was started afresh.
+    async fn follow(&mut self) -> Option<End> {
         let mut status = self.svc.tail.status.subscribe();
         loop {
             let st = *status.borrow_and_update();
+            if st.epoch != self.epoch {
+                return None;
+            }
             match st.state {
                 TailState::Stopped => {
-                    return (
+                    return Some((
                         Interruption::Unavailable,
                         "the server is shutting down; resume from resume_token on another replica"
                             .into(),
-                    )
+                    ))
                 }
                 TailState::Failing => {
-                    return unavailable(&Error::Unavailable("the watch tail cannot read it".into()))
+                    return Some(unavailable(&Error::Unavailable(
+                        "the watch tail cannot read it".into(),
+                    )))
                 }
-                TailState::Starting | TailState::Reading => {}
+                TailState::Idle | TailState::Reading => {}
             }
             if st.state == TailState::Reading {
                 match self.svc.tail.after(self.cursor, &self.filter, MAX_PER_MESSAGE, st.watermark) {
                     None => {
-                        return (
+                        return Some((
                             Interruption::Behind,
                             format!(
                                 "more than {} records behind (--watch-max-behind); resume from resume_token",
                                 self.limits().max_behind
                             ),
-                        )
+                        ))
                     }
                     Some((records, reach)) => {
                         let caught_up = reach >= st.watermark;
                         if !records.is_empty() {
                             let records = match self.visible(records).await {
                                 Ok(r) => r,
-                                Err(e) => return unavailable(&e),
+                                Err(e) => return Some(unavailable(&e)),
                             };
                             if let Err(end) = self.send(records, reach).await {
-                                return end;
+                                return Some(end);
                             }
                         } else {
                             // Nothing for this watcher up to `reach`: progress, sent when due.
@@ -497,13 +552,13 @@ impl Watcher<'_> {
                         if !caught_up {
                             let since = *self.behind_since.get_or_insert_with(Instant::now);
                             if since.elapsed() > self.limits().max_lag {
-                                return (
+                                return Some((
                                     Interruption::Behind,
                                     format!(
                                         "not caught up for {} s (--watch-max-lag-secs); resume from resume_token",
                                         self.limits().max_lag.as_secs()
                                     ),
-                                );
+                                ));
                             }
                             continue;
                         }
@@ -515,16 +570,16 @@ impl Watcher<'_> {
             tokio::select! {
                 changed = status.changed() => {
                     if changed.is_err() {
-                        return (Interruption::Unavailable, "the server is shutting down".into());
+                        return Some((Interruption::Unavailable, "the server is shutting down".into()));
                     }
                 }
                 _ = tokio::time::sleep_until(progress_at) => {
                     let cursor = self.cursor;
                     if let Err(end) = self.send(Vec::new(), cursor).await {
-                        return end;
+                        return Some(end);
                     }
                 }
-                _ = self.out.closed() => return (Interruption::Unavailable, String::new()),
+                _ = self.out.closed() => return Some((Interruption::Unavailable, String::new())),
             }
         }
     }

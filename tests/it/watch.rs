@@ -476,3 +476,57 @@ async fn a_database_outage_ends_watches_resumably_postgres() {
     assert!(end.is_none(), "{end:?}");
     assert_eq!(got, after, "what committed after the outage, once");
 }
+
+/// Shutdown ends open watches UNAVAILABLE with a resume token at once, so they move to
+/// another replica and the server does not wait out its grace period for them.
+async fn shutdown_ends_watches_resumably_and_promptly(kind: StoreKind) {
+    let db = TestDb::create(kind).await;
+    let served = Served::start(&db.url, &["--shutdown-grace-secs", "20"]);
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    let mut stream = open(&ch, Start::FromNow(true)).await;
+    let sent = deliver(&ch, ["before-shutdown".to_owned()]).await;
+    let (got, _, _) = read_until(&mut stream, 1, Duration::from_secs(10)).await;
+    assert_eq!(got, sent);
+    let waiter =
+        tokio::spawn(async move { read_until(&mut stream, 1, Duration::from_secs(15)).await });
+    let (clean, took) = tokio::task::spawn_blocking(move || served.terminate_timed())
+        .await
+        .expect("terminate");
+    assert!(clean, "exit 0");
+    assert!(
+        took < Duration::from_secs(10),
+        "an open watch held shutdown for {took:?}"
+    );
+    let (more, _, end) = waiter.await.expect("reader");
+    assert!(more.is_empty());
+    let end = end.expect("the watch was ended");
+    assert_eq!(end.code(), Code::Unavailable, "{end:?}");
+    assert!(!resume_token_of(&end).is_empty());
+}
+on_both_stores!(shutdown_ends_watches_resumably_and_promptly => shutdown_ends_watches_resumably_and_promptly);
+
+/// With no watch open the tail reads nothing; the next watch, from an old token, catches up
+/// from the store and then follows the ring started afresh: nothing lost across the gap.
+async fn a_watch_after_an_idle_spell_misses_nothing(kind: StoreKind) {
+    let app = spawn_app_with(kind, |_| {}).await;
+    let ch = app.channel.clone();
+    set_up_weather(&ch).await;
+    let mut first = open(&ch, Start::FromNow(true)).await;
+    let a = deliver(&ch, ["a".to_owned()]).await;
+    let (got, token, _) = read_until(&mut first, 1, Duration::from_secs(10)).await;
+    assert_eq!(got, a);
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let idle = deliver(&ch, (0..5).map(|i| format!("idle-{i}"))).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut second = open(&ch, Start::ResumeToken(token)).await;
+    let (got, _, end) = read_until(&mut second, idle.len(), Duration::from_secs(10)).await;
+    assert!(end.is_none(), "{end:?}");
+    assert_eq!(got, idle, "what committed while nobody watched");
+    let live = deliver(&ch, (0..5).map(|i| format!("live-{i}"))).await;
+    let (got, _, end) = read_until(&mut second, live.len(), Duration::from_secs(10)).await;
+    assert!(end.is_none(), "{end:?}");
+    assert_eq!(got, live, "then live, from the ring");
+}
+on_both_stores!(a_watch_after_an_idle_spell_misses_nothing => a_watch_after_an_idle_spell_misses_nothing);
