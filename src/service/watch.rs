@@ -34,7 +34,7 @@ const STORE_READ_TIMEOUT: Duration = Duration::from_secs(3);
 /// Least time between two announcements of local commits to other replicas.
 const ANNOUNCE_EVERY: Duration = Duration::from_millis(20);
 /// Least time between two reads of the tail: under a stream of commits, one read per gap.
-const MIN_READ_GAP: Duration = Duration::from_millis(2);
+const MIN_READ_GAP: Duration = Duration::from_millis(1);
 /// Longest a new watch waits for the tail's first read of the store.
 const TAIL_START_WAIT: Duration = Duration::from_secs(10);
 

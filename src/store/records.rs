@@ -209,8 +209,15 @@ impl Store {
                     below(lo),
                 )
             }
-            // One writer, committing in position order: what is there now is final.
-            Engine::Sqlite => (records::Entity::find(), self.last_position().await?),
+            // One writer, committing in position order: what a read sees is final, and it
+            // reaches as far as the last record it returns.
+            Engine::Sqlite => (
+                records::Entity::find(),
+                Position {
+                    txid: i64::MAX,
+                    seq: i64::MAX,
+                },
+            ),
         };
         let key = Expr::tuple([Expr::col(C::CommitTxid), Expr::col(C::Seq)]);
         q = q
@@ -222,6 +229,9 @@ impl Store {
         let records;
         q = q.order_by_asc(C::CommitTxid).order_by_asc(C::Seq);
         (records, reach) = self.page(q, limit, reach).await?;
+        if self.engine() == Engine::Sqlite {
+            reach = records.last().map_or(after, |r| r.position);
+        }
         Ok((records, reach.max(after)))
     }
 

@@ -95,9 +95,9 @@ struct Options {
     /// Measure WatchRecords: ack-to-watcher latency at --watch-rate, and idle watchers' memory.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     watch: bool,
-    /// Recorded triggers a second delivered while one watcher follows them.
-    #[arg(long, default_value_t = 5000.0)]
-    watch_rate: f64,
+    /// Recorded triggers a second delivered while one watcher follows them, one phase each.
+    #[arg(long, value_delimiter = ',', default_value = "1000,2500,5000")]
+    watch_rate: Vec<f64>,
     /// Idle watches opened to measure their memory.
     #[arg(long, default_value_t = 1000)]
     watch_idle: usize,
@@ -251,23 +251,29 @@ async fn watch_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     let pop = o.population(o.principals);
     let (db, server) = prepare(o, kind, "watch", pop, &[]).await?;
     let chs = server.channels(o.channels).await?;
-    let (lat, missing) = watch::latency(&chs, o.duration(), pop, o.watch_rate).await?;
-    let pct = |q: f64| {
-        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
-            .map_or(f64::NAN, |us| *us as f64 / 1000.0)
-    };
-    let (p50, p99) = (pct(0.5), pct(0.99));
+    for &rate in &o.watch_rate {
+        let (lat, missing) = watch::latency(&chs, o.duration(), pop, rate).await?;
+        let pct = |q: f64| {
+            lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+                .map_or(f64::NAN, |us| *us as f64 / 1000.0)
+        };
+        let (p50, p99) = (pct(0.5), pct(0.99));
+        println!(
+            "{kind:<9} watch: ack to watcher p50 {p50:.2} ms, p99 {p99:.2} ms at {rate:.0} recorded/s ({} records, {missing} not received)",
+            lat.len(),
+        );
+        result(json!({
+            "store": kind, "phase": "watch", "rate": rate, "records": lat.len(),
+            "missing": missing, "p50_ms": p50, "p99_ms": p99,
+        }));
+    }
     let mib = watch::idle_rss(&server, &chs, o.watch_idle).await?;
     println!(
-        "{kind:<9} watch: ack to watcher p50 {p50:.2} ms, p99 {p99:.2} ms at {:.0} recorded/s ({} records, {missing} not received); {} idle watches: +{mib:.1} MiB RSS",
-        o.watch_rate,
-        lat.len(),
+        "{kind:<9} watch: {} idle watches: +{mib:.1} MiB RSS",
         o.watch_idle
     );
     result(json!({
-        "store": kind, "phase": "watch", "rate": o.watch_rate, "records": lat.len(),
-        "missing": missing, "p50_ms": p50, "p99_ms": p99,
-        "idle_watchers": o.watch_idle, "idle_rss_mib": mib,
+        "store": kind, "phase": "idle watchers", "idle_watchers": o.watch_idle, "idle_rss_mib": mib,
     }));
     server.stop();
     db.drop_db().await;
