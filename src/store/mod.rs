@@ -317,12 +317,10 @@ impl Store {
     /// Tells the other replicas' watch tails that records committed here (PostgreSQL).
     pub async fn announce_records(&self) -> Result<(), Error> {
         if self.engine() == Engine::Postgres {
+            // The channel as a literal: a pool connection's announcement reads apart, in
+            // pg_stat_activity, from the listener's heartbeat.
             self.db
-                .execute_raw(sea_orm::Statement::from_sql_and_values(
-                    DbBackend::Postgres,
-                    "SELECT pg_notify($1, '')",
-                    [RECORDS_CHANNEL.into()],
-                ))
+                .execute_unprepared(&format!("SELECT pg_notify('{RECORDS_CHANNEL}', '')"))
                 .await
                 .map_err(classify)?;
         }
