@@ -446,16 +446,32 @@ impl Store {
                 };
                 let update = [C::BindingId, C::Mode, C::State, C::UpdateTime];
                 upsert::<bindings::Entity>(txn, row, [C::Principal, C::PackId], &update).await?;
-                if let Some(r) = record.as_mut() {
-                    super::sink::write_records(txn, self.engine(), std::slice::from_mut(r)).await?;
-                }
+                self.write_produced(txn, record.as_mut()).await?;
                 Ok((produced, record))
             })
             .await?;
-        if out.1.is_some() {
+        self.committed_produced(out.1.as_ref());
+        Ok(out)
+    }
+
+    /// Stores the record a Binding change produced, in the change's transaction.
+    async fn write_produced(
+        &self,
+        txn: &DatabaseTransaction,
+        record: Option<&mut Record>,
+    ) -> Result<()> {
+        if let Some(r) = record {
+            super::sink::write_records(txn, self.engine(), std::slice::from_mut(r)).await?;
+        }
+        Ok(())
+    }
+
+    /// Once a Binding change with a produced record has committed, wakes the watch tail as a
+    /// sink commit does.
+    fn committed_produced(&self, record: Option<&Record>) {
+        if record.is_some() {
             self.commits().local.notify_one();
         }
-        Ok(out)
     }
 
     /// Deletes a Binding, reading it inside the transaction as `put_binding` does; `produce`
@@ -486,15 +502,11 @@ impl Store {
                     .exec(txn)
                     .await
                     .map_err(classify)?;
-                if let Some(r) = record.as_mut() {
-                    super::sink::write_records(txn, self.engine(), std::slice::from_mut(r)).await?;
-                }
+                self.write_produced(txn, record.as_mut()).await?;
                 Ok((produced, record))
             })
             .await?;
-        if out.1.is_some() {
-            self.commits().local.notify_one();
-        }
+        self.committed_produced(out.1.as_ref());
         Ok(out)
     }
 
