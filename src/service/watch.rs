@@ -248,7 +248,8 @@ impl Service {
             unannounced |= local && self.store.engine() == crate::store::Engine::Postgres;
             if unannounced && announced.elapsed() >= ANNOUNCE_EVERY {
                 // Other replicas' tails read by position; this only wakes them.
-                if let Err(e) = self.store.announce_records().await {
+                // Bounded like every read: a store gone silent must not stop the tail here.
+                if let Err(e) = self.store_read(self.store.announce_records()).await {
                     tracing::debug!(error = %e, "records not announced");
                 }
                 announced = Instant::now();
