@@ -65,7 +65,12 @@ pub struct Listed {
 /// a migration elsewhere — never holds listings back. Sessions of other users are not visible
 /// (their xids read as NULL); if this database has any, the cluster-wide lower bound is used,
 /// which is never too high.
-const HORIZON: &str = "WITH a AS (SELECT backend_xid, query FROM pg_stat_activity WHERE datname = current_database()) \
+///
+/// Autovacuum workers are left out: their ANALYZE takes a transaction id for the statistics
+/// it writes, and may run tens of milliseconds on a busy `records` table, but it never writes
+/// a record, so no listing or watch should wait for it.
+const HORIZON: &str = "WITH a AS (SELECT backend_xid, query FROM pg_stat_activity \
+                WHERE datname = current_database() AND backend_type IS DISTINCT FROM 'autovacuum worker') \
      SELECT CASE WHEN EXISTS (SELECT 1 FROM a WHERE query = '<insufficient privilege>') \
                  THEN pg_snapshot_xmin(s)::text::bigint \
                  ELSE COALESCE((SELECT min(x::text::bigint) FROM pg_snapshot_xip(s) AS x \
@@ -75,6 +80,25 @@ const HORIZON: &str = "WITH a AS (SELECT backend_xid, query FROM pg_stat_activit
             END AS lo, \
             pg_snapshot_xmax(s)::text::bigint AS hi \
      FROM pg_current_snapshot() AS s";
+
+/// The watch tail's read: the records after a position and below this database's horizon,
+/// with the horizon, in one statement. Statement and snapshot are one, so the horizon is taken
+/// from the very snapshot the records are read in: every transaction below it that the
+/// snapshot does not show as in flight has ended, and its records are in the result. A
+/// transaction in flight counts unless pg_stat_activity places it in another database or in
+/// an autovacuum worker (see `HORIZON`); one hidden from this user, or ended since the
+/// snapshot, counts: never too high, at worst one read late. With no record, one row carries
+/// the horizon alone.
+const TAIL_POSTGRES: &str = "WITH s AS (SELECT pg_current_snapshot() AS s), \
+     elsewhere AS (SELECT backend_xid::text::bigint AS x FROM pg_stat_activity \
+                   WHERE backend_xid IS NOT NULL AND (datname IS DISTINCT FROM current_database() \
+                                                     OR backend_type = 'autovacuum worker')), \
+     h AS (SELECT COALESCE((SELECT min(x::text::bigint) FROM pg_snapshot_xip(s.s) AS x \
+                            WHERE (x::text::bigint & 4294967295) NOT IN (SELECT x FROM elsewhere)), \
+                           pg_snapshot_xmax(s.s)::text::bigint) AS lo FROM s) \
+     SELECT h.lo, r.* FROM h LEFT JOIN LATERAL \
+       (SELECT * FROM records WHERE (commit_txid, seq) > ($1, $2) AND commit_txid < h.lo \
+        ORDER BY commit_txid, seq LIMIT $3) AS r ON true";
 
 /// How long a PostgreSQL listing waits for writes in flight when it starts to commit or end,
 /// so that a record acknowledged before the call is listed (see `horizon`).
@@ -201,38 +225,58 @@ impl Store {
         limit: u64,
     ) -> Result<(Vec<Record>, Position)> {
         use records::Column as C;
-        let (mut q, mut reach) = match self.engine() {
-            Engine::Postgres => {
-                let lo = self.read_horizon().await?.0;
-                (
-                    records::Entity::find().filter(C::CommitTxid.lt(lo)),
-                    below(lo),
-                )
-            }
-            // One writer, committing in position order: what a read sees is final, and it
-            // reaches as far as the last record it returns.
-            Engine::Sqlite => (
-                records::Entity::find(),
-                Position {
-                    txid: i64::MAX,
-                    seq: i64::MAX,
-                },
-            ),
-        };
-        let key = Expr::tuple([Expr::col(C::CommitTxid), Expr::col(C::Seq)]);
-        q = q
-            .filter(
-                key.clone()
-                    .gt(Expr::tuple([Expr::val(after.txid), Expr::val(after.seq)])),
-            )
-            .filter(key.lte(Expr::tuple([Expr::val(reach.txid), Expr::val(reach.seq)])));
-        let records;
-        q = q.order_by_asc(C::CommitTxid).order_by_asc(C::Seq);
-        (records, reach) = self.page(q, limit, reach).await?;
-        if self.engine() == Engine::Sqlite {
-            reach = records.last().map_or(after, |r| r.position);
+        if self.engine() == Engine::Postgres {
+            return self.tail_records_postgres(after, limit).await;
         }
+        // SQLite: one writer, committing in position order, so what a read sees is final and
+        // it reaches as far as the last record it returns.
+        let key = Expr::tuple([Expr::col(C::CommitTxid), Expr::col(C::Seq)]);
+        let q = records::Entity::find()
+            .filter(key.gt(Expr::tuple([Expr::val(after.txid), Expr::val(after.seq)])))
+            .order_by_asc(C::CommitTxid)
+            .order_by_asc(C::Seq);
+        let (records, _) = self.page(q, limit, after).await?;
+        let reach = records.last().map_or(after, |r| r.position);
         Ok((records, reach.max(after)))
+    }
+
+    /// The tail's read on PostgreSQL: the horizon and the records below it in one statement,
+    /// one round trip (see `TAIL_POSTGRES`).
+    async fn tail_records_postgres(
+        &self,
+        after: Position,
+        limit: u64,
+    ) -> Result<(Vec<Record>, Position)> {
+        use sea_orm::FromQueryResult;
+        let rows = self
+            .db
+            .query_all_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                TAIL_POSTGRES,
+                [after.txid.into(), after.seq.into(), (limit as i64).into()],
+            ))
+            .await
+            .map_err(classify)?;
+        let mut lo = None;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            lo = Some(row.try_get::<i64>("", "lo").map_err(classify)?);
+            if row
+                .try_get::<Option<String>>("", "record_id")
+                .map_err(classify)?
+                .is_some()
+            {
+                out.push(record(
+                    records::Model::from_query_result(&row, "").map_err(classify)?,
+                )?);
+            }
+        }
+        let lo = lo.ok_or_else(|| Error::Internal("no snapshot".into()))?;
+        let reach = match out.last() {
+            Some(last) if out.len() as u64 >= limit => last.position,
+            _ => below(lo),
+        };
+        Ok((out, reach.max(after)))
     }
 
     /// At most `limit` records of `q`, and the position they cover: `reach` when they are all

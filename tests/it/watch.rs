@@ -325,6 +325,63 @@ async fn a_watch_follows_writes_through_another_replica_and_survives_a_kill_post
     );
 }
 
+/// The tail's horizon on PostgreSQL: a write left open in another database of the cluster
+/// holds no watch back, while one open in this database holds back every record committed
+/// after it began, so that its own record, at the lower position, is sent first and not
+/// skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_waits_for_writes_open_in_its_database_only_postgres() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let db = TestDb::create(StoreKind::Postgres).await;
+    let elsewhere = TestDb::create(StoreKind::Postgres).await;
+    let served = Served::start(&db.url, &[]);
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    let mut stream = open(&ch, Start::FromNow(true)).await;
+
+    let other = elsewhere.connect().await;
+    let open_elsewhere = other.begin().await.expect("begin");
+    open_elsewhere
+        .execute_unprepared("CREATE TABLE held (x int); INSERT INTO held VALUES (1)")
+        .await
+        .expect("a write in another database, left open");
+    let first = deliver(&ch, ["while-elsewhere-writes".to_owned()]).await;
+    let (got, _, end) = read_until(&mut stream, 1, Duration::from_secs(10)).await;
+    assert!(end.is_none(), "{end:?}");
+    assert_eq!(
+        got, first,
+        "sent while the other database's write stays open"
+    );
+
+    let here = db.connect().await;
+    let open_here = here.begin().await.expect("begin");
+    open_here
+        .execute_unprepared(
+            "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, \
+                                  producer_trigger_id, received_time) \
+             VALUES ('held-open', 'alice', '', 'user', 'weather', 'storm.warning', '{}', 'inbox', \
+                     'held-open', 1)",
+        )
+        .await
+        .expect("a record written in this database, left open");
+    let after = deliver(&ch, ["after-the-open-write".to_owned()]).await;
+    let (got, _, end) = read_until(&mut stream, 1, Duration::from_millis(1500)).await;
+    assert!(end.is_none(), "{end:?}");
+    assert!(
+        got.is_empty(),
+        "nothing is sent past a write still open below it: {got:?}"
+    );
+    open_here.commit().await.expect("commit");
+    let (got, _, end) = read_until(&mut stream, 2, Duration::from_secs(10)).await;
+    assert!(end.is_none(), "{end:?}");
+    assert_eq!(
+        got,
+        vec!["held-open".to_owned(), after[0].clone()],
+        "the open write's record first, at its lower position, then the later one"
+    );
+    open_elsewhere.rollback().await.expect("rollback");
+}
+
 /// §7.5.2 in a watch: a brain record reaches a viewer only while it is a member of the
 /// record's project, checked as each record is sent.
 async fn s7_5_2_a_watch_sends_brain_records_only_to_members(kind: StoreKind) {
