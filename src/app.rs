@@ -16,13 +16,15 @@ use crate::grpc::calls::{CallLayer, WatchLimits};
 use crate::grpc::conn::{self, effective_max_connections, ConnLimits};
 use crate::grpc::guard::GuardLayer;
 use crate::grpc::ingest::Ingest;
+use crate::grpc::ingress::Ingress;
 use crate::grpc::layer::RpcLayer;
 use crate::grpc::packs::Packs;
 use crate::grpc::paging::PageTokens;
 use crate::grpc::pb::{
     self, audit_service_server::AuditServiceServer, bench_service_server::BenchServiceServer,
-    ingest_service_server::IngestServiceServer, pack_service_server::PackServiceServer,
-    policy_service_server::PolicyServiceServer, record_service_server::RecordServiceServer,
+    ingest_service_server::IngestServiceServer, ingress_service_server::IngressServiceServer,
+    pack_service_server::PackServiceServer, policy_service_server::PolicyServiceServer,
+    record_service_server::RecordServiceServer,
 };
 use crate::grpc::policy::Policy;
 use crate::grpc::records::Records;
@@ -36,6 +38,8 @@ pub struct App {
     addr: SocketAddr,
     metrics_listener: TcpListener,
     metrics_addr: SocketAddr,
+    /// The HTTP ingress listener, when one is configured.
+    ingress_listener: Option<TcpListener>,
     service: Service,
     shutdown_grace: Duration,
     bench_baseline: bool,
@@ -141,12 +145,21 @@ impl App {
             .await
             .map_err(|e| anyhow::anyhow!("binding {}: {e}", config.metrics_listen))?;
         let metrics_addr = metrics_listener.local_addr()?;
+        let ingress_listener = match config.ingress_listen {
+            Some(a) => Some(
+                TcpListener::bind(a)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("binding {a}: {e}"))?,
+            ),
+            None => None,
+        };
         let metrics = Arc::new(Metrics::new(config.metrics_max_packs));
         Ok(App {
             listener,
             addr,
             metrics_listener,
             metrics_addr,
+            ingress_listener,
             service: Service::start(
                 store,
                 Limits {
@@ -202,6 +215,13 @@ impl App {
     /// The address of /metrics, /healthz and /readyz.
     pub fn metrics_addr(&self) -> SocketAddr {
         self.metrics_addr
+    }
+
+    /// The HTTP ingress listener's address, when one is configured.
+    pub fn ingress_addr(&self) -> Option<SocketAddr> {
+        self.ingress_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     pub fn service(&self) -> &Service {
@@ -260,6 +280,17 @@ impl App {
             http_routes(self.service.clone(), ready_rx),
             stop_rx.clone(),
         ));
+        let ingress_addr = self
+            .ingress_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok());
+        if let Some(l) = self.ingress_listener {
+            tokio::spawn(serve_http(
+                l,
+                crate::webhooks::routes(self.service.clone(), self.service.max_payload_bytes()),
+                stop_rx.clone(),
+            ));
+        }
         let max = self.limits.max_request_bytes;
         let mut builder = Server::builder();
         if let Some(tls) = self.tls.clone() {
@@ -284,6 +315,13 @@ impl App {
             .add_service(reflection_v1alpha)
             .add_service(
                 PackServiceServer::new(Packs {
+                    service: self.service.clone(),
+                    pages: self.pages.clone(),
+                })
+                .max_decoding_message_size(max),
+            )
+            .add_service(
+                IngressServiceServer::new(Ingress {
                     service: self.service.clone(),
                     pages: self.pages.clone(),
                 })
@@ -326,7 +364,14 @@ impl App {
                     .set_service_status(LIVENESS, tonic_health::ServingStatus::NotServing)
                     .await;
             });
-        tracing::info!(addr = %self.addr, metrics_addr = %self.metrics_addr, "hcp-sense listening");
+        match ingress_addr {
+            Some(ingress_addr) => {
+                tracing::info!(addr = %self.addr, metrics_addr = %self.metrics_addr, %ingress_addr, "hcp-sense listening")
+            }
+            None => {
+                tracing::info!(addr = %self.addr, metrics_addr = %self.metrics_addr, "hcp-sense listening")
+            }
+        }
 
         let grace = self.shutdown_grace;
         // Calls in flight get the grace period but its last EXIT_RESERVE, which is for the last
@@ -410,7 +455,7 @@ async fn serve_http(listener: TcpListener, routes: axum::Router, mut stop: watch
         })
         .await;
     if let Err(e) = served {
-        tracing::error!(error = %e, "metrics server failed");
+        tracing::error!(error = %e, "HTTP server failed");
     }
 }
 

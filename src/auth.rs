@@ -531,6 +531,7 @@ pub fn allowed(method: &str, role: Role) -> bool {
                 | (
                     "hcp.sense.v1.PackService"
                         | "hcp.sense.v1.PolicyService"
+                        | "hcp.sense.v1.IngressService"
                         | "hcp.sense.v1.AuditService"
                         | "hcp.sense.v1.BenchService",
                     _,

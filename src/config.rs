@@ -77,6 +77,11 @@ pub struct Config {
     )]
     pub metrics_listen: SocketAddr,
 
+    /// Address of the HTTP ingress listener (POST /v1/ingress/{route}: signed webhooks);
+    /// none by default. Its requests carry no token: each is authenticated by its signature.
+    #[arg(long, env = "HCP_SENSE_INGRESS_LISTEN", value_name = "ADDR")]
+    pub ingress_listen: Option<SocketAddr>,
+
     /// Most distinct `pack` label values on delivery metrics; the rest are `other`.
     #[arg(
         long,

@@ -9,3 +9,4 @@ pub mod metrics;
 pub mod service;
 pub mod store;
 pub mod telemetry;
+pub mod webhooks;

@@ -19,6 +19,7 @@ struct DeliveryLabels {
     disposition: &'static str,
     drop_reason: &'static str,
     pack: String,
+    ingress: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -196,12 +197,19 @@ impl Metrics {
         }
     }
 
-    pub fn delivered(&self, pack_id: &str, o: &Outcome, decide_time: Duration) {
+    pub fn delivered(
+        &self,
+        pack_id: &str,
+        o: &Outcome,
+        decide_time: Duration,
+        ingress: &'static str,
+    ) {
         let known = o.drop_reason != Some(DropReason::UnknownPack);
         let labels = DeliveryLabels {
             disposition: o.disposition(),
             drop_reason: o.drop_reason.map_or("", DropReason::as_str),
             pack: self.pack_label(pack_id, known),
+            ingress,
         };
         self.otel.deliveries.add(
             1,
@@ -209,6 +217,7 @@ impl Metrics {
                 KeyValue::new("disposition", labels.disposition),
                 KeyValue::new("drop_reason", labels.drop_reason),
                 KeyValue::new("pack", labels.pack.clone()),
+                KeyValue::new("ingress", ingress),
             ],
         );
         self.deliveries.get_or_create(&labels).inc();

@@ -4,6 +4,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261130_000001_init;
 mod m20261130_000002_audit;
 mod m20261130_000003_record_position;
+mod m20261201_000001_ingress_routes;
 
 /// Every migration, in the order it is applied.
 pub struct Migrator;
@@ -15,6 +16,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000001_init::Migration),
             Box::new(m20261130_000002_audit::Migration),
             Box::new(m20261130_000003_record_position::Migration),
+            Box::new(m20261201_000001_ingress_routes::Migration),
         ]
     }
 }

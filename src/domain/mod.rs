@@ -27,6 +27,7 @@ macro_rules! str_enum {
 }
 
 pub mod decide;
+pub mod ingress;
 pub mod model;
 pub mod names;
 pub mod pack;

@@ -7,6 +7,7 @@ pub mod conn;
 pub mod convert;
 pub mod guard;
 pub mod ingest;
+pub mod ingress;
 pub mod layer;
 pub mod packs;
 pub mod paging;

@@ -15,9 +15,14 @@ use crate::domain::policy::{BindingRef, PolicyView, Route};
 use crate::error::{Error, Result, Violation};
 use crate::store::Stored;
 
+/// The ingress of a trigger handed over by DeliverTrigger(s).
+pub const INGRESS_GRPC: &str = "grpc";
+/// The ingress of the triggers the service produces itself as the runtime's hub (§7.7.3).
+pub const INGRESS_HUB: &str = "hub";
+
 /// The span of one decision, made once the decision is known so that a sampler
 /// can see a drop, with the attributes dashboards read under the `hcp.` prefix.
-pub fn decision_span(t: &Trigger, d: &Decision, hash_principal: bool) -> Span {
+pub fn decision_span(t: &Trigger, d: &Decision, hash_principal: bool, ingress: &str) -> Span {
     let principal = if hash_principal {
         let digest = Sha256::digest(t.principal.as_bytes());
         digest
@@ -40,6 +45,7 @@ pub fn decision_span(t: &Trigger, d: &Decision, hash_principal: bool) -> Span {
         hcp.principal = %principal,
         hcp.land = %t.land,
         hcp.disposition = disposition,
+        hcp.ingress = ingress,
         hcp.drop_reason = Empty,
         hcp.record_id = Empty,
     );
@@ -84,6 +90,12 @@ impl Service {
     /// trigger is always answered with an outcome (§7.3.2); only malformed input
     /// or an unreachable store is an error.
     pub async fn deliver(&self, raw: RawTrigger) -> Result<Outcome> {
+        self.deliver_from(raw, INGRESS_GRPC).await
+    }
+
+    /// `deliver`, for a trigger that came in through `ingress` (the `hcp.ingress` span
+    /// attribute and the `ingress` label of the delivery counts).
+    pub async fn deliver_from(&self, raw: RawTrigger, ingress: &'static str) -> Result<Outcome> {
         let t = validate(
             raw,
             self.limits.max_payload_bytes,
@@ -125,7 +137,7 @@ impl Service {
                 first = Some(r);
             }
         }
-        let span = decision_span(&t, &decision, self.limits.hash_principals);
+        let span = decision_span(&t, &decision, self.limits.hash_principals, ingress);
         async {
             let outcome = match decision {
                 Decision::Record { route, .. } if first.is_some() => {
@@ -140,7 +152,8 @@ impl Service {
                 }
             };
             note(&Span::current(), &outcome);
-            self.metrics.delivered(&t.pack_id, &outcome, decided);
+            self.metrics
+                .delivered(&t.pack_id, &outcome, decided, ingress);
             if let Some(reason) = outcome.drop_reason {
                 tracing::debug!(reason = reason.as_str(), "trigger dropped");
             }
@@ -205,7 +218,7 @@ impl Service {
             return Ok((before, None));
         };
         let decided = started.elapsed();
-        let span = decision_span(&t, &decision, self.limits.hash_principals);
+        let span = decision_span(&t, &decision, self.limits.hash_principals, INGRESS_HUB);
         let outcome = match (decision, record) {
             (Decision::Record { route, .. }, Some(r)) => {
                 Outcome::recorded(route, r.record_id, false)
@@ -224,7 +237,8 @@ impl Service {
                 tracing::debug!(reason = reason.as_str(), "binding.degraded dropped");
             }
         });
-        self.metrics.delivered(&t.pack_id, &outcome, decided);
+        self.metrics
+            .delivered(&t.pack_id, &outcome, decided, INGRESS_HUB);
         Ok((before, Some(outcome)))
     }
 }

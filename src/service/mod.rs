@@ -1,6 +1,7 @@
 //! The service's operations, between the gRPC edge and the store: admin writes keep the policy view in step with the store.
 mod deliver;
 mod drops;
+pub mod ingress;
 mod packs;
 mod policy;
 mod records;
@@ -87,6 +88,7 @@ pub struct Service {
     limits: Limits,
     pub metrics: Arc<Metrics>,
     tail: Arc<watch::Tail>,
+    mappings: Arc<ingress::Mappings>,
 }
 
 impl Service {
@@ -126,12 +128,18 @@ impl Service {
             drops,
             sink,
             tail: Arc::new(watch::Tail::new(limits.watch)),
+            mappings: Arc::default(),
             limits,
             metrics,
         })
     }
 
     /// The current policy view.
+    /// Largest trigger payload accepted, in bytes (also the largest ingress request body).
+    pub fn max_payload_bytes(&self) -> usize {
+        self.limits.max_payload_bytes
+    }
+
     pub fn view(&self) -> Arc<PolicyView> {
         self.policy.view.load_full()
     }

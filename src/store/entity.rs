@@ -267,3 +267,38 @@ pub mod audit_events {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+pub mod ingress_routes {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, PartialEq, Eq, DeriveEntityModel, serde::Serialize)]
+    #[sea_orm(table_name = "ingress_routes")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub route_id: String,
+        pub pack_id: String,
+        pub kind: String,
+        #[sea_orm(column_type = "Text")]
+        pub mapping: String,
+        /// Credentials: never in the audit log, never printed.
+        #[serde(skip)]
+        #[sea_orm(column_type = "Text")]
+        pub secrets: String,
+        pub fan_out: bool,
+        pub update_time: i64,
+    }
+
+    impl std::fmt::Debug for Model {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("ingress_routes::Model")
+                .field("route_id", &self.route_id)
+                .field("pack_id", &self.pack_id)
+                .finish_non_exhaustive()
+        }
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

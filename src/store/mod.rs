@@ -2,6 +2,7 @@
 pub mod audit;
 pub mod changes;
 pub mod entity;
+mod ingress;
 mod nodelay;
 mod packs;
 mod policy;

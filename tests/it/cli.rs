@@ -366,6 +366,7 @@ fn readme_walkthroughs_run_verbatim() {
     for block in &blocks {
         let o = Command::new("bash")
             .args(["-euo", "pipefail", "-c", block])
+            .env("HCP_SENSE", BIN)
             .current_dir(repo_path(""))
             .output()
             .expect("bash");
@@ -389,6 +390,10 @@ fn readme_walkthroughs_run_verbatim() {
         "s7_1_4",
         "\"packId\": \"weather\"",
         "SERVING",
+        "\"duplicate\":true,\"principal\":\"alice\"",
+        "forged: 401",
+        "\"trigger_id\":\"gh-delivery-1\"",
+        "pack=\"weather\",ingress=\"standard_webhooks\"} 2",
     ] {
         assert!(
             out.contains(want),

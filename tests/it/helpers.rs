@@ -158,6 +158,8 @@ impl Drop for TestDb {
 pub struct TestApp {
     pub addr: SocketAddr,
     pub metrics_addr: SocketAddr,
+    /// The HTTP ingress listener, when the test configured one.
+    pub ingress_addr: Option<SocketAddr>,
     pub packs: PackServiceClient<Channel>,
     pub policy: PolicyServiceClient<Channel>,
     pub ingest: IngestServiceClient<Channel>,
@@ -184,6 +186,7 @@ pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -
     let app = App::build(config).await.expect("build app");
     let addr = app.local_addr();
     let metrics_addr = app.metrics_addr();
+    let ingress_addr = app.ingress_addr();
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {
         let _ = stopped.await;
@@ -204,6 +207,7 @@ pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -
     TestApp {
         addr,
         metrics_addr,
+        ingress_addr,
         packs: PackServiceClient::new(channel.clone()),
         policy: PolicyServiceClient::new(channel.clone()),
         ingest: IngestServiceClient::new(channel.clone()),

@@ -11,6 +11,7 @@ mod bench;
 mod cli;
 mod contract;
 mod deploy;
+mod ingress;
 mod migrations;
 mod packs;
 mod position;

@@ -382,9 +382,9 @@ both_stores! {
         app.ingest.deliver_trigger(t).await.expect("recorded");
         let text = http_get(&format!("{base}/metrics"));
         for want in [
-            r#"hcp_sense_deliveries_total{disposition="dropped",drop_reason="undeclared_ref",pack="github"} 1"#,
-            r#"hcp_sense_deliveries_total{disposition="dropped",drop_reason="no_grant",pack="github"} 1"#,
-            r#"hcp_sense_deliveries_total{disposition="recorded_inbox",drop_reason="",pack="github"} 1"#,
+            r#"hcp_sense_deliveries_total{disposition="dropped",drop_reason="undeclared_ref",pack="github",ingress="grpc"} 1"#,
+            r#"hcp_sense_deliveries_total{disposition="dropped",drop_reason="no_grant",pack="github",ingress="grpc"} 1"#,
+            r#"hcp_sense_deliveries_total{disposition="recorded_inbox",drop_reason="",pack="github",ingress="grpc"} 1"#,
             r#"hcp_sense_records_written_total 1"#,
             r#"hcp_sense_bindings{state="linked"} 1"#,
             r#"hcp_sense_build_info{version=""#,

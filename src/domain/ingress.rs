@@ -1,0 +1,619 @@
+//! Ingress routes (§7.6): a route's rules, the signature checks of its kind, and its CEL mapping from a signed request to the fields of a trigger.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use cel::{Context, Value as Cel};
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// How a route's requests are signed and read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IngressKind {
+    StandardWebhooks,
+    Github,
+}
+
+impl IngressKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IngressKind::StandardWebhooks => "standard_webhooks",
+            IngressKind::Github => "github",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<IngressKind> {
+        match s {
+            "standard_webhooks" => Some(IngressKind::StandardWebhooks),
+            "github" => Some(IngressKind::Github),
+            _ => None,
+        }
+    }
+}
+
+/// A route's mapping: a CEL expression per trigger field; empty means not given.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Mapping {
+    #[serde(rename = "ref")]
+    pub r#ref: String,
+    pub principal: String,
+    pub binding_id: String,
+    pub project: String,
+    pub trigger_id: String,
+    pub land: String,
+}
+
+/// A route as stored: what a request to it must carry and what it maps to.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Route {
+    pub route_id: String,
+    pub pack_id: String,
+    pub kind: IngressKind,
+    pub mapping: Mapping,
+    pub secrets: Vec<String>,
+    pub fan_out: bool,
+}
+
+impl std::fmt::Debug for Route {
+    // The secrets are credentials: never printed, never logged.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Route")
+            .field("route_id", &self.route_id)
+            .field("pack_id", &self.pack_id)
+            .field("kind", &self.kind)
+            .field("mapping", &self.mapping)
+            .field(
+                "secrets",
+                &format_args!("[{} REDACTED]", self.secrets.len()),
+            )
+            .field("fan_out", &self.fan_out)
+            .finish()
+    }
+}
+
+/// Most signing secrets a route holds at once (old and new, during a rotation, and spares).
+pub const MAX_SECRETS: usize = 8;
+/// Longest mapping expression, in bytes.
+pub const MAX_EXPRESSION_BYTES: usize = 1024;
+/// Deepest nesting of a mapping expression's tree (and of the parser's recursion).
+const MAX_EXPRESSION_DEPTH: usize = 24;
+/// Most nodes in a mapping expression's tree. With no comprehension, evaluation visits each
+/// node once, so this and the request's size bound what one evaluation costs.
+pub const MAX_EXPRESSION_NODES: usize = 256;
+/// Longest value a mapping may yield, in bytes (ids and refs are far shorter; this only stops
+/// an expression that concatenates a large body from making a large string).
+const MAX_MAPPED_BYTES: usize = 4096;
+/// How far a Standard Webhooks timestamp may be from now, either way, in seconds.
+pub const TIMESTAMP_TOLERANCE_SECS: i64 = 300;
+
+/// The identifiers a mapping may read.
+const VARIABLES: [&str; 2] = ["headers", "body"];
+
+/// Checks a route's id: the last segment of its URL path.
+pub fn check_route_id(id: &str) -> Result<(), String> {
+    let ok_first = id
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let ok_rest = id
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'));
+    if id.is_empty() {
+        return Err("is required".into());
+    }
+    if !(ok_first && ok_rest) || id.len() > 128 {
+        return Err(format!(
+            "`{}` is not a route id: 1 to 128 characters of a-z, 0-9, '.', '_', '-', starting with a letter or digit",
+            id.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks one signing secret of a route of `kind`.
+pub fn check_secret(kind: IngressKind, secret: &str) -> Result<(), String> {
+    match kind {
+        IngressKind::StandardWebhooks => {
+            let key = standard_webhooks_key(secret)
+                .ok_or("is not `whsec_` followed by base64 (a Standard Webhooks secret)")?;
+            if !(24..=64).contains(&key.len()) {
+                return Err(format!(
+                    "decodes to {} bytes; a Standard Webhooks secret is 24 to 64",
+                    key.len()
+                ));
+            }
+            Ok(())
+        }
+        IngressKind::Github => {
+            if !(16..=256).contains(&secret.len()) || secret.chars().any(char::is_control) {
+                return Err(
+                    "a GitHub webhook secret is 16 to 256 bytes of text, with no control characters"
+                        .into(),
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn standard_webhooks_key(secret: &str) -> Option<Vec<u8>> {
+    STANDARD.decode(secret.strip_prefix("whsec_")?).ok()
+}
+
+/// A mapping, compiled: one program per given field.
+pub struct Compiled {
+    fields: Vec<(&'static str, IdedExpr)>,
+}
+
+impl std::fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.fields.iter().map(|(n, _)| n))
+            .finish()
+    }
+}
+
+/// The fields of a mapping by name, as `mapping.<name>` in messages.
+fn fields(m: &Mapping) -> [(&'static str, &str); 6] {
+    [
+        ("ref", &m.r#ref),
+        ("principal", &m.principal),
+        ("binding_id", &m.binding_id),
+        ("project", &m.project),
+        ("trigger_id", &m.trigger_id),
+        ("land", &m.land),
+    ]
+}
+
+/// Compiles and checks a mapping: each expression parses, reads only `headers` and `body`,
+/// has no comprehension and stays within the size bounds; `ref` is given; a route names its
+/// principal one way (principal or binding_id) unless it fans out, and then neither.
+/// Violations come as (field, description), the description with the position.
+///
+/// The parser recurses per level of nesting with large frames, and trees are built, walked
+/// and dropped recursively, so a hostile expression could exhaust a normal thread's stack:
+/// compiling runs on a thread of its own with COMPILE_STACK, and a tree deeper than
+/// MAX_EXPRESSION_DEPTH is refused there, so the trees that come out evaluate (and drop)
+/// within any thread's stack.
+pub fn compile(m: &Mapping, fan_out: bool) -> Result<Compiled, Vec<(String, String)>> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("hcp-sense-cel".into())
+            .stack_size(COMPILE_STACK)
+            .spawn_scoped(scope, || compile_here(m, fan_out))
+            .map_err(|e| vec![("mapping".to_owned(), format!("cannot be compiled now: {e}"))])?
+            .join()
+            .unwrap_or_else(|_| {
+                Err(vec![(
+                    "mapping".to_owned(),
+                    "cannot be compiled".to_owned(),
+                )])
+            })
+    })
+}
+
+/// The stack of the thread that compiles mappings: virtual memory, touched only as deep as an
+/// expression of MAX_EXPRESSION_BYTES makes the parser go.
+const COMPILE_STACK: usize = 512 << 20;
+
+fn compile_here(m: &Mapping, fan_out: bool) -> Result<Compiled, Vec<(String, String)>> {
+    let mut bad = Vec::new();
+    let mut out = Vec::new();
+    for (name, src) in fields(m) {
+        if src.trim().is_empty() {
+            continue;
+        }
+        match compile_one(src) {
+            Ok(p) => out.push((name, p)),
+            Err(e) => bad.push((format!("mapping.{name}"), e)),
+        }
+    }
+    if m.r#ref.trim().is_empty() {
+        bad.push((
+            "mapping.ref".into(),
+            "is required: a CEL expression yielding the trigger's ref".into(),
+        ));
+    }
+    let named = [
+        !m.principal.trim().is_empty(),
+        !m.binding_id.trim().is_empty(),
+    ];
+    match (fan_out, named) {
+        (false, [true, true]) => bad.push((
+            "mapping.binding_id".into(),
+            "give either principal or binding_id, not both".into(),
+        )),
+        (false, [false, false]) => bad.push((
+            "mapping.principal".into(),
+            "one of principal or binding_id is required unless the route fans out".into(),
+        )),
+        (true, [p, b]) if p || b => bad.push((
+            if p {
+                "mapping.principal"
+            } else {
+                "mapping.binding_id"
+            }
+            .into(),
+            "a route that fans out goes to every principal activated for its pack: it names none"
+                .into(),
+        )),
+        _ => {}
+    }
+    if bad.is_empty() {
+        Ok(Compiled { fields: out })
+    } else {
+        Err(bad)
+    }
+}
+
+fn compile_one(src: &str) -> Result<IdedExpr, String> {
+    if src.len() > MAX_EXPRESSION_BYTES {
+        return Err(format!(
+            "is {} bytes; an expression is at most {MAX_EXPRESSION_BYTES}",
+            src.len()
+        ));
+    }
+    // The standard macros are expanded here, so a comprehension shows as one below.
+    let (root, info) = cel::parser::Parser::default()
+        .max_recursion_depth(MAX_EXPRESSION_DEPTH as u16)
+        .parse_with_source_info(src)
+        .map_err(|e| parse_message(&e))?;
+    let mut nodes = 0usize;
+    if let Some((id, why)) = unsupported(&root, &mut nodes, 1) {
+        let at = info
+            .offset_for(id)
+            .map(|(start, _)| position(src, start as usize))
+            .unwrap_or_default();
+        return Err(format!("{why}{at}"));
+    }
+    if nodes > MAX_EXPRESSION_NODES {
+        return Err(format!(
+            "has {nodes} terms; an expression has at most {MAX_EXPRESSION_NODES}"
+        ));
+    }
+    if let Some(v) = root
+        .references()
+        .variables()
+        .into_iter()
+        .find(|v| !VARIABLES.contains(v))
+    {
+        return Err(format!(
+            "reads `{}`; a mapping reads only `headers` and `body`",
+            v.escape_debug()
+        ));
+    }
+    Ok(root)
+}
+
+fn parse_message(e: &cel::ParseErrors) -> String {
+    match e.errors.first() {
+        Some(first) => format!(
+            "does not parse at line {}, column {}: {}",
+            first.pos.0.max(0),
+            first.pos.1.max(0) + 1,
+            first.msg
+        ),
+        None => "does not parse".into(),
+    }
+}
+
+/// " at line L, column C" for a byte offset of `src`.
+fn position(src: &str, offset: usize) -> String {
+    let before = src.get(..offset.min(src.len())).unwrap_or(src);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!(" at line {line}, column {column}")
+}
+
+/// The first node a mapping may not use (its id and why), counting nodes as it goes.
+fn unsupported(e: &IdedExpr, nodes: &mut usize, depth: usize) -> Option<(u64, String)> {
+    *nodes += 1;
+    if depth > MAX_EXPRESSION_DEPTH {
+        return Some((
+            e.id,
+            format!("nests deeper than {MAX_EXPRESSION_DEPTH} terms"),
+        ));
+    }
+    let mut each = |xs: &mut dyn Iterator<Item = &IdedExpr>| {
+        for x in xs {
+            if let Some(found) = unsupported(x, nodes, depth + 1) {
+                return Some(found);
+            }
+        }
+        None
+    };
+    match &e.expr {
+        Expr::Comprehension(_) => Some((
+            e.id,
+            "uses a comprehension (map, filter, all, exists, exists_one); a mapping picks fields and may not loop".into(),
+        )),
+        Expr::Struct(_) => Some((e.id, "builds a message; a mapping yields a string".into())),
+        Expr::Call(c) => each(&mut c.target.iter().map(|t| &**t).chain(c.args.iter())),
+        Expr::Select(s) => each(&mut std::iter::once(&*s.operand)),
+        Expr::List(l) => each(&mut l.elements.iter()),
+        Expr::Map(m) => each(&mut m.entries.iter().filter_map(|en| match &en.expr {
+            EntryExpr::MapEntry(me) => Some([&me.key, &me.value]),
+            EntryExpr::StructField(_) => None,
+        }).flatten()),
+        Expr::Unspecified | Expr::Ident(_) | Expr::Literal(_) => None,
+    }
+}
+
+/// What a mapping yields for one request: the trigger's fields, each `None` when the mapping
+/// does not give it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mapped {
+    pub r#ref: Option<String>,
+    pub principal: Option<String>,
+    pub binding_id: Option<String>,
+    pub project: Option<String>,
+    pub trigger_id: Option<String>,
+    pub land: Option<String>,
+}
+
+/// Evaluates a compiled mapping over a request's headers (lower-case names) and JSON body.
+/// A failed evaluation, or a value that is not a string (or an integer, read as its
+/// decimal text), is a (field, description) for a 400 answer.
+pub fn evaluate(
+    c: &Compiled,
+    headers: &BTreeMap<String, String>,
+    body: &Value,
+) -> Result<Mapped, (String, String)> {
+    let mut ctx = Context::default();
+    ctx.add_variable_from_value("headers", to_cel_headers(headers));
+    ctx.add_variable_from_value(
+        "body",
+        cel::to_value(body).map_err(|e| ("body".to_owned(), format!("cannot be read: {e}")))?,
+    );
+    let mut out = Mapped::default();
+    for (name, program) in &c.fields {
+        let field = format!("mapping.{name}");
+        let v = Cel::resolve(program, &ctx)
+            .map_err(|e| (field.clone(), format!("failed on this request: {e}")))?;
+        let text = match v {
+            Cel::String(s) => s.as_str().to_owned(),
+            Cel::Int(i) => i.to_string(),
+            Cel::UInt(u) => u.to_string(),
+            other => {
+                return Err((
+                    field,
+                    format!(
+                        "yielded a {:?} on this request; a mapping field yields a string",
+                        other.type_of()
+                    ),
+                ))
+            }
+        };
+        if text.len() > MAX_MAPPED_BYTES {
+            return Err((
+                field,
+                format!("yielded {} bytes; at most {MAX_MAPPED_BYTES}", text.len()),
+            ));
+        }
+        let slot = match *name {
+            "ref" => &mut out.r#ref,
+            "principal" => &mut out.principal,
+            "binding_id" => &mut out.binding_id,
+            "project" => &mut out.project,
+            "trigger_id" => &mut out.trigger_id,
+            _ => &mut out.land,
+        };
+        *slot = Some(text);
+    }
+    Ok(out)
+}
+
+fn to_cel_headers(headers: &BTreeMap<String, String>) -> Cel {
+    let map: std::collections::HashMap<cel::objects::Key, Cel> = headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                cel::objects::Key::String(Arc::new(k.clone())),
+                Cel::String(Arc::new(v.clone())),
+            )
+        })
+        .collect();
+    Cel::Map(cel::objects::Map { map: Arc::new(map) })
+}
+
+/// Why a request's signature was refused (answered 401; nothing is counted as a trigger).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsigned(pub String);
+
+/// Checks a request's signature against any of a route's secrets, in constant time per
+/// comparison; returns the kind's delivery id (the default trigger id). `now` is Unix seconds.
+pub fn verify(
+    kind: IngressKind,
+    secrets: &[String],
+    headers: &BTreeMap<String, String>,
+    body: &[u8],
+    now: i64,
+) -> Result<String, Unsigned> {
+    let header = |name: &str| headers.get(name).map(String::as_str);
+    match kind {
+        IngressKind::StandardWebhooks => {
+            let id = header("webhook-id").ok_or_else(|| Unsigned("no webhook-id header".into()))?;
+            let ts = header("webhook-timestamp")
+                .ok_or_else(|| Unsigned("no webhook-timestamp header".into()))?;
+            let sigs = header("webhook-signature")
+                .ok_or_else(|| Unsigned("no webhook-signature header".into()))?;
+            let at: i64 = ts
+                .parse()
+                .map_err(|_| Unsigned("webhook-timestamp is not Unix seconds".into()))?;
+            if (now - at).abs() > TIMESTAMP_TOLERANCE_SECS {
+                return Err(Unsigned(format!(
+                    "webhook-timestamp is more than {TIMESTAMP_TOLERANCE_SECS} s from now"
+                )));
+            }
+            let given: Vec<Vec<u8>> = sigs
+                .split(' ')
+                .filter_map(|s| s.strip_prefix("v1,"))
+                .filter_map(|b| STANDARD.decode(b).ok())
+                .collect();
+            for secret in secrets {
+                let Some(key) = standard_webhooks_key(secret) else {
+                    continue;
+                };
+                let Ok(mut mac) = HmacSha256::new_from_slice(&key) else {
+                    continue;
+                };
+                mac.update(id.as_bytes());
+                mac.update(b".");
+                mac.update(ts.as_bytes());
+                mac.update(b".");
+                mac.update(body);
+                if given
+                    .iter()
+                    .any(|sig| mac.clone().verify_slice(sig).is_ok())
+                {
+                    return Ok(id.to_owned());
+                }
+            }
+            Err(Unsigned(
+                "no webhook-signature matches a secret of this route".into(),
+            ))
+        }
+        IngressKind::Github => {
+            let sig = header("x-hub-signature-256")
+                .ok_or_else(|| Unsigned("no X-Hub-Signature-256 header".into()))?;
+            let given = sig
+                .strip_prefix("sha256=")
+                .and_then(|h| hex::decode(h).ok())
+                .ok_or_else(|| Unsigned("X-Hub-Signature-256 is not sha256=<hex>".into()))?;
+            for secret in secrets {
+                let Ok(mut mac) = HmacSha256::new_from_slice(secret.as_bytes()) else {
+                    continue;
+                };
+                mac.update(body);
+                if mac.verify_slice(&given).is_ok() {
+                    return Ok(header("x-github-delivery").unwrap_or_default().to_owned());
+                }
+            }
+            Err(Unsigned(
+                "X-Hub-Signature-256 matches no secret of this route".into(),
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(r: &str, principal: &str) -> Mapping {
+        Mapping {
+            r#ref: r.into(),
+            principal: principal.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn mappings_are_checked_with_the_field_and_position() {
+        let e = compile(&mapping("body.x +", "'alice'"), false).expect_err("refused");
+        assert_eq!(e[0].0, "mapping.ref");
+        assert!(e[0].1.contains("line 1"), "{e:?}");
+        let e = compile(&mapping("body.items.map(x, x)[0]", "'a'"), false).expect_err("refused");
+        assert!(
+            e[0].1.contains("comprehension") && e[0].1.contains("column 15"),
+            "{e:?}"
+        );
+        let e = compile(&mapping("secret", "'a'"), false).expect_err("refused");
+        assert!(e[0].1.contains("`secret`"), "{e:?}");
+        let e = compile(&mapping("'x'", ""), false).expect_err("refused");
+        assert_eq!(e[0].0, "mapping.principal");
+        let e = compile(&mapping("'x'", "'a'"), true).expect_err("refused");
+        assert!(e[0].1.contains("fans out"), "{e:?}");
+        // Hostile shapes, as long as an expression may be: never a crash.
+        let deep_parens = format!("{}1{}", "(".repeat(100), ")".repeat(100));
+        let e = compile(&mapping(&deep_parens, "'a'"), false).expect_err("refused");
+        assert!(
+            e[0].1.contains("deeper") || e[0].1.contains("ecursion"),
+            "{e:?}"
+        );
+        let half = MAX_EXPRESSION_BYTES / 2 - 1;
+        for deep in [
+            format!("{}1{}", "(".repeat(half), ")".repeat(half)),
+            format!("{}true", "!".repeat(MAX_EXPRESSION_BYTES - 4)),
+            format!("{}1", "-".repeat(MAX_EXPRESSION_BYTES - 1)),
+            vec!["'a'"; 250].join("+"),
+            format!("{}1{}", "[".repeat(half), "]".repeat(half)),
+            format!("{}'x'", "true ? 'a' : ".repeat(MAX_EXPRESSION_BYTES / 13)),
+            format!("body{}", ".a".repeat(MAX_EXPRESSION_BYTES / 2 - 3)),
+        ] {
+            assert!(deep.len() <= MAX_EXPRESSION_BYTES, "{}", deep.len());
+            // Refused, or (when the parser folds it flat, as `!!…!true`) harmless to run.
+            if let Ok(c) = compile(&mapping(&deep, "'a'"), false) {
+                let _ = evaluate(&c, &BTreeMap::new(), &serde_json::json!({}));
+            }
+        }
+        // At the depth limit an expression compiles and evaluates on a normal stack.
+        let at_depth = vec!["'a'"; MAX_EXPRESSION_DEPTH].join("+");
+        let c = compile(&mapping(&at_depth, "'a'"), false).expect("at the depth limit");
+        let m = evaluate(&c, &BTreeMap::new(), &serde_json::json!({})).expect("evaluates");
+        assert_eq!(m.r#ref.map(|r| r.len()), Some(MAX_EXPRESSION_DEPTH));
+        let at_limit = format!("'{}'", "x".repeat(MAX_EXPRESSION_BYTES - 2));
+        assert!(compile(&mapping(&at_limit, "'a'"), false).is_ok());
+        let over = format!("'{}'", "x".repeat(MAX_EXPRESSION_BYTES - 1));
+        assert!(compile(&mapping(&over, "'a'"), false).is_err());
+    }
+
+    #[test]
+    fn mappings_yield_strings_from_headers_and_body() {
+        let c = compile(
+            &Mapping {
+                r#ref: "headers['x-github-event'] + '.' + body.action".into(),
+                binding_id: "body.installation.id".into(),
+                ..Default::default()
+            },
+            false,
+        )
+        .expect("compiles");
+        let headers = BTreeMap::from([("x-github-event".to_owned(), "issues".to_owned())]);
+        let body = serde_json::json!({"action": "opened", "installation": {"id": 42}});
+        let m = evaluate(&c, &headers, &body).expect("evaluates");
+        assert_eq!(m.r#ref.as_deref(), Some("issues.opened"));
+        assert_eq!(m.binding_id.as_deref(), Some("42"));
+        let e = evaluate(&c, &headers, &serde_json::json!({"action": 1})).expect_err("refused");
+        assert_eq!(e.0, "mapping.ref");
+    }
+
+    #[test]
+    fn signatures_are_checked_against_every_secret() {
+        let secret = format!("whsec_{}", STANDARD.encode([7u8; 32]));
+        let mut mac = HmacSha256::new_from_slice(&[7u8; 32]).expect("key");
+        mac.update(b"msg_1.1000.{}");
+        let sig = STANDARD.encode(mac.finalize().into_bytes());
+        let headers = BTreeMap::from([
+            ("webhook-id".to_owned(), "msg_1".to_owned()),
+            ("webhook-timestamp".to_owned(), "1000".to_owned()),
+            ("webhook-signature".to_owned(), format!("v1,AAAA v1,{sig}")),
+        ]);
+        let other = format!("whsec_{}", STANDARD.encode([8u8; 32]));
+        let both = [other.clone(), secret.clone()];
+        assert_eq!(
+            verify(IngressKind::StandardWebhooks, &both, &headers, b"{}", 1000),
+            Ok("msg_1".into())
+        );
+        assert!(verify(
+            IngressKind::StandardWebhooks,
+            &[other],
+            &headers,
+            b"{}",
+            1000
+        )
+        .is_err());
+        assert!(verify(IngressKind::StandardWebhooks, &both, &headers, b"{ }", 1000).is_err());
+        // The tolerance, at its edge and one second past it, both ways.
+        let at = |now| verify(IngressKind::StandardWebhooks, &both, &headers, b"{}", now);
+        assert!(at(1300).is_ok() && at(700).is_ok());
+        assert!(at(1301).is_err() && at(699).is_err());
+    }
+}

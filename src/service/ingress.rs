@@ -1,0 +1,278 @@
+//! Ingress: admin changes of routes, and a signed request turned into triggers that take the one validate → decide → record path of DeliverTrigger.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{valid_pack_id, Service};
+use crate::domain::decide::{Outcome, RawTrigger};
+use crate::domain::ingress::{
+    check_route_id, check_secret, compile, evaluate, verify, Compiled, Mapped, Mapping, Route,
+    MAX_SECRETS,
+};
+use crate::domain::pack::BindingMode;
+use crate::domain::policy::{Activation, PolicyView};
+use crate::error::{Error, Result, Violation};
+use crate::store::audit::Actor;
+use crate::store::now_micros;
+
+/// The land a trigger takes when its mapping gives none and its ref has no Policy entry: such
+/// a trigger is dropped as undeclared (or its pack as unknown) before any land is compared.
+const LAND_OF_UNDECLARED: &str = "user";
+
+/// Most compiled mappings kept; past it the cache starts afresh.
+const MAX_COMPILED: usize = 4096;
+
+/// Compiled mappings by route id, each with the mapping it was compiled from: a route is read
+/// from the store on every request (so every replica sees a change at once), and compiled
+/// again only when what is stored differs from what was compiled.
+#[derive(Debug, Default)]
+pub struct Mappings(std::sync::Mutex<HashMap<String, CompiledFrom>>);
+
+/// A compiled mapping, with the mapping and fan-out it was compiled from.
+type CompiledFrom = (Mapping, bool, Arc<Compiled>);
+
+impl Mappings {
+    fn compiled(&self, route: &Route) -> Result<Arc<Compiled>> {
+        let lock = || {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some((m, f, c)) = lock().get(&route.route_id) {
+            if *m == route.mapping && *f == route.fan_out {
+                return Ok(c.clone());
+            }
+        }
+        let c = Arc::new(compile(&route.mapping, route.fan_out).map_err(invalid)?);
+        let mut cache = lock();
+        if cache.len() >= MAX_COMPILED {
+            cache.clear();
+        }
+        cache.insert(
+            route.route_id.clone(),
+            (route.mapping.clone(), route.fan_out, c.clone()),
+        );
+        Ok(c)
+    }
+}
+
+/// One trigger a request became, and what became of it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub principal: String,
+    pub trigger_id: String,
+    pub outcome: Outcome,
+}
+
+fn invalid(v: Vec<(String, String)>) -> Error {
+    Error::InvalidArgument(
+        v.into_iter()
+            .map(|(field, description)| Violation { field, description })
+            .collect(),
+    )
+}
+
+fn unknown_route(route_id: &str) -> Error {
+    Error::NotFound(format!("no ingress route `{}`", route_id.escape_debug()))
+}
+
+impl Service {
+    /// Checks and stores a route: its id, pack (registered; public to fan out), secrets and
+    /// mapping. True when the id was new.
+    pub async fn put_ingress_route(&self, actor: &Actor, r: &Route) -> Result<bool> {
+        let mut bad: Vec<(String, String)> = Vec::new();
+        if let Err(e) = check_route_id(&r.route_id) {
+            bad.push(("route.route_id".into(), e));
+        }
+        if let Err(Error::InvalidArgument(v)) = valid_pack_id(&r.pack_id) {
+            bad.extend(
+                v.into_iter()
+                    .map(|v| ("route.pack_id".into(), v.description)),
+            );
+        }
+        if r.secrets.is_empty() || r.secrets.len() > MAX_SECRETS {
+            bad.push((
+                "secrets".into(),
+                format!(
+                    "{} given; a route holds 1 to {MAX_SECRETS} signing secrets (the signature is the only credential of an ingress request)",
+                    r.secrets.len()
+                ),
+            ));
+        }
+        for (i, s) in r.secrets.iter().enumerate() {
+            if let Err(e) = check_secret(r.kind, s) {
+                bad.push((format!("secrets[{i}]"), e));
+            }
+        }
+        if let Err(v) = compile(&r.mapping, r.fan_out) {
+            bad.extend(v.into_iter().map(|(f, d)| (format!("route.{f}"), d)));
+        }
+        if !bad.is_empty() {
+            return Err(invalid(bad));
+        }
+        match self.view().pack(&r.pack_id) {
+            None => {
+                return Err(Error::NotFound(format!(
+                    "route.pack_id: pack `{}` is not registered",
+                    r.pack_id
+                )))
+            }
+            Some(p) if r.fan_out && p.binding_mode != BindingMode::Public => {
+                return Err(Error::FailedPrecondition(format!(
+                    "route.fan_out: pack `{}` is not public; only a public pack's event goes to every principal activated for it",
+                    r.pack_id
+                )))
+            }
+            Some(_) => {}
+        }
+        let created = self.store.put_ingress_route(actor, r, now_micros()).await?;
+        tracing::info!(route_id = %r.route_id, pack_id = %r.pack_id, kind = r.kind.as_str(), created, "ingress route stored");
+        Ok(created)
+    }
+
+    pub async fn get_ingress_route(&self, route_id: &str) -> Result<Route> {
+        check_route_id(route_id).map_err(|e| Error::invalid("route_id", e))?;
+        self.store
+            .ingress_route(route_id)
+            .await?
+            .ok_or_else(|| unknown_route(route_id))
+    }
+
+    pub async fn list_ingress_routes(&self, after: Option<&str>, limit: u64) -> Result<Vec<Route>> {
+        self.store.list_ingress_routes(after, limit).await
+    }
+
+    pub async fn delete_ingress_route(&self, actor: &Actor, route_id: &str) -> Result<()> {
+        check_route_id(route_id).map_err(|e| Error::invalid("route_id", e))?;
+        if !self.store.delete_ingress_route(actor, route_id).await? {
+            return Err(unknown_route(route_id));
+        }
+        tracing::info!(route_id, "ingress route deleted");
+        Ok(())
+    }
+
+    /// A request to a route: its signature is checked (`Unauthenticated` when it fails: nothing
+    /// is counted), its body read as a JSON object, its mapping evaluated, and each trigger it
+    /// yields delivered as DeliverTrigger would. `now` is Unix seconds.
+    pub async fn receive(
+        &self,
+        route_id: &str,
+        headers: &BTreeMap<String, String>,
+        body: &[u8],
+        now: i64,
+    ) -> Result<Vec<Received>> {
+        // An unknown route and a bad signature read alike to the caller: both say only that
+        // the request was not accepted, so route ids cannot be probed without a secret.
+        let refused = || Error::Unauthenticated("the request is not signed for this route".into());
+        if check_route_id(route_id).is_err() {
+            return Err(refused());
+        }
+        let Some(route) = self.store.ingress_route(route_id).await? else {
+            return Err(refused());
+        };
+        let delivery_id = verify(route.kind, &route.secrets, headers, body, now).map_err(|u| {
+            tracing::info!(route_id, why = %u.0, "ingress request refused");
+            refused()
+        })?;
+        let payload: Value = serde_json::from_slice(body)
+            .map_err(|e| Error::invalid("body", format!("is not JSON: {e}")))?;
+        if !payload.is_object() {
+            return Err(Error::invalid("body", "must be a JSON object"));
+        }
+        let compiled = self.mappings.compiled(&route)?;
+        let mapped =
+            evaluate(&compiled, headers, &payload).map_err(|(f, d)| invalid(vec![(f, d)]))?;
+        let view = self.view();
+        let trigger_id = mapped.trigger_id.clone().unwrap_or(delivery_id);
+        let principals = self.principals_of(&view, &route, &mapped)?;
+        let fanned = route.fan_out;
+        let mut out = Vec::with_capacity(principals.len());
+        for principal in principals {
+            // One trigger per principal, each with an id of its own: idempotency is per
+            // (pack, trigger id), so a redelivered fan-out records each principal's once.
+            let id = match (&trigger_id, fanned) {
+                (id, _) if id.is_empty() => String::new(),
+                (id, true) => format!("{id}:{principal}"),
+                (id, false) => id.clone(),
+            };
+            let r#ref = mapped.r#ref.clone().unwrap_or_default();
+            let land = mapped.land.clone().unwrap_or_else(|| {
+                view.pack(&route.pack_id)
+                    .and_then(|p| p.lands.get(&r#ref).cloned())
+                    .unwrap_or_else(|| LAND_OF_UNDECLARED.to_owned())
+            });
+            let raw = RawTrigger {
+                pack_id: route.pack_id.clone(),
+                r#ref,
+                principal: principal.clone(),
+                land,
+                payload: Some(payload.clone()),
+                project: mapped.project.clone().unwrap_or_default(),
+                trigger_id: id.clone(),
+                source: None,
+            };
+            let outcome = self.deliver_from(raw, route.kind.as_str()).await?;
+            out.push(Received {
+                principal,
+                trigger_id: id,
+                outcome,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The principals a request goes to: the mapped principal, the holder of the mapped
+    /// Binding id, or (fanning out) every principal granted and activated for the pack.
+    fn principals_of(&self, view: &PolicyView, route: &Route, m: &Mapped) -> Result<Vec<String>> {
+        if let Some(p) = &m.principal {
+            return Ok(vec![p.clone()]);
+        }
+        let pack = view.pack(&route.pack_id);
+        if let Some(binding_id) = &m.binding_id {
+            let holders: Vec<&String> = pack
+                .map(|p| {
+                    p.principals
+                        .iter()
+                        .filter(|(_, pp)| {
+                            pp.binding
+                                .as_ref()
+                                .is_some_and(|b| &b.binding_id == binding_id)
+                        })
+                        .map(|(name, _)| name)
+                        .collect()
+                })
+                .unwrap_or_default();
+            return match holders.as_slice() {
+                [one] => Ok(vec![(*one).clone()]),
+                [] => Err(Error::invalid(
+                    "mapping.binding_id",
+                    format!(
+                        "no Binding of pack `{}` has id `{}`",
+                        route.pack_id,
+                        binding_id.escape_debug()
+                    ),
+                )),
+                _ => Err(Error::invalid(
+                    "mapping.binding_id",
+                    format!(
+                        "Binding id `{}` is held by more than one principal of pack `{}`",
+                        binding_id.escape_debug(),
+                        route.pack_id
+                    ),
+                )),
+            };
+        }
+        let Some(pack) = pack else {
+            return Ok(Vec::new());
+        };
+        let mut all: Vec<String> = pack
+            .principals
+            .iter()
+            .filter(|(_, pp)| pp.granted && pack.activation_for(Some(pp)) != Activation::Off)
+            .map(|(name, _)| name.clone())
+            .collect();
+        all.sort();
+        Ok(all)
+    }
+}

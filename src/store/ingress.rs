@@ -1,0 +1,113 @@
+//! Ingress routes as stored: written as audited admin changes (their secrets kept out of the audit log) and read by id per request.
+use sea_orm::sea_query::OnConflict;
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+
+use super::audit::{Actor, Change};
+use super::entity::ingress_routes;
+use super::{classify, Store};
+use crate::domain::ingress::{IngressKind, Mapping, Route};
+use crate::error::{Error, Result};
+
+fn route(m: ingress_routes::Model) -> Result<Route> {
+    let bad = |what: &str| Error::Internal(format!("bad stored ingress route {what}"));
+    Ok(Route {
+        kind: IngressKind::parse(&m.kind).ok_or_else(|| bad("kind"))?,
+        mapping: serde_json::from_str::<Mapping>(&m.mapping).map_err(|_| bad("mapping"))?,
+        secrets: serde_json::from_str(&m.secrets).map_err(|_| bad("secrets"))?,
+        route_id: m.route_id,
+        pack_id: m.pack_id,
+        fan_out: m.fan_out,
+    })
+}
+
+impl Store {
+    /// Creates or replaces a route; true when its id was new.
+    pub async fn put_ingress_route(&self, actor: &Actor, r: &Route, now: i64) -> Result<bool> {
+        use ingress_routes::Column as C;
+        let change = Change {
+            actor,
+            pack_id: Some(&r.pack_id),
+            principal: None,
+            announce: false,
+        };
+        let row = ingress_routes::ActiveModel {
+            route_id: Set(r.route_id.clone()),
+            pack_id: Set(r.pack_id.clone()),
+            kind: Set(r.kind.as_str().to_owned()),
+            mapping: Set(serde_json::to_string(&r.mapping)
+                .map_err(|e| Error::Internal(format!("mapping not stored: {e}")))?),
+            secrets: Set(serde_json::to_string(&r.secrets)
+                .map_err(|e| Error::Internal(format!("secrets not stored: {e}")))?),
+            fan_out: Set(r.fan_out),
+            update_time: Set(now),
+        };
+        let w = self.begin_write().await?;
+        let (created, _) = self
+            .audited::<ingress_routes::Entity, _>(
+                w,
+                change,
+                r.route_id.clone(),
+                async |txn, before| {
+                    ingress_routes::Entity::insert(row)
+                        .on_conflict(
+                            OnConflict::column(C::RouteId)
+                                .update_columns([
+                                    C::PackId,
+                                    C::Kind,
+                                    C::Mapping,
+                                    C::Secrets,
+                                    C::FanOut,
+                                    C::UpdateTime,
+                                ])
+                                .to_owned(),
+                        )
+                        .exec_without_returning(txn)
+                        .await
+                        .map_err(classify)?;
+                    Ok(before.is_none())
+                },
+            )
+            .await?;
+        Ok(created)
+    }
+
+    pub async fn ingress_route(&self, route_id: &str) -> Result<Option<Route>> {
+        ingress_routes::Entity::find_by_id(route_id.to_owned())
+            .one(&self.db)
+            .await
+            .map_err(classify)?
+            .map(route)
+            .transpose()
+    }
+
+    /// Routes in id order after `after`, at most `limit`.
+    pub async fn list_ingress_routes(&self, after: Option<&str>, limit: u64) -> Result<Vec<Route>> {
+        let mut q = ingress_routes::Entity::find().order_by_asc(ingress_routes::Column::RouteId);
+        if let Some(after) = after {
+            q = q.filter(ingress_routes::Column::RouteId.gt(after));
+        }
+        q.limit(limit)
+            .all(&self.db)
+            .await
+            .map_err(classify)?
+            .into_iter()
+            .map(route)
+            .collect()
+    }
+
+    /// Deletes a route; false when there was none.
+    pub async fn delete_ingress_route(&self, actor: &Actor, route_id: &str) -> Result<bool> {
+        let Some(existing) = self.ingress_route(route_id).await? else {
+            return Ok(false);
+        };
+        let change = Change {
+            actor,
+            pack_id: Some(&existing.pack_id),
+            principal: None,
+            announce: false,
+        };
+        let w = self.begin_write().await?;
+        self.audited_delete::<ingress_routes::Entity>(w, change, route_id.to_owned())
+            .await
+    }
+}

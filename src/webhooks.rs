@@ -1,0 +1,113 @@
+//! The HTTP ingress listener: POST /v1/ingress/{route} turns a signed webhook into triggers through `Service::receive`, answering only after each is recorded or counted as dropped.
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::error::Error;
+use crate::service::ingress::Received;
+use crate::service::Service;
+
+/// The routes of the ingress listener; a body over `max_body_bytes` is answered 413.
+pub fn routes(service: Service, max_body_bytes: usize) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/ingress/{route}", post(receive))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(service)
+}
+
+/// Header names in lower case; a header given several times is one value joined by ", "
+/// (RFC 9110's list form); values that are not visible ASCII are left out.
+fn header_map(h: &HeaderMap) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in h {
+        let Ok(v) = value.to_str() else { continue };
+        out.entry(name.as_str().to_owned())
+            .and_modify(|e| {
+                e.push_str(", ");
+                e.push_str(v);
+            })
+            .or_insert_with(|| v.to_owned());
+    }
+    out
+}
+
+fn received_json(r: &Received) -> Value {
+    let o = &r.outcome;
+    json!({
+        "principal": r.principal,
+        "trigger_id": r.trigger_id,
+        "disposition": o.disposition(),
+        "drop_reason": o.drop_reason.map(|d| d.as_str()),
+        "record_id": o.record_id,
+        "duplicate": o.duplicate,
+    })
+}
+
+async fn receive(
+    State(service): State<Service>,
+    Path(route): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    match service
+        .receive(&route, &header_map(&headers), &body, now)
+        .await
+    {
+        Ok(triggers) => (
+            StatusCode::ACCEPTED,
+            Json(json!({
+                "route": route,
+                "triggers": triggers.iter().map(received_json).collect::<Vec<_>>(),
+            })),
+        )
+            .into_response(),
+        Err(e) => refusal(e),
+    }
+}
+
+/// The answer for an error: its status, and its message as JSON (field and rule for bad input).
+fn refusal(e: Error) -> Response {
+    let (status, body) = match &e {
+        Error::InvalidArgument(v) => (
+            StatusCode::BAD_REQUEST,
+            json!({
+                "error": e.to_string(),
+                "violations": v.iter().map(|v| json!({"field": v.field, "description": v.description})).collect::<Vec<_>>(),
+            }),
+        ),
+        Error::Unauthenticated(m) => (StatusCode::UNAUTHORIZED, json!({ "error": m })),
+        Error::NotFound(m) => (StatusCode::NOT_FOUND, json!({ "error": m })),
+        Error::AlreadyExists(m) => (StatusCode::CONFLICT, json!({ "error": m })),
+        Error::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, json!({ "error": m })),
+        Error::ResourceExhausted(m) => (StatusCode::TOO_MANY_REQUESTS, json!({ "error": m })),
+        Error::FailedPrecondition(m) | Error::PermissionDenied(m) => {
+            (StatusCode::UNPROCESSABLE_ENTITY, json!({ "error": m }))
+        }
+        Error::Interrupted { message, .. } => {
+            (StatusCode::SERVICE_UNAVAILABLE, json!({ "error": message }))
+        }
+        Error::Internal(m) => {
+            tracing::error!(error = %m, "ingress request failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({ "error": "internal error" }),
+            )
+        }
+    };
+    let mut r = (status, Json(body)).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        // Webhook senders retry; tell them when.
+        r.headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+    }
+    r
+}

@@ -1,0 +1,594 @@
+//! Ingress routes: signed webhooks from real signers (the Standard Webhooks reference library, GitHub-style HMAC) become triggers through the one decision; forged, replayed, stale and oversized requests are refused.
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+
+use hcp_sense::grpc::pb::{
+    self, ingress_service_client::IngressServiceClient, IngressKind, IngressMapping, IngressRoute,
+};
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+use tonic::Code;
+
+use crate::cli::set_up_weather;
+use crate::helpers::{spawn_app_with, StoreKind, TestApp};
+
+/// A Standard Webhooks secret: `whsec_` and base64 of 32 bytes.
+const SECRET_NEW: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const SECRET_OLD: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+const SECRET_OTHER: &str = "whsec_dGhpcyBpcyBub3QgdGhlIHJvdXRlJ3Mga2V5ISE=";
+const GITHUB_SECRET: &str = "It's a Secret to Everybody";
+
+async fn app_with_ingress(kind: StoreKind, max_payload: Option<usize>) -> TestApp {
+    spawn_app_with(kind, |c| {
+        c.ingress_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        if let Some(n) = max_payload {
+            c.max_payload_bytes = n;
+        }
+    })
+    .await
+}
+
+fn url(app: &TestApp, route: &str) -> String {
+    format!(
+        "http://{}/v1/ingress/{route}",
+        app.ingress_addr.expect("ingress listener")
+    )
+}
+
+/// Sends each request of `plan` with tests/python/ingress_sender.py; returns the answers.
+async fn send(plan: Value) -> Vec<(u16, Value)> {
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new("python3")
+            .arg("tests/python/ingress_sender.py")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("python3 with standardwebhooks (see .ci/run)");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(plan.to_string().as_bytes())
+            .expect("plan");
+        child.wait_with_output().expect("sender")
+    })
+    .await
+    .expect("join");
+    assert!(
+        out.status.success(),
+        "sender failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Vec<Value> = serde_json::from_slice(&out.stdout).expect("answers");
+    answers
+        .into_iter()
+        .map(|a| (a["status"].as_u64().unwrap_or(0) as u16, a["body"].clone()))
+        .collect()
+}
+
+fn weather_route(route_id: &str, secrets: &[&str]) -> pb::PutIngressRouteRequest {
+    pb::PutIngressRouteRequest {
+        route: Some(IngressRoute {
+            route_id: route_id.into(),
+            pack_id: "weather".into(),
+            kind: IngressKind::StandardWebhooks as i32,
+            mapping: Some(IngressMapping {
+                r#ref: "'storm.' + body.level".into(),
+                principal: "body.user".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        secrets: secrets.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn ingress(app: &TestApp) -> IngressServiceClient<Channel> {
+    IngressServiceClient::new(app.channel.clone())
+}
+
+fn standard(url: &str, secret: &str, msg_id: &str, body: Value) -> Value {
+    json!({"url": url, "sign": "standard", "secret": secret, "msg_id": msg_id, "body": body.to_string()})
+}
+
+/// Standard Webhooks signed by the reference library: recorded once per webhook-id through
+/// either secret of a rotation; forged, tampered, stale and unknown-route requests are 401
+/// and count as nothing; a body that is not JSON, or maps to an invalid trigger, is 400
+/// naming the field.
+async fn standard_webhooks_are_verified_and_recorded_once(kind: StoreKind) {
+    let app = app_with_ingress(kind, None).await;
+    set_up_weather(&app.channel).await;
+    let put = ingress(&app)
+        .put_ingress_route(weather_route("weather-alerts", &[SECRET_OLD, SECRET_NEW]))
+        .await
+        .expect("put route")
+        .into_inner();
+    assert!(put.created);
+    assert_eq!(put.route.expect("route").secret_count, 2);
+    let u = url(&app, "weather-alerts");
+    let alert = json!({"level": "warning", "user": "alice", "area": "north"});
+    let mut stale = standard(&u, SECRET_NEW, "msg_stale", alert.clone());
+    stale["ts_offset"] = json!(-400);
+    let mut edge = standard(&u, SECRET_NEW, "msg_edge", alert.clone());
+    edge["ts_offset"] = json!(-290);
+    let mut tampered = standard(&u, SECRET_NEW, "msg_tampered", alert.clone());
+    tampered["tamper"] = json!(true);
+    let mut not_json = standard(&u, SECRET_NEW, "msg_text", json!(null));
+    not_json["body"] = json!("not json");
+    let answers = send(json!([
+        standard(&u, SECRET_NEW, "msg_1", alert.clone()),
+        standard(&u, SECRET_NEW, "msg_1", alert.clone()),
+        standard(&u, SECRET_OLD, "msg_2", alert.clone()),
+        standard(&u, SECRET_OTHER, "msg_forged", alert.clone()),
+        stale,
+        edge,
+        tampered,
+        standard(
+            &url(&app, "no-such-route"),
+            SECRET_NEW,
+            "msg_3",
+            alert.clone()
+        ),
+        not_json,
+        standard(
+            &u,
+            SECRET_NEW,
+            "msg_bad_user",
+            json!({"level": "warning", "user": "has space"})
+        ),
+        json!({"url": u, "sign": "none", "body": alert.to_string()}),
+    ]))
+    .await;
+    let status: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    assert_eq!(
+        status,
+        vec![202, 202, 202, 401, 401, 202, 401, 401, 400, 400, 401],
+        "{answers:#?}"
+    );
+    let first = &answers[0].1["triggers"][0];
+    assert_eq!(first["disposition"], "recorded_inbox", "{first}");
+    assert_eq!(first["trigger_id"], "msg_1");
+    let replay = &answers[1].1["triggers"][0];
+    assert_eq!(
+        replay["duplicate"], true,
+        "a replayed webhook-id is the first record"
+    );
+    assert_eq!(replay["record_id"], first["record_id"]);
+    assert_eq!(
+        answers[8].1["violations"][0]["field"], "body",
+        "{:?}",
+        answers[8]
+    );
+    assert_eq!(
+        answers[9].1["violations"][0]["field"], "principal",
+        "{:?}",
+        answers[9]
+    );
+    let listed = app
+        .records
+        .clone()
+        .list_records(pb::ListRecordsRequest {
+            principal: "alice".into(),
+            page_size: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .records;
+    let mut ids: Vec<String> = listed.iter().map(|r| r.trigger_id.clone()).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        vec!["msg_1", "msg_2", "msg_edge"],
+        "each accepted webhook once"
+    );
+    assert_eq!(
+        listed[0].payload.as_ref().map(|p| p.fields.len()),
+        Some(3),
+        "the body is the payload"
+    );
+    let metrics = reqwest_text(&format!("http://{}/metrics", app.metrics_addr)).await;
+    assert!(
+        metrics.contains(r#"hcp_sense_deliveries_total{disposition="recorded_inbox",drop_reason="",pack="weather",ingress="standard_webhooks"} 4"#),
+        "three records and one duplicate, counted by ingress:\n{metrics}"
+    );
+}
+on_both_stores!(s7_6_standard_webhooks_are_verified_and_recorded_once => standard_webhooks_are_verified_and_recorded_once);
+
+/// A plain HTTP GET of a text body.
+async fn reqwest_text(url: &str) -> String {
+    let url = url.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new("curl")
+            .args(["-sS", &url])
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+    .await
+    .expect("join")
+}
+
+/// GitHub-style webhooks: X-Hub-Signature-256 checked, the installation id mapped to the
+/// principal through the pack's Bindings (the vendor push mapping), X-GitHub-Delivery the
+/// trigger id, X-GitHub-Event with the action mapped to the ref by the example route.
+async fn github_webhooks_reach_the_principal_of_their_binding(kind: StoreKind) {
+    let app = app_with_ingress(kind, None).await;
+    let ch = app.channel.clone();
+    pb::pack_service_client::PackServiceClient::new(ch.clone())
+        .register_pack(crate::packs::register_req(&crate::helpers::example(
+            "github.pack.json",
+        )))
+        .await
+        .expect("register");
+    let mut policy = pb::policy_service_client::PolicyServiceClient::new(ch.clone());
+    for (who, binding) in [("alice", "42"), ("bob", "77")] {
+        policy
+            .grant_sense_enable(pb::GrantSenseEnableRequest {
+                principal: who.into(),
+                pack_id: "github".into(),
+            })
+            .await
+            .expect("grant");
+        policy
+            .put_binding(pb::PutBindingRequest {
+                principal: who.into(),
+                pack_id: "github".into(),
+                binding_id: binding.into(),
+                state: pb::BindingState::Linked as i32,
+            })
+            .await
+            .expect("binding");
+    }
+    policy
+        .activate_sense(pb::ActivateSenseRequest {
+            principal: String::new(),
+            pack_id: "github".into(),
+            route: 1,
+        })
+        .await
+        .expect("activate");
+    let example: pb::PutIngressRouteRequest = serde_json_to_put(
+        &std::fs::read_to_string(crate::helpers::repo_path(
+            "examples/github-issues.route.json",
+        ))
+        .expect("example route"),
+    );
+    ingress(&app)
+        .put_ingress_route(pb::PutIngressRouteRequest {
+            secrets: vec![GITHUB_SECRET.into()],
+            ..example
+        })
+        .await
+        .expect("put the example route");
+    let u = url(&app, "github-issues");
+    let hook = |delivery: &str, event: &str, installation: i64| {
+        json!({
+            "url": u, "sign": "github", "secret": GITHUB_SECRET,
+            "headers": {"x-github-event": event, "x-github-delivery": delivery},
+            "body": json!({"action": "opened", "installation": {"id": installation}, "issue": {"number": 1}}).to_string(),
+        })
+    };
+    let mut forged = hook("d-forged", "issues", 42);
+    forged["secret"] = json!("not the route's secret at all");
+    let answers = send(json!([
+        hook("d-1", "issues", 42),
+        hook("d-2", "issues", 77),
+        hook("d-1", "issues", 42),
+        hook("d-3", "issues", 5),
+        hook("d-4", "pull_request", 42),
+        forged,
+    ]))
+    .await;
+    let status: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    assert_eq!(status, vec![202, 202, 202, 400, 202, 401], "{answers:#?}");
+    let t = |i: usize| answers[i].1["triggers"][0].clone();
+    assert_eq!(
+        (t(0)["principal"].clone(), t(0)["disposition"].clone()),
+        (json!("alice"), json!("recorded_inbox"))
+    );
+    assert_eq!(t(1)["principal"], "bob");
+    assert_eq!(t(2)["duplicate"], true);
+    assert_eq!(answers[3].1["violations"][0]["field"], "mapping.binding_id");
+    assert_eq!(
+        t(4)["drop_reason"],
+        "undeclared_ref",
+        "an event the pack does not declare is dropped, counted, not refused"
+    );
+}
+on_both_stores!(s7_6_github_webhooks_reach_the_principal_of_their_binding => github_webhooks_reach_the_principal_of_their_binding);
+
+/// The example route file is a PutIngressRouteRequest in proto3 JSON (as grpcurl sends it).
+fn serde_json_to_put(text: &str) -> pb::PutIngressRouteRequest {
+    let v: Value = serde_json::from_str(text).expect("JSON");
+    let r = &v["route"];
+    let m = &r["mapping"];
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    assert_eq!(r["kind"], "INGRESS_KIND_GITHUB");
+    pb::PutIngressRouteRequest {
+        route: Some(IngressRoute {
+            route_id: s(&r["routeId"]),
+            pack_id: s(&r["packId"]),
+            kind: IngressKind::Github as i32,
+            mapping: Some(IngressMapping {
+                r#ref: s(&m["ref"]),
+                binding_id: s(&m["bindingId"]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        secrets: Vec::new(),
+    }
+}
+
+/// Route administration: bad mappings and secrets are INVALID_ARGUMENT naming the field (and
+/// the expression's position); secrets never come back, not even in the audit log; lists page.
+async fn routes_are_checked_and_their_secrets_kept(kind: StoreKind) {
+    let app = app_with_ingress(kind, None).await;
+    set_up_weather(&app.channel).await;
+    let mut c = ingress(&app);
+    let refused = |mut req: pb::PutIngressRouteRequest, f: fn(&mut pb::PutIngressRouteRequest)| {
+        f(&mut req);
+        req
+    };
+    let cases: Vec<(pb::PutIngressRouteRequest, Code, &str)> = vec![
+        (
+            refused(weather_route("r", &[SECRET_NEW]), |r| {
+                r.route
+                    .as_mut()
+                    .expect("r")
+                    .mapping
+                    .as_mut()
+                    .expect("m")
+                    .r#ref = "body.level +".into()
+            }),
+            Code::InvalidArgument,
+            "route.mapping.ref",
+        ),
+        (
+            refused(weather_route("r", &[SECRET_NEW]), |r| {
+                r.route
+                    .as_mut()
+                    .expect("r")
+                    .mapping
+                    .as_mut()
+                    .expect("m")
+                    .r#ref = "body.items.map(x, x)[0]".into()
+            }),
+            Code::InvalidArgument,
+            "comprehension",
+        ),
+        (
+            refused(weather_route("r", &[SECRET_NEW]), |r| {
+                r.route
+                    .as_mut()
+                    .expect("r")
+                    .mapping
+                    .as_mut()
+                    .expect("m")
+                    .principal = "env.USER".into()
+            }),
+            Code::InvalidArgument,
+            "route.mapping.principal",
+        ),
+        (weather_route("r", &[]), Code::InvalidArgument, "secrets"),
+        (
+            weather_route("r", &["whsec_tooshort"]),
+            Code::InvalidArgument,
+            "secrets[0]",
+        ),
+        (
+            weather_route("r", &[SECRET_NEW; 9]),
+            Code::InvalidArgument,
+            "secrets",
+        ),
+        (
+            weather_route("Bad Route", &[SECRET_NEW]),
+            Code::InvalidArgument,
+            "route.route_id",
+        ),
+        (
+            refused(weather_route("r", &[SECRET_NEW]), |r| {
+                r.route.as_mut().expect("r").kind = 0
+            }),
+            Code::InvalidArgument,
+            "route.kind",
+        ),
+        (
+            refused(weather_route("r", &[SECRET_NEW]), |r| {
+                r.route.as_mut().expect("r").pack_id = "nope".into()
+            }),
+            Code::NotFound,
+            "route.pack_id",
+        ),
+    ];
+    for (req, code, needle) in cases {
+        let e = c.put_ingress_route(req).await.expect_err("refused");
+        assert_eq!(e.code(), code, "{e:?}");
+        assert!(e.message().contains(needle), "{needle} in {e:?}");
+    }
+    // Eight secrets is the limit: accepted.
+    c.put_ingress_route(weather_route("r", &[SECRET_NEW; 8]))
+        .await
+        .expect("eight secrets");
+    for id in ["a", "b", "c"] {
+        let put = c
+            .put_ingress_route(weather_route(id, &[SECRET_NEW]))
+            .await
+            .expect("put")
+            .into_inner();
+        assert!(put.created);
+    }
+    let again = c
+        .put_ingress_route(weather_route("a", &[SECRET_OLD]))
+        .await
+        .expect("replace")
+        .into_inner();
+    assert!(!again.created, "a put of an existing id replaces it");
+    let page = c
+        .list_ingress_routes(pb::ListIngressRoutesRequest {
+            page_size: 2,
+            page_token: String::new(),
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(
+        page.routes
+            .iter()
+            .map(|r| r.route_id.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    let rest = c
+        .list_ingress_routes(pb::ListIngressRoutesRequest {
+            page_size: 2,
+            page_token: page.next_page_token,
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(
+        rest.routes
+            .iter()
+            .map(|r| r.route_id.as_str())
+            .collect::<Vec<_>>(),
+        ["c", "r"]
+    );
+    assert!(rest.next_page_token.is_empty());
+    let got = c
+        .get_ingress_route(pb::GetIngressRouteRequest {
+            route_id: "r".into(),
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(got.route.as_ref().map(|r| r.secret_count), Some(8));
+    let audit = pb::audit_service_client::AuditServiceClient::new(app.channel.clone())
+        .list_audit_events(pb::ListAuditEventsRequest {
+            pack_id: "weather".into(),
+            page_size: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("audit")
+        .into_inner();
+    let text = format!("{got:?}{audit:?}");
+    assert!(
+        audit
+            .audit_events
+            .iter()
+            .any(|e| e.rpc == "PutIngressRoute"),
+        "route changes are audited"
+    );
+    for secret in [SECRET_NEW, SECRET_OLD] {
+        assert!(!text.contains(&secret[6..]), "a secret came back: {text}");
+    }
+    c.delete_ingress_route(pb::DeleteIngressRouteRequest {
+        route_id: "a".into(),
+    })
+    .await
+    .expect("delete");
+    let e = c
+        .delete_ingress_route(pb::DeleteIngressRouteRequest {
+            route_id: "a".into(),
+        })
+        .await
+        .expect_err("gone");
+    assert_eq!(e.code(), Code::NotFound);
+    let e = c
+        .get_ingress_route(pb::GetIngressRouteRequest {
+            route_id: "a".into(),
+        })
+        .await
+        .expect_err("gone");
+    assert_eq!(e.code(), Code::NotFound);
+}
+on_both_stores!(routes_are_checked_and_their_secrets_kept => routes_are_checked_and_their_secrets_kept);
+
+/// The body limit is the payload limit, at its exact boundary: n bytes are taken, n+1 are 413.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingress_body_over_the_payload_limit_is_413() {
+    let limit = 1024;
+    let app = app_with_ingress(StoreKind::Sqlite, Some(limit)).await;
+    set_up_weather(&app.channel).await;
+    ingress(&app)
+        .put_ingress_route(weather_route("weather-alerts", &[SECRET_NEW]))
+        .await
+        .expect("put route");
+    let u = url(&app, "weather-alerts");
+    let body_of = |len: usize| {
+        let base = json!({"level": "warning", "user": "alice", "pad": ""}).to_string();
+        json!({"level": "warning", "user": "alice", "pad": "x".repeat(len - base.len())})
+            .to_string()
+    };
+    let (at, over) = (body_of(limit), body_of(limit + 1));
+    assert_eq!((at.len(), over.len()), (limit, limit + 1));
+    let req = |id: &str, body: &str| json!({"url": u, "sign": "standard", "secret": SECRET_NEW, "msg_id": id, "body": body});
+    let answers = send(json!([req("at-limit", &at), req("over-limit", &over)])).await;
+    assert_eq!(
+        answers.iter().map(|a| a.0).collect::<Vec<_>>(),
+        vec![202, 413],
+        "{answers:#?}"
+    );
+}
+
+/// A public pack's route that fans out: one event, one trigger per principal granted and
+/// activated, each decided and recorded on its own; a redelivery records none again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_6_a_public_pack_fans_one_event_out_to_every_activated_principal() {
+    let app = app_with_ingress(StoreKind::Sqlite, None).await;
+    set_up_weather(&app.channel).await;
+    let mut policy = app.policy.clone();
+    policy
+        .grant_sense_enable(pb::GrantSenseEnableRequest {
+            principal: "bob".into(),
+            pack_id: "weather".into(),
+        })
+        .await
+        .expect("grant bob");
+    let mut route = weather_route("broadcast", &[SECRET_NEW]);
+    if let Some(r) = route.route.as_mut() {
+        r.fan_out = true;
+        r.mapping = Some(IngressMapping {
+            r#ref: "'storm.warning'".into(),
+            ..Default::default()
+        });
+    }
+    ingress(&app)
+        .put_ingress_route(route)
+        .await
+        .expect("put fan-out route");
+    let u = url(&app, "broadcast");
+    let answers = send(json!([
+        standard(&u, SECRET_NEW, "evt_1", json!({"area": "north"})),
+        standard(&u, SECRET_NEW, "evt_1", json!({"area": "north"})),
+    ]))
+    .await;
+    assert_eq!(answers[0].0, 202, "{answers:?}");
+    let people = |i: usize| {
+        answers[i].1["triggers"]
+            .as_array()
+            .expect("triggers")
+            .iter()
+            .map(|t| {
+                (
+                    t["principal"].as_str().unwrap_or("").to_owned(),
+                    t["duplicate"].as_bool().unwrap_or(false),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        people(0),
+        vec![("alice".into(), false), ("bob".into(), false)]
+    );
+    assert_eq!(
+        people(1),
+        vec![("alice".into(), true), ("bob".into(), true)]
+    );
+}

@@ -1,0 +1,60 @@
+"""Sends webhooks to hcp-sense's ingress listener as real senders sign them.
+
+Standard Webhooks requests are signed by the reference implementation (PyPI's
+`standardwebhooks`); GitHub-style ones with the standard library's HMAC, as
+GitHub documents. Reads a plan (a JSON list of requests) on stdin and prints a
+JSON list of {"status", "body"} answers, one per request.
+
+A request: {"url": ..., "sign": "standard" | "github" | "none", "secret": ...,
+"msg_id": ..., "ts_offset": seconds added to now, "body": text,
+"headers": {...}, "tamper": true to change the body after signing}.
+"""
+import datetime
+import hashlib
+import hmac
+import json
+import sys
+import urllib.error
+import urllib.request
+
+from standardwebhooks.webhooks import Webhook
+
+
+def send(req):
+    body = req.get("body", "{}")
+    headers = {"content-type": "application/json"}
+    headers.update(req.get("headers", {}))
+    sign = req.get("sign", "none")
+    if sign == "standard":
+        at = datetime.datetime.now(tz=datetime.timezone.utc) + datetime.timedelta(
+            seconds=req.get("ts_offset", 0)
+        )
+        signature = Webhook(req["secret"]).sign(req["msg_id"], at, body)
+        headers["webhook-id"] = req["msg_id"]
+        headers["webhook-timestamp"] = str(int(at.timestamp()))
+        headers["webhook-signature"] = signature
+    elif sign == "github":
+        digest = hmac.new(req["secret"].encode(), body.encode(), hashlib.sha256).hexdigest()
+        headers["x-hub-signature-256"] = "sha256=" + digest
+    if req.get("tamper"):
+        body = body + " "
+    r = urllib.request.Request(req["url"], data=body.encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(r, timeout=30) as resp:
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = text
+    return {"status": status, "body": parsed}
+
+
+def main():
+    plan = json.load(sys.stdin)
+    print(json.dumps([send(req) for req in plan]))
+
+
+if __name__ == "__main__":
+    main()
