@@ -1,4 +1,4 @@
-//! The `hcp-sense` command: serve, migrate, check-config, lint.
+//! The `hcp-sense` command: serve, migrate, check-config, pipe, lint.
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,6 +44,10 @@ enum Cmd {
     /// Check a serve configuration (file, environment and flags, as `serve` takes them) and
     /// exit: 0 if the server would start with it, 1 naming what is wrong.
     CheckConfig(Box<Config>),
+    /// Run a `sense_only` pack's command and deliver each JSON line it prints as a trigger
+    /// (`{"ref": …, "payload": {…}}`, optionally `trigger_id`, `project`, `land`). A
+    /// malformed line is reported on stderr with its number; exits with the command's code.
+    Pipe(hcp_sense::pipe::PipeArgs),
     /// Lint a pack manifest (JSON or YAML; `-` reads standard input). Exits 1 on any error.
     Lint {
         /// The manifest file.
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Cmd::Lint { manifest }) => lint_file(&manifest),
+        Some(Cmd::Pipe(args)) => pipe(args),
         Some(Cmd::Migrate {
             action,
             database,
@@ -90,6 +95,26 @@ fn main() -> ExitCode {
             }
         },
         None => run(serve(cli.serve, auth)),
+    }
+}
+
+fn pipe(args: hcp_sense::pipe::PipeArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(hcp_sense::pipe::run(args)) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 

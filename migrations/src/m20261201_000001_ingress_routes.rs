@@ -13,6 +13,7 @@ enum IngressRoutes {
     Mapping,
     Secrets,
     FanOut,
+    TypePrefix,
     UpdateTime,
 }
 
@@ -43,6 +44,13 @@ impl MigrationTrait for Migration {
                 // The signing secrets as a JSON array; never returned, never audited.
                 .col(ColumnDef::new(IngressRoutes::Secrets).text().not_null())
                 .col(ColumnDef::new(IngressRoutes::FanOut).boolean().not_null())
+                // CloudEvents: stripped from an event's type to make its ref.
+                .col(
+                    ColumnDef::new(IngressRoutes::TypePrefix)
+                        .string_len(256)
+                        .not_null()
+                        .default(""),
+                )
                 .col(
                     ColumnDef::new(IngressRoutes::UpdateTime)
                         .big_integer()

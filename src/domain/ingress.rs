@@ -18,6 +18,8 @@ type HmacSha256 = Hmac<Sha256>;
 pub enum IngressKind {
     StandardWebhooks,
     Github,
+    /// CloudEvents 1.0 over HTTP (binary or structured mode), signed as Standard Webhooks.
+    CloudEvents,
 }
 
 impl IngressKind {
@@ -25,6 +27,7 @@ impl IngressKind {
         match self {
             IngressKind::StandardWebhooks => "standard_webhooks",
             IngressKind::Github => "github",
+            IngressKind::CloudEvents => "cloudevents",
         }
     }
 
@@ -32,6 +35,7 @@ impl IngressKind {
         match s {
             "standard_webhooks" => Some(IngressKind::StandardWebhooks),
             "github" => Some(IngressKind::Github),
+            "cloudevents" => Some(IngressKind::CloudEvents),
             _ => None,
         }
     }
@@ -59,6 +63,8 @@ pub struct Route {
     pub mapping: Mapping,
     pub secrets: Vec<String>,
     pub fan_out: bool,
+    /// CloudEvents: stripped from an event's `type` to make the default ref.
+    pub type_prefix: String,
 }
 
 impl std::fmt::Debug for Route {
@@ -74,6 +80,7 @@ impl std::fmt::Debug for Route {
                 &format_args!("[{} REDACTED]", self.secrets.len()),
             )
             .field("fan_out", &self.fan_out)
+            .field("type_prefix", &self.type_prefix)
             .finish()
     }
 }
@@ -92,9 +99,6 @@ pub const MAX_EXPRESSION_NODES: usize = 256;
 const MAX_MAPPED_BYTES: usize = 4096;
 /// How far a Standard Webhooks timestamp may be from now, either way, in seconds.
 pub const TIMESTAMP_TOLERANCE_SECS: i64 = 300;
-
-/// The identifiers a mapping may read.
-const VARIABLES: [&str; 2] = ["headers", "body"];
 
 /// Checks a route's id: the last segment of its URL path.
 pub fn check_route_id(id: &str) -> Result<(), String> {
@@ -120,7 +124,7 @@ pub fn check_route_id(id: &str) -> Result<(), String> {
 /// Checks one signing secret of a route of `kind`.
 pub fn check_secret(kind: IngressKind, secret: &str) -> Result<(), String> {
     match kind {
-        IngressKind::StandardWebhooks => {
+        IngressKind::StandardWebhooks | IngressKind::CloudEvents => {
             let key = standard_webhooks_key(secret)
                 .ok_or("is not `whsec_` followed by base64 (a Standard Webhooks secret)")?;
             if !(24..=64).contains(&key.len()) {
@@ -182,12 +186,16 @@ fn fields(m: &Mapping) -> [(&'static str, &str); 6] {
 /// compiling runs on a thread of its own with COMPILE_STACK, and a tree deeper than
 /// MAX_EXPRESSION_DEPTH is refused there, so the trees that come out evaluate (and drop)
 /// within any thread's stack.
-pub fn compile(m: &Mapping, fan_out: bool) -> Result<Compiled, Vec<(String, String)>> {
+pub fn compile(
+    kind: IngressKind,
+    m: &Mapping,
+    fan_out: bool,
+) -> Result<Compiled, Vec<(String, String)>> {
     std::thread::scope(|scope| {
         std::thread::Builder::new()
             .name("hcp-sense-cel".into())
             .stack_size(COMPILE_STACK)
-            .spawn_scoped(scope, || compile_here(m, fan_out))
+            .spawn_scoped(scope, || compile_here(kind, m, fan_out))
             .map_err(|e| vec![("mapping".to_owned(), format!("cannot be compiled now: {e}"))])?
             .join()
             .unwrap_or_else(|_| {
@@ -203,19 +211,29 @@ pub fn compile(m: &Mapping, fan_out: bool) -> Result<Compiled, Vec<(String, Stri
 /// expression of MAX_EXPRESSION_BYTES makes the parser go.
 const COMPILE_STACK: usize = 512 << 20;
 
-fn compile_here(m: &Mapping, fan_out: bool) -> Result<Compiled, Vec<(String, String)>> {
+fn compile_here(
+    kind: IngressKind,
+    m: &Mapping,
+    fan_out: bool,
+) -> Result<Compiled, Vec<(String, String)>> {
     let mut bad = Vec::new();
     let mut out = Vec::new();
+    let variables: &[&str] = match kind {
+        IngressKind::CloudEvents => &["headers", "body", "event"],
+        _ => &["headers", "body"],
+    };
     for (name, src) in fields(m) {
         if src.trim().is_empty() {
             continue;
         }
-        match compile_one(src) {
+        match compile_one(src, variables) {
             Ok(p) => out.push((name, p)),
             Err(e) => bad.push((format!("mapping.{name}"), e)),
         }
     }
-    if m.r#ref.trim().is_empty() {
+    // A CloudEvent names its ref (`type`), principal (`subject`) and id itself.
+    let defaults = kind == IngressKind::CloudEvents;
+    if m.r#ref.trim().is_empty() && !defaults {
         bad.push((
             "mapping.ref".into(),
             "is required: a CEL expression yielding the trigger's ref".into(),
@@ -230,7 +248,7 @@ fn compile_here(m: &Mapping, fan_out: bool) -> Result<Compiled, Vec<(String, Str
             "mapping.binding_id".into(),
             "give either principal or binding_id, not both".into(),
         )),
-        (false, [false, false]) => bad.push((
+        (false, [false, false]) if !defaults => bad.push((
             "mapping.principal".into(),
             "one of principal or binding_id is required unless the route fans out".into(),
         )),
@@ -253,7 +271,7 @@ fn compile_here(m: &Mapping, fan_out: bool) -> Result<Compiled, Vec<(String, Str
     }
 }
 
-fn compile_one(src: &str) -> Result<IdedExpr, String> {
+fn compile_one(src: &str, variables: &[&str]) -> Result<IdedExpr, String> {
     if src.len() > MAX_EXPRESSION_BYTES {
         return Err(format!(
             "is {} bytes; an expression is at most {MAX_EXPRESSION_BYTES}",
@@ -282,11 +300,16 @@ fn compile_one(src: &str) -> Result<IdedExpr, String> {
         .references()
         .variables()
         .into_iter()
-        .find(|v| !VARIABLES.contains(v))
+        .find(|v| !variables.contains(v))
     {
         return Err(format!(
-            "reads `{}`; a mapping reads only `headers` and `body`",
-            v.escape_debug()
+            "reads `{}`; a mapping reads only {}",
+            v.escape_debug(),
+            variables
+                .iter()
+                .map(|v| format!("`{v}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     Ok(root)
@@ -365,9 +388,13 @@ pub fn evaluate(
     c: &Compiled,
     headers: &BTreeMap<String, String>,
     body: &Value,
+    event: Option<&CloudEvent>,
 ) -> Result<Mapped, (String, String)> {
     let mut ctx = Context::default();
     ctx.add_variable_from_value("headers", to_cel_headers(headers));
+    if let Some(e) = event {
+        ctx.add_variable_from_value("event", to_cel_headers(&e.attributes));
+    }
     ctx.add_variable_from_value(
         "body",
         cel::to_value(body).map_err(|e| ("body".to_owned(), format!("cannot be read: {e}")))?,
@@ -423,6 +450,105 @@ fn to_cel_headers(headers: &BTreeMap<String, String>) -> Cel {
     Cel::Map(cel::objects::Map { map: Arc::new(map) })
 }
 
+/// A CloudEvent read from an HTTP request: its context attributes (required and extensions,
+/// as text) and its data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloudEvent {
+    pub attributes: BTreeMap<String, String>,
+    pub data: Value,
+}
+
+impl CloudEvent {
+    pub fn attr(&self, name: &str) -> &str {
+        self.attributes.get(name).map_or("", String::as_str)
+    }
+
+    /// The trigger id an event gives: its `source` and `id`, which together identify it.
+    pub fn trigger_id(&self) -> String {
+        format!("{}#{}", self.attr("source"), self.attr("id"))
+    }
+}
+
+/// Reads a CloudEvents 1.0 HTTP request: structured mode when the content type is
+/// `application/cloudevents+json`, else binary mode (attributes in `ce-` headers, the body
+/// the data). The data must be a JSON object (it becomes the trigger's payload). A missing or
+/// bad attribute is a (field, description).
+pub fn cloud_event(
+    headers: &BTreeMap<String, String>,
+    body: &[u8],
+) -> Result<CloudEvent, (String, String)> {
+    let bad = |f: &str, d: &str| (f.to_owned(), d.to_owned());
+    let structured = headers.get("content-type").is_some_and(|c| {
+        c.trim_start()
+            .to_ascii_lowercase()
+            .starts_with("application/cloudevents+json")
+    });
+    let (attributes, data) = if structured {
+        let Ok(Value::Object(mut envelope)) = serde_json::from_slice::<Value>(body) else {
+            return Err(bad(
+                "body",
+                "is not a JSON object (a structured-mode CloudEvent)",
+            ));
+        };
+        if envelope.contains_key("data_base64") {
+            return Err(bad(
+                "data_base64",
+                "binary data cannot be a trigger's payload; send JSON `data`",
+            ));
+        }
+        let data = envelope
+            .remove("data")
+            .unwrap_or(Value::Object(Default::default()));
+        let mut attributes = BTreeMap::new();
+        for (k, v) in envelope {
+            let text = match v {
+                Value::String(s) => s,
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                _ => {
+                    return Err((
+                        k,
+                        "a context attribute is a string, number or boolean".into(),
+                    ))
+                }
+            };
+            attributes.insert(k, text);
+        }
+        (attributes, data)
+    } else {
+        let attributes: BTreeMap<String, String> = headers
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("ce-")?.to_owned(), v.clone())))
+            .collect();
+        let data = if body.is_empty() {
+            Value::Object(Default::default())
+        } else {
+            serde_json::from_slice(body).map_err(|e| bad("data", &format!("is not JSON: {e}")))?
+        };
+        (attributes, data)
+    };
+    for required in ["specversion", "id", "source", "type"] {
+        if attributes.get(required).is_none_or(|v| v.is_empty()) {
+            return Err((
+                required.to_owned(),
+                format!(
+                    "is required: a CloudEvent has `{required}` (`ce-{required}` in binary mode)"
+                ),
+            ));
+        }
+    }
+    if attributes.get("specversion").map(String::as_str) != Some("1.0") {
+        return Err(bad("specversion", "must be 1.0"));
+    }
+    if !data.is_object() {
+        return Err(bad(
+            "data",
+            "must be a JSON object (it becomes the trigger's payload)",
+        ));
+    }
+    Ok(CloudEvent { attributes, data })
+}
+
 /// Why a request's signature was refused (answered 401; nothing is counted as a trigger).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unsigned(pub String);
@@ -438,7 +564,7 @@ pub fn verify(
 ) -> Result<String, Unsigned> {
     let header = |name: &str| headers.get(name).map(String::as_str);
     match kind {
-        IngressKind::StandardWebhooks => {
+        IngressKind::StandardWebhooks | IngressKind::CloudEvents => {
             let id = header("webhook-id").ok_or_else(|| Unsigned("no webhook-id header".into()))?;
             let ts = header("webhook-timestamp")
                 .ok_or_else(|| Unsigned("no webhook-timestamp header".into()))?;
@@ -517,23 +643,45 @@ mod tests {
 
     #[test]
     fn mappings_are_checked_with_the_field_and_position() {
-        let e = compile(&mapping("body.x +", "'alice'"), false).expect_err("refused");
+        let e = compile(
+            IngressKind::StandardWebhooks,
+            &mapping("body.x +", "'alice'"),
+            false,
+        )
+        .expect_err("refused");
         assert_eq!(e[0].0, "mapping.ref");
         assert!(e[0].1.contains("line 1"), "{e:?}");
-        let e = compile(&mapping("body.items.map(x, x)[0]", "'a'"), false).expect_err("refused");
+        let e = compile(
+            IngressKind::StandardWebhooks,
+            &mapping("body.items.map(x, x)[0]", "'a'"),
+            false,
+        )
+        .expect_err("refused");
         assert!(
             e[0].1.contains("comprehension") && e[0].1.contains("column 15"),
             "{e:?}"
         );
-        let e = compile(&mapping("secret", "'a'"), false).expect_err("refused");
+        let e = compile(
+            IngressKind::StandardWebhooks,
+            &mapping("secret", "'a'"),
+            false,
+        )
+        .expect_err("refused");
         assert!(e[0].1.contains("`secret`"), "{e:?}");
-        let e = compile(&mapping("'x'", ""), false).expect_err("refused");
+        let e = compile(IngressKind::StandardWebhooks, &mapping("'x'", ""), false)
+            .expect_err("refused");
         assert_eq!(e[0].0, "mapping.principal");
-        let e = compile(&mapping("'x'", "'a'"), true).expect_err("refused");
+        let e = compile(IngressKind::StandardWebhooks, &mapping("'x'", "'a'"), true)
+            .expect_err("refused");
         assert!(e[0].1.contains("fans out"), "{e:?}");
         // Hostile shapes, as long as an expression may be: never a crash.
         let deep_parens = format!("{}1{}", "(".repeat(100), ")".repeat(100));
-        let e = compile(&mapping(&deep_parens, "'a'"), false).expect_err("refused");
+        let e = compile(
+            IngressKind::StandardWebhooks,
+            &mapping(&deep_parens, "'a'"),
+            false,
+        )
+        .expect_err("refused");
         assert!(
             e[0].1.contains("deeper") || e[0].1.contains("ecursion"),
             "{e:?}"
@@ -550,24 +698,35 @@ mod tests {
         ] {
             assert!(deep.len() <= MAX_EXPRESSION_BYTES, "{}", deep.len());
             // Refused, or (when the parser folds it flat, as `!!…!true`) harmless to run.
-            if let Ok(c) = compile(&mapping(&deep, "'a'"), false) {
-                let _ = evaluate(&c, &BTreeMap::new(), &serde_json::json!({}));
+            if let Ok(c) = compile(IngressKind::StandardWebhooks, &mapping(&deep, "'a'"), false) {
+                let _ = evaluate(&c, &BTreeMap::new(), &serde_json::json!({}), None);
             }
         }
         // At the depth limit an expression compiles and evaluates on a normal stack.
         let at_depth = vec!["'a'"; MAX_EXPRESSION_DEPTH].join("+");
-        let c = compile(&mapping(&at_depth, "'a'"), false).expect("at the depth limit");
-        let m = evaluate(&c, &BTreeMap::new(), &serde_json::json!({})).expect("evaluates");
+        let c = compile(
+            IngressKind::StandardWebhooks,
+            &mapping(&at_depth, "'a'"),
+            false,
+        )
+        .expect("at the depth limit");
+        let m = evaluate(&c, &BTreeMap::new(), &serde_json::json!({}), None).expect("evaluates");
         assert_eq!(m.r#ref.map(|r| r.len()), Some(MAX_EXPRESSION_DEPTH));
         let at_limit = format!("'{}'", "x".repeat(MAX_EXPRESSION_BYTES - 2));
-        assert!(compile(&mapping(&at_limit, "'a'"), false).is_ok());
+        assert!(compile(
+            IngressKind::StandardWebhooks,
+            &mapping(&at_limit, "'a'"),
+            false
+        )
+        .is_ok());
         let over = format!("'{}'", "x".repeat(MAX_EXPRESSION_BYTES - 1));
-        assert!(compile(&mapping(&over, "'a'"), false).is_err());
+        assert!(compile(IngressKind::StandardWebhooks, &mapping(&over, "'a'"), false).is_err());
     }
 
     #[test]
     fn mappings_yield_strings_from_headers_and_body() {
         let c = compile(
+            IngressKind::Github,
             &Mapping {
                 r#ref: "headers['x-github-event'] + '.' + body.action".into(),
                 binding_id: "body.installation.id".into(),
@@ -578,10 +737,11 @@ mod tests {
         .expect("compiles");
         let headers = BTreeMap::from([("x-github-event".to_owned(), "issues".to_owned())]);
         let body = serde_json::json!({"action": "opened", "installation": {"id": 42}});
-        let m = evaluate(&c, &headers, &body).expect("evaluates");
+        let m = evaluate(&c, &headers, &body, None).expect("evaluates");
         assert_eq!(m.r#ref.as_deref(), Some("issues.opened"));
         assert_eq!(m.binding_id.as_deref(), Some("42"));
-        let e = evaluate(&c, &headers, &serde_json::json!({"action": 1})).expect_err("refused");
+        let e =
+            evaluate(&c, &headers, &serde_json::json!({"action": 1}), None).expect_err("refused");
         assert_eq!(e.0, "mapping.ref");
     }
 

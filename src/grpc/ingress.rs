@@ -20,9 +20,10 @@ fn kind_of(k: i32) -> Result<IngressKind, Error> {
     match pb::IngressKind::try_from(k) {
         Ok(pb::IngressKind::StandardWebhooks) => Ok(IngressKind::StandardWebhooks),
         Ok(pb::IngressKind::Github) => Ok(IngressKind::Github),
+        Ok(pb::IngressKind::Cloudevents) => Ok(IngressKind::CloudEvents),
         Ok(pb::IngressKind::Unspecified) => Err(Error::invalid(
             "route.kind",
-            "is required: INGRESS_KIND_STANDARD_WEBHOOKS or INGRESS_KIND_GITHUB",
+            "is required: INGRESS_KIND_STANDARD_WEBHOOKS, INGRESS_KIND_GITHUB or INGRESS_KIND_CLOUDEVENTS",
         )),
         Err(_) => Err(Error::invalid(
             "route.kind",
@@ -39,6 +40,7 @@ fn to_pb(r: &Route) -> pb::IngressRoute {
         kind: match r.kind {
             IngressKind::StandardWebhooks => pb::IngressKind::StandardWebhooks,
             IngressKind::Github => pb::IngressKind::Github,
+            IngressKind::CloudEvents => pb::IngressKind::Cloudevents,
         } as i32,
         mapping: Some(pb::IngressMapping {
             r#ref: m.r#ref.clone(),
@@ -50,6 +52,7 @@ fn to_pb(r: &Route) -> pb::IngressRoute {
         }),
         secret_count: r.secrets.len() as i32,
         fan_out: r.fan_out,
+        cloudevents_type_prefix: r.type_prefix.clone(),
     }
 }
 
@@ -79,6 +82,7 @@ impl IngressService for Ingress {
             },
             secrets: req.secrets,
             fan_out: r.fan_out,
+            type_prefix: r.cloudevents_type_prefix,
         };
         let svc = self.service.clone();
         let (created, route) = detached(async move {

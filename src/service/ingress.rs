@@ -7,8 +7,8 @@ use serde_json::Value;
 use super::{valid_pack_id, Service};
 use crate::domain::decide::{Outcome, RawTrigger};
 use crate::domain::ingress::{
-    check_route_id, check_secret, compile, evaluate, verify, Compiled, Mapped, Mapping, Route,
-    MAX_SECRETS,
+    check_route_id, check_secret, cloud_event, compile, evaluate, verify, Compiled, IngressKind,
+    Mapped, Mapping, Route, MAX_SECRETS,
 };
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, PolicyView};
@@ -30,7 +30,7 @@ const MAX_COMPILED: usize = 4096;
 pub struct Mappings(std::sync::Mutex<HashMap<String, CompiledFrom>>);
 
 /// A compiled mapping, with the mapping and fan-out it was compiled from.
-type CompiledFrom = (Mapping, bool, Arc<Compiled>);
+type CompiledFrom = (Mapping, (IngressKind, bool), Arc<Compiled>);
 
 impl Mappings {
     fn compiled(&self, route: &Route) -> Result<Arc<Compiled>> {
@@ -40,18 +40,22 @@ impl Mappings {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
         };
         if let Some((m, f, c)) = lock().get(&route.route_id) {
-            if *m == route.mapping && *f == route.fan_out {
+            if *m == route.mapping && *f == (route.kind, route.fan_out) {
                 return Ok(c.clone());
             }
         }
-        let c = Arc::new(compile(&route.mapping, route.fan_out).map_err(invalid)?);
+        let c = Arc::new(compile(route.kind, &route.mapping, route.fan_out).map_err(invalid)?);
         let mut cache = lock();
         if cache.len() >= MAX_COMPILED {
             cache.clear();
         }
         cache.insert(
             route.route_id.clone(),
-            (route.mapping.clone(), route.fan_out, c.clone()),
+            (
+                route.mapping.clone(),
+                (route.kind, route.fan_out),
+                c.clone(),
+            ),
         );
         Ok(c)
     }
@@ -105,7 +109,13 @@ impl Service {
                 bad.push((format!("secrets[{i}]"), e));
             }
         }
-        if let Err(v) = compile(&r.mapping, r.fan_out) {
+        if r.kind != IngressKind::CloudEvents && !r.type_prefix.is_empty() {
+            bad.push((
+                "route.cloudevents_type_prefix".into(),
+                "is for CloudEvents routes only".into(),
+            ));
+        }
+        if let Err(v) = compile(r.kind, &r.mapping, r.fan_out) {
             bad.extend(v.into_iter().map(|(f, d)| (format!("route.{f}"), d)));
         }
         if !bad.is_empty() {
@@ -175,14 +185,43 @@ impl Service {
             tracing::info!(route_id, why = %u.0, "ingress request refused");
             refused()
         })?;
-        let payload: Value = serde_json::from_slice(body)
-            .map_err(|e| Error::invalid("body", format!("is not JSON: {e}")))?;
-        if !payload.is_object() {
-            return Err(Error::invalid("body", "must be a JSON object"));
-        }
+        let (payload, event) = match route.kind {
+            IngressKind::CloudEvents => {
+                let e = cloud_event(headers, body).map_err(|(f, d)| invalid(vec![(f, d)]))?;
+                (e.data.clone(), Some(e))
+            }
+            _ => {
+                let payload: Value = serde_json::from_slice(body)
+                    .map_err(|e| Error::invalid("body", format!("is not JSON: {e}")))?;
+                if !payload.is_object() {
+                    return Err(Error::invalid("body", "must be a JSON object"));
+                }
+                (payload, None)
+            }
+        };
         let compiled = self.mappings.compiled(&route)?;
-        let mapped =
-            evaluate(&compiled, headers, &payload).map_err(|(f, d)| invalid(vec![(f, d)]))?;
+        let mut mapped = evaluate(&compiled, headers, &payload, event.as_ref())
+            .map_err(|(f, d)| invalid(vec![(f, d)]))?;
+        if let Some(e) = &event {
+            // What a CloudEvent names itself, where the mapping does not say otherwise.
+            let ty = e.attr("type");
+            mapped.r#ref.get_or_insert_with(|| {
+                ty.strip_prefix(route.type_prefix.as_str())
+                    .unwrap_or(ty)
+                    .to_owned()
+            });
+            if mapped.binding_id.is_none() && !route.fan_out && mapped.principal.is_none() {
+                let subject = e.attr("subject");
+                if subject.is_empty() {
+                    return Err(Error::invalid(
+                        "subject",
+                        "is required: the route maps no principal, so the event's subject names it",
+                    ));
+                }
+                mapped.principal = Some(subject.to_owned());
+            }
+            mapped.trigger_id.get_or_insert_with(|| e.trigger_id());
+        }
         let view = self.view();
         let trigger_id = mapped.trigger_id.clone().unwrap_or(delivery_id);
         let principals = self.principals_of(&view, &route, &mapped)?;

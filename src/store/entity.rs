@@ -285,6 +285,7 @@ pub mod ingress_routes {
         #[sea_orm(column_type = "Text")]
         pub secrets: String,
         pub fan_out: bool,
+        pub type_prefix: String,
         pub update_time: i64,
     }
 

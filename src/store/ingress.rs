@@ -17,6 +17,7 @@ fn route(m: ingress_routes::Model) -> Result<Route> {
         route_id: m.route_id,
         pack_id: m.pack_id,
         fan_out: m.fan_out,
+        type_prefix: m.type_prefix,
     })
 }
 
@@ -39,6 +40,7 @@ impl Store {
             secrets: Set(serde_json::to_string(&r.secrets)
                 .map_err(|e| Error::Internal(format!("secrets not stored: {e}")))?),
             fan_out: Set(r.fan_out),
+            type_prefix: Set(r.type_prefix.clone()),
             update_time: Set(now),
         };
         let w = self.begin_write().await?;

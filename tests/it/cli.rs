@@ -394,6 +394,8 @@ fn readme_walkthroughs_run_verbatim() {
         "forged: 401",
         "\"trigger_id\":\"gh-delivery-1\"",
         "pack=\"weather\",ingress=\"standard_webhooks\"} 2",
+        "\"trigger_id\":\"/sensors/7#1001\"",
+        "7 lines: 4 recorded, 1 dropped, 2 refused",
     ] {
         assert!(
             out.contains(want),

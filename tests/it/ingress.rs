@@ -592,3 +592,194 @@ async fn s7_6_a_public_pack_fans_one_event_out_to_every_activated_principal() {
         vec![("alice".into(), true), ("bob".into(), true)]
     );
 }
+
+/// CloudEvents made by the SDK, in binary and structured mode: `type` less the route's prefix
+/// is the ref, `subject` the principal, `source`#`id` the trigger id (a redelivered event is
+/// the first record), `data` the payload; an event without a required attribute, or with data
+/// that is not an object, is 400 naming it.
+async fn cloudevents_in_both_modes_become_triggers(kind: StoreKind) {
+    let app = app_with_ingress(kind, None).await;
+    set_up_weather(&app.channel).await;
+    let mut plain = weather_route("plain", &[SECRET_NEW]);
+    if let Some(m) = plain.route.as_mut().and_then(|r| r.mapping.as_mut()) {
+        m.r#ref = "event.type".into();
+    }
+    let e = ingress(&app)
+        .put_ingress_route(plain)
+        .await
+        .expect_err("only CloudEvents routes read `event`");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("route.mapping.ref") && e.message().contains("`event`"),
+        "{e:?}"
+    );
+    let mut route = weather_route("events", &[SECRET_NEW]);
+    if let Some(r) = route.route.as_mut() {
+        r.kind = IngressKind::Cloudevents as i32;
+        r.cloudevents_type_prefix = "com.example.".into();
+        r.mapping = None;
+    }
+    ingress(&app)
+        .put_ingress_route(route)
+        .await
+        .expect("put CloudEvents route");
+    let u = url(&app, "events");
+    let event = |mode: &str, msg: &str, id: &str, attrs: Value, data: Value| {
+        let mut ev = json!({"type": "com.example.storm.warning", "source": "/sensors/7", "subject": "alice", "id": id, "specversion": "1.0"});
+        for (k, v) in attrs.as_object().cloned().unwrap_or_default() {
+            if v.is_null() {
+                ev.as_object_mut().map(|o| o.remove(&k));
+            } else {
+                ev[k] = v;
+            }
+        }
+        json!({"url": u, "sign": "cloudevents", "secret": SECRET_NEW, "msg_id": msg, "mode": mode, "event": ev, "data": data})
+    };
+    let answers = send(json!([
+        event("binary", "m1", "e1", json!({}), json!({"area": "north"})),
+        event(
+            "structured",
+            "m2",
+            "e2",
+            json!({}),
+            json!({"area": "south"})
+        ),
+        event(
+            "structured",
+            "m3",
+            "e1",
+            json!({}),
+            json!({"area": "north"})
+        ),
+        event(
+            "binary",
+            "m4",
+            "e4",
+            json!({"subject": null}),
+            json!({"area": "east"})
+        ),
+        event(
+            "structured",
+            "m5",
+            "e5",
+            json!({"type": "com.example.hail"}),
+            json!({"area": "west"})
+        ),
+        event(
+            "binary",
+            "m6",
+            "e6",
+            json!({}),
+            json!(["not", "an", "object"])
+        ),
+    ]))
+    .await;
+    let status: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    assert_eq!(status, vec![202, 202, 202, 400, 202, 400], "{answers:#?}");
+    let t = |i: usize| answers[i].1["triggers"][0].clone();
+    assert_eq!(t(0)["trigger_id"], "/sensors/7#e1");
+    assert_eq!(t(0)["disposition"], "recorded_inbox");
+    assert_eq!(t(1)["disposition"], "recorded_inbox");
+    assert_eq!(
+        t(2)["duplicate"],
+        true,
+        "the same source and id is the same event"
+    );
+    assert_eq!(answers[3].1["violations"][0]["field"], "subject");
+    assert_eq!(
+        t(4)["drop_reason"],
+        "undeclared_ref",
+        "`hail` is not declared: dropped, counted"
+    );
+    assert_eq!(answers[5].1["violations"][0]["field"], "data");
+    let listed = app
+        .records
+        .clone()
+        .list_records(pb::ListRecordsRequest {
+            principal: "alice".into(),
+            page_size: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .records;
+    let areas: Vec<String> = listed
+        .iter()
+        .map(|r| {
+            format!(
+                "{:?}",
+                r.payload
+                    .as_ref()
+                    .and_then(|p| p.fields.get("area"))
+                    .and_then(|v| v.kind.clone())
+            )
+        })
+        .collect();
+    assert_eq!(listed.len(), 2, "{areas:?}");
+    assert!(
+        areas[0].contains("north") && areas[1].contains("south"),
+        "data is the payload: {areas:?}"
+    );
+}
+on_both_stores!(s7_6_cloudevents_in_both_modes_become_triggers => cloudevents_in_both_modes_become_triggers);
+
+/// `hcp-sense pipe` runs a sense_only pack's command: every line a trigger (a repeated
+/// trigger id the first record, an undeclared ref a counted drop), a malformed line or one the
+/// server refuses reported on stderr with its line number, the command's exit code passed on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_6_pipe_delivers_a_pack_commands_lines_and_passes_its_exit_code_on() {
+    let app = app_with_ingress(StoreKind::Sqlite, None).await;
+    set_up_weather(&app.channel).await;
+    let server = format!("http://{}", app.addr);
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(crate::support::served::BIN)
+            .args([
+                "pipe",
+                "--server",
+                &server,
+                "--pack",
+                "weather",
+                "--principal",
+                "alice",
+                "--",
+            ])
+            .arg(crate::helpers::repo_path("examples/packs/storm-feed.sh"))
+            .output()
+            .expect("hcp-sense pipe")
+    })
+    .await
+    .expect("join");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the command's exit code: {stderr}"
+    );
+    assert!(stderr.contains("line 4: not JSON"), "{stderr}");
+    assert!(
+        stderr.contains("line 6: ") && stderr.contains("ref"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("7 lines: 4 recorded, 1 dropped, 2 refused"),
+        "a repeated trigger id counts as recorded (its first record): {stderr}"
+    );
+    let listed = app
+        .records
+        .clone()
+        .list_records(pb::ListRecordsRequest {
+            principal: "alice".into(),
+            page_size: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .records;
+    assert_eq!(
+        listed.len(),
+        3,
+        "feed-1 once, feed-2, and the line without an id"
+    );
+}

@@ -2,12 +2,15 @@
 
 Standard Webhooks requests are signed by the reference implementation (PyPI's
 `standardwebhooks`); GitHub-style ones with the standard library's HMAC, as
-GitHub documents. Reads a plan (a JSON list of requests) on stdin and prints a
+GitHub documents; CloudEvents are made by the CloudEvents SDK (PyPI's
+`cloudevents`) in binary or structured mode, then signed as Standard Webhooks. Reads a plan (a JSON list of requests) on stdin and prints a
 JSON list of {"status", "body"} answers, one per request.
 
 A request: {"url": ..., "sign": "standard" | "github" | "none", "secret": ...,
 "msg_id": ..., "ts_offset": seconds added to now, "body": text,
-"headers": {...}, "tamper": true to change the body after signing}.
+"headers": {...}, "tamper": true to change the body after signing}; for
+"sign": "cloudevents" also "mode" ("binary" or "structured"), "event" (its
+attributes) and "data" (its data), which replace "body".
 """
 import datetime
 import hashlib
@@ -17,7 +20,18 @@ import sys
 import urllib.error
 import urllib.request
 
+from cloudevents.core.bindings import http as ce_http
+from cloudevents.core.v1.event import CloudEvent
 from standardwebhooks.webhooks import Webhook
+
+
+def standard_sign(req, headers, body):
+    at = datetime.datetime.now(tz=datetime.timezone.utc) + datetime.timedelta(
+        seconds=req.get("ts_offset", 0)
+    )
+    headers["webhook-id"] = req["msg_id"]
+    headers["webhook-timestamp"] = str(int(at.timestamp()))
+    headers["webhook-signature"] = Webhook(req["secret"]).sign(req["msg_id"], at, body)
 
 
 def send(req):
@@ -26,13 +40,16 @@ def send(req):
     headers.update(req.get("headers", {}))
     sign = req.get("sign", "none")
     if sign == "standard":
-        at = datetime.datetime.now(tz=datetime.timezone.utc) + datetime.timedelta(
-            seconds=req.get("ts_offset", 0)
-        )
-        signature = Webhook(req["secret"]).sign(req["msg_id"], at, body)
-        headers["webhook-id"] = req["msg_id"]
-        headers["webhook-timestamp"] = str(int(at.timestamp()))
-        headers["webhook-signature"] = signature
+        standard_sign(req, headers, body)
+    elif sign == "cloudevents":
+        event = CloudEvent(dict(req["event"]), req.get("data"))
+        if req["mode"] == "binary":
+            message = ce_http.to_binary_event(event)
+        else:
+            message = ce_http.to_structured_event(event)
+        headers = dict(message.headers)
+        body = message.body.decode()
+        standard_sign(req, headers, body)
     elif sign == "github":
         digest = hmac.new(req["secret"].encode(), body.encode(), hashlib.sha256).hexdigest()
         headers["x-hub-signature-256"] = "sha256=" + digest
