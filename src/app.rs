@@ -40,6 +40,8 @@ pub struct App {
     metrics_addr: SocketAddr,
     /// The HTTP ingress listener, when one is configured.
     ingress_listener: Option<TcpListener>,
+    /// The NATS server NATS routes consume from, when one is configured.
+    nats_url: Option<String>,
     service: Service,
     shutdown_grace: Duration,
     bench_baseline: bool,
@@ -160,6 +162,7 @@ impl App {
             metrics_listener,
             metrics_addr,
             ingress_listener,
+            nats_url: config.nats_url.clone(),
             service: Service::start(
                 store,
                 Limits {
@@ -290,6 +293,9 @@ impl App {
                 crate::webhooks::routes(self.service.clone(), self.service.max_payload_bytes()),
                 stop_rx.clone(),
             ));
+        }
+        if let Some(url) = self.nats_url.clone() {
+            tokio::spawn(crate::nats::run(self.service.clone(), url, stop_rx.clone()));
         }
         let max = self.limits.max_request_bytes;
         let mut builder = Server::builder();

@@ -82,6 +82,16 @@ pub struct Config {
     #[arg(long, env = "HCP_SENSE_INGRESS_LISTEN", value_name = "ADDR")]
     pub ingress_listen: Option<SocketAddr>,
 
+    /// NATS server whose JetStream streams NATS ingress routes consume (`nats://host:4222`);
+    /// none by default. Credentials, if any, go in the URL (`nats://user:pass@host`).
+    #[arg(
+        long,
+        env = "HCP_SENSE_NATS_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub nats_url: Option<String>,
+
     /// Most distinct `pack` label values on delivery metrics; the rest are `other`.
     #[arg(
         long,

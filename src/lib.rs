@@ -6,6 +6,7 @@ pub mod domain;
 pub mod error;
 pub mod grpc;
 pub mod metrics;
+pub mod nats;
 pub mod pipe;
 pub mod service;
 pub mod store;

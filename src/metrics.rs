@@ -33,6 +33,11 @@ struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IngressLabels {
+    ingress: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
 }
@@ -48,6 +53,7 @@ struct Otel {
     commit_seconds: opentelemetry::metrics::Histogram<f64>,
     records_written: opentelemetry::metrics::Counter<u64>,
     drop_counts_written: opentelemetry::metrics::Counter<u64>,
+    ingress_refused: opentelemetry::metrics::Counter<u64>,
 }
 
 impl Otel {
@@ -73,6 +79,7 @@ impl Otel {
                 .build(),
             records_written: m.u64_counter("hcp_sense.records.written").build(),
             drop_counts_written: m.u64_counter("hcp_sense.drop_counts.written").build(),
+            ingress_refused: m.u64_counter("hcp_sense.ingress.refused").build(),
         }
     }
 }
@@ -91,6 +98,7 @@ pub struct Metrics {
     commit_seconds: Histogram,
     records_written: Counter,
     drop_counts_written: Counter,
+    ingress_refused: Family<IngressLabels, Counter>,
     bindings: Family<StateLabels, Gauge>,
     /// Packs given a label of their own, at most `max_packs`.
     labelled_packs: Mutex<HashSet<String>>,
@@ -150,6 +158,12 @@ impl Metrics {
             "Drops added to the drop_reports table",
             drop_counts_written.clone(),
         );
+        let ingress_refused = Family::<IngressLabels, Counter>::default();
+        registry.register(
+            "ingress_refused",
+            "Ingress requests and messages refused before any trigger was decided (a bad signature, a malformed or unmappable message)",
+            ingress_refused.clone(),
+        );
         let bindings = Family::<StateLabels, Gauge>::default();
         registry.register(
             "bindings",
@@ -172,6 +186,7 @@ impl Metrics {
             commit_seconds,
             records_written,
             drop_counts_written,
+            ingress_refused,
             bindings,
             labelled_packs: Mutex::new(HashSet::new()),
             max_packs,
@@ -225,6 +240,16 @@ impl Metrics {
         self.otel
             .decision_seconds
             .record(decide_time.as_secs_f64(), &[]);
+    }
+
+    /// An ingress request or message refused before any trigger was decided.
+    pub fn ingress_refused(&self, ingress: &'static str) {
+        self.ingress_refused
+            .get_or_create(&IngressLabels { ingress })
+            .inc();
+        self.otel
+            .ingress_refused
+            .add(1, &[KeyValue::new("ingress", ingress)]);
     }
 
     pub fn rpc(&self, method: &str, took: Duration) {

@@ -70,7 +70,12 @@ async fn receive(
             })),
         )
             .into_response(),
-        Err(e) => refusal(e),
+        Err(e) => {
+            if matches!(e, Error::InvalidArgument(_) | Error::Unauthenticated(_)) {
+                service.metrics.ingress_refused("http");
+            }
+            refusal(e)
+        }
     }
 }
 

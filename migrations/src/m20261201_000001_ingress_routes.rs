@@ -14,6 +14,8 @@ enum IngressRoutes {
     Secrets,
     FanOut,
     TypePrefix,
+    NatsStream,
+    NatsSubject,
     UpdateTime,
 }
 
@@ -47,6 +49,19 @@ impl MigrationTrait for Migration {
                 // CloudEvents: stripped from an event's type to make its ref.
                 .col(
                     ColumnDef::new(IngressRoutes::TypePrefix)
+                        .string_len(256)
+                        .not_null()
+                        .default(""),
+                )
+                // NATS: the JetStream stream and the subject filter of the route's consumer.
+                .col(
+                    ColumnDef::new(IngressRoutes::NatsStream)
+                        .string_len(64)
+                        .not_null()
+                        .default(""),
+                )
+                .col(
+                    ColumnDef::new(IngressRoutes::NatsSubject)
                         .string_len(256)
                         .not_null()
                         .default(""),

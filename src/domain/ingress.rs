@@ -20,6 +20,9 @@ pub enum IngressKind {
     Github,
     /// CloudEvents 1.0 over HTTP (binary or structured mode), signed as Standard Webhooks.
     CloudEvents,
+    /// Messages of a NATS JetStream stream, taken by a durable pull consumer: in the
+    /// CloudEvents NATS binding, or with `hcp-*` headers. The NATS connection authenticates.
+    Nats,
 }
 
 impl IngressKind {
@@ -28,6 +31,7 @@ impl IngressKind {
             IngressKind::StandardWebhooks => "standard_webhooks",
             IngressKind::Github => "github",
             IngressKind::CloudEvents => "cloudevents",
+            IngressKind::Nats => "nats",
         }
     }
 
@@ -36,6 +40,7 @@ impl IngressKind {
             "standard_webhooks" => Some(IngressKind::StandardWebhooks),
             "github" => Some(IngressKind::Github),
             "cloudevents" => Some(IngressKind::CloudEvents),
+            "nats" => Some(IngressKind::Nats),
             _ => None,
         }
     }
@@ -65,6 +70,9 @@ pub struct Route {
     pub fan_out: bool,
     /// CloudEvents: stripped from an event's `type` to make the default ref.
     pub type_prefix: String,
+    /// NATS: the JetStream stream, and the subject filter of the route's consumer.
+    pub nats_stream: String,
+    pub nats_subject: String,
 }
 
 impl std::fmt::Debug for Route {
@@ -81,6 +89,8 @@ impl std::fmt::Debug for Route {
             )
             .field("fan_out", &self.fan_out)
             .field("type_prefix", &self.type_prefix)
+            .field("nats_stream", &self.nats_stream)
+            .field("nats_subject", &self.nats_subject)
             .finish()
     }
 }
@@ -124,6 +134,10 @@ pub fn check_route_id(id: &str) -> Result<(), String> {
 /// Checks one signing secret of a route of `kind`.
 pub fn check_secret(kind: IngressKind, secret: &str) -> Result<(), String> {
     match kind {
+        IngressKind::Nats => Err(
+            "a NATS route takes no secret: the NATS connection (--nats-url) authenticates its messages"
+                .into(),
+        ),
         IngressKind::StandardWebhooks | IngressKind::CloudEvents => {
             let key = standard_webhooks_key(secret)
                 .ok_or("is not `whsec_` followed by base64 (a Standard Webhooks secret)")?;
@@ -219,7 +233,7 @@ fn compile_here(
     let mut bad = Vec::new();
     let mut out = Vec::new();
     let variables: &[&str] = match kind {
-        IngressKind::CloudEvents => &["headers", "body", "event"],
+        IngressKind::CloudEvents | IngressKind::Nats => &["headers", "body", "event"],
         _ => &["headers", "body"],
     };
     for (name, src) in fields(m) {
@@ -232,7 +246,7 @@ fn compile_here(
         }
     }
     // A CloudEvent names its ref (`type`), principal (`subject`) and id itself.
-    let defaults = kind == IngressKind::CloudEvents;
+    let defaults = matches!(kind, IngressKind::CloudEvents | IngressKind::Nats);
     if m.r#ref.trim().is_empty() && !defaults {
         bad.push((
             "mapping.ref".into(),
@@ -564,6 +578,8 @@ pub fn verify(
 ) -> Result<String, Unsigned> {
     let header = |name: &str| headers.get(name).map(String::as_str);
     match kind {
+        // Not an HTTP route: its messages come over the NATS connection alone.
+        IngressKind::Nats => Err(Unsigned("a NATS route takes no HTTP request".into())),
         IngressKind::StandardWebhooks | IngressKind::CloudEvents => {
             let id = header("webhook-id").ok_or_else(|| Unsigned("no webhook-id header".into()))?;
             let ts = header("webhook-timestamp")

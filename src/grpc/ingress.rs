@@ -21,9 +21,10 @@ fn kind_of(k: i32) -> Result<IngressKind, Error> {
         Ok(pb::IngressKind::StandardWebhooks) => Ok(IngressKind::StandardWebhooks),
         Ok(pb::IngressKind::Github) => Ok(IngressKind::Github),
         Ok(pb::IngressKind::Cloudevents) => Ok(IngressKind::CloudEvents),
+        Ok(pb::IngressKind::Nats) => Ok(IngressKind::Nats),
         Ok(pb::IngressKind::Unspecified) => Err(Error::invalid(
             "route.kind",
-            "is required: INGRESS_KIND_STANDARD_WEBHOOKS, INGRESS_KIND_GITHUB or INGRESS_KIND_CLOUDEVENTS",
+            "is required: INGRESS_KIND_STANDARD_WEBHOOKS, INGRESS_KIND_GITHUB, INGRESS_KIND_CLOUDEVENTS or INGRESS_KIND_NATS",
         )),
         Err(_) => Err(Error::invalid(
             "route.kind",
@@ -41,6 +42,7 @@ fn to_pb(r: &Route) -> pb::IngressRoute {
             IngressKind::StandardWebhooks => pb::IngressKind::StandardWebhooks,
             IngressKind::Github => pb::IngressKind::Github,
             IngressKind::CloudEvents => pb::IngressKind::Cloudevents,
+            IngressKind::Nats => pb::IngressKind::Nats,
         } as i32,
         mapping: Some(pb::IngressMapping {
             r#ref: m.r#ref.clone(),
@@ -53,6 +55,8 @@ fn to_pb(r: &Route) -> pb::IngressRoute {
         secret_count: r.secrets.len() as i32,
         fan_out: r.fan_out,
         cloudevents_type_prefix: r.type_prefix.clone(),
+        nats_stream: r.nats_stream.clone(),
+        nats_subject: r.nats_subject.clone(),
     }
 }
 
@@ -83,6 +87,8 @@ impl IngressService for Ingress {
             secrets: req.secrets,
             fan_out: r.fan_out,
             type_prefix: r.cloudevents_type_prefix,
+            nats_stream: r.nats_stream,
+            nats_subject: r.nats_subject,
         };
         let svc = self.service.clone();
         let (created, route) = detached(async move {

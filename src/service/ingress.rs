@@ -20,6 +20,21 @@ use crate::store::now_micros;
 /// a trigger is dropped as undeclared (or its pack as unknown) before any land is compared.
 const LAND_OF_UNDECLARED: &str = "user";
 
+/// A JetStream stream name: 1 to 64 of A-Z a-z 0-9 `-` `_`.
+fn check_nats_name(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(
+            "is required: a JetStream stream name, 1 to 64 of A-Z, a-z, 0-9, '-', '_'".into(),
+        );
+    }
+    Ok(())
+}
+
 /// Most compiled mappings kept; past it the cache starts afresh.
 const MAX_COMPILED: usize = 4096;
 
@@ -95,7 +110,32 @@ impl Service {
                     .map(|v| ("route.pack_id".into(), v.description)),
             );
         }
-        if r.secrets.is_empty() || r.secrets.len() > MAX_SECRETS {
+        let nats = r.kind == IngressKind::Nats;
+        if nats {
+            if !r.secrets.is_empty() {
+                bad.push((
+                    "secrets".into(),
+                    "a NATS route takes no secret: the NATS connection (--nats-url) authenticates its messages".into(),
+                ));
+            }
+            if let Err(e) = check_nats_name(&r.nats_stream) {
+                bad.push(("route.nats_stream".into(), e));
+            }
+            if r.nats_subject.is_empty()
+                || r.nats_subject.len() > 256
+                || r.nats_subject
+                    .chars()
+                    .any(|c| c.is_whitespace() || c.is_control())
+            {
+                bad.push((
+                    "route.nats_subject".into(),
+                    "is required: a subject or wildcard filter (`orders.>`), at most 256 bytes, no whitespace".into(),
+                ));
+            }
+        } else if !r.nats_stream.is_empty() || !r.nats_subject.is_empty() {
+            bad.push(("route.nats_stream".into(), "is for NATS routes only".into()));
+        }
+        if !nats && (r.secrets.is_empty() || r.secrets.len() > MAX_SECRETS) {
             bad.push((
                 "secrets".into(),
                 format!(
@@ -185,12 +225,36 @@ impl Service {
             tracing::info!(route_id, why = %u.0, "ingress request refused");
             refused()
         })?;
-        let (payload, event) = match route.kind {
-            IngressKind::CloudEvents => {
+        self.route_message(&route, headers, body, delivery_id).await
+    }
+
+    /// A message taken by a route (a verified HTTP request, or a NATS message), turned into
+    /// its triggers and delivered; `delivery_id` is the trigger id unless the mapping or the
+    /// event gives one.
+    pub async fn route_message(
+        &self,
+        route: &Route,
+        headers: &BTreeMap<String, String>,
+        body: &[u8],
+        delivery_id: String,
+    ) -> Result<Vec<Received>> {
+        let is_event = match route.kind {
+            IngressKind::CloudEvents => true,
+            // The CloudEvents NATS binding: `ce-` headers, or a structured-mode event.
+            IngressKind::Nats => {
+                headers.contains_key("ce-specversion")
+                    || headers
+                        .get("content-type")
+                        .is_some_and(|c| c.starts_with("application/cloudevents"))
+            }
+            _ => false,
+        };
+        let (payload, event) = match is_event {
+            true => {
                 let e = cloud_event(headers, body).map_err(|(f, d)| invalid(vec![(f, d)]))?;
                 (e.data.clone(), Some(e))
             }
-            _ => {
+            false => {
                 let payload: Value = serde_json::from_slice(body)
                     .map_err(|e| Error::invalid("body", format!("is not JSON: {e}")))?;
                 if !payload.is_object() {
@@ -199,7 +263,7 @@ impl Service {
                 (payload, None)
             }
         };
-        let compiled = self.mappings.compiled(&route)?;
+        let compiled = self.mappings.compiled(route)?;
         let mut mapped = evaluate(&compiled, headers, &payload, event.as_ref())
             .map_err(|(f, d)| invalid(vec![(f, d)]))?;
         if let Some(e) = &event {
@@ -221,10 +285,36 @@ impl Service {
                 mapped.principal = Some(subject.to_owned());
             }
             mapped.trigger_id.get_or_insert_with(|| e.trigger_id());
+        } else if route.kind == IngressKind::Nats {
+            // A plain message names its trigger in `hcp-*` headers.
+            let header = |n: &str| headers.get(n).filter(|v| !v.is_empty()).cloned();
+            if mapped.r#ref.is_none() {
+                mapped.r#ref = Some(header("hcp-ref").ok_or_else(|| {
+                    Error::invalid("hcp-ref", "is required: a message without a CloudEvent names its ref in the hcp-ref header")
+                })?);
+            }
+            if mapped.principal.is_none() && mapped.binding_id.is_none() && !route.fan_out {
+                mapped.principal = header("hcp-principal");
+                mapped.binding_id = header("hcp-binding-id");
+                if mapped.principal.is_none() && mapped.binding_id.is_none() {
+                    return Err(Error::invalid(
+                        "hcp-principal",
+                        "is required (or hcp-binding-id): the route maps no principal",
+                    ));
+                }
+            }
+            for (slot, name) in [
+                (&mut mapped.project, "hcp-project"),
+                (&mut mapped.land, "hcp-land"),
+            ] {
+                if slot.is_none() {
+                    *slot = header(name);
+                }
+            }
         }
         let view = self.view();
         let trigger_id = mapped.trigger_id.clone().unwrap_or(delivery_id);
-        let principals = self.principals_of(&view, &route, &mapped)?;
+        let principals = self.principals_of(&view, route, &mapped)?;
         let fanned = route.fan_out;
         let mut out = Vec::with_capacity(principals.len());
         for principal in principals {

@@ -286,6 +286,8 @@ pub mod ingress_routes {
         pub secrets: String,
         pub fan_out: bool,
         pub type_prefix: String,
+        pub nats_stream: String,
+        pub nats_subject: String,
         pub update_time: i64,
     }
 

@@ -18,6 +18,8 @@ fn route(m: ingress_routes::Model) -> Result<Route> {
         pack_id: m.pack_id,
         fan_out: m.fan_out,
         type_prefix: m.type_prefix,
+        nats_stream: m.nats_stream,
+        nats_subject: m.nats_subject,
     })
 }
 
@@ -41,6 +43,8 @@ impl Store {
                 .map_err(|e| Error::Internal(format!("secrets not stored: {e}")))?),
             fan_out: Set(r.fan_out),
             type_prefix: Set(r.type_prefix.clone()),
+            nats_stream: Set(r.nats_stream.clone()),
+            nats_subject: Set(r.nats_subject.clone()),
             update_time: Set(now),
         };
         let w = self.begin_write().await?;

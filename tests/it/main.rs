@@ -13,6 +13,7 @@ mod contract;
 mod deploy;
 mod ingress;
 mod migrations;
+mod nats;
 mod packs;
 mod position;
 mod security;

@@ -1,0 +1,146 @@
+//! NATS JetStream ingress against the NATS server on this machine: messages published by the nats-py client are recorded exactly once across a kill -9 and restart; a malformed message is terminated, not redelivered.
+use std::process::Command;
+use std::time::Duration;
+
+use hcp_sense::grpc::pb::{self, ingress_service_client::IngressServiceClient};
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use serde_json::Value;
+
+use crate::cli::{connect, set_up_weather};
+use crate::helpers::{StoreKind, TestDb};
+use crate::support::served::Served;
+
+const NATS: &str = "nats://127.0.0.1:4222";
+
+fn python(args: &[&str]) -> Value {
+    let out = Command::new("python3")
+        .arg("tests/python/nats_publish.py")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("python3 with nats-py (see .ci/run)");
+    assert!(
+        out.status.success(),
+        "nats_publish.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// (records, distinct trigger ids) in the store.
+async fn counts(db: &sea_orm::DatabaseConnection) -> (i64, i64) {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT COUNT(*) AS n, COUNT(DISTINCT producer_trigger_id) AS d FROM records",
+        ))
+        .await
+        .expect("count")
+        .expect("row");
+    let _ = DbBackend::Sqlite;
+    (
+        row.try_get::<i64>("", "n").expect("n"),
+        row.try_get::<i64>("", "d").expect("d"),
+    )
+}
+
+/// 10,000 messages with Nats-Msg-Id and hcp-* headers, one CloudEvent in the NATS binding and
+/// one malformed message; the server is killed with -9 while it consumes and started again:
+/// every good message is recorded exactly once, the malformed one is terminated.
+async fn nats_messages_survive_a_kill_exactly_once(kind: StoreKind) {
+    let db = TestDb::create(kind).await;
+    let stream = format!(
+        "HCP_TEST_{}_{}",
+        std::process::id(),
+        match kind {
+            StoreKind::Sqlite => "SQLITE",
+            StoreKind::Postgres => "POSTGRES",
+        }
+    );
+    let subject = format!("hcp.test.{}", stream.to_lowercase());
+    let args = ["--nats-url", NATS];
+    let mut served = Served::start(&db.url, &args);
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    IngressServiceClient::new(ch.clone())
+        .put_ingress_route(pb::PutIngressRouteRequest {
+            route: Some(pb::IngressRoute {
+                route_id: "storms".into(),
+                pack_id: "weather".into(),
+                kind: pb::IngressKind::Nats as i32,
+                nats_stream: stream.clone(),
+                nats_subject: format!("{subject}.>"),
+                ..Default::default()
+            }),
+            secrets: Vec::new(),
+        })
+        .await
+        .expect("put NATS route");
+    const N: i64 = 10_000;
+    let published = {
+        let (stream, subject) = (stream.clone(), subject.clone());
+        tokio::task::spawn_blocking(move || {
+            python(&[NATS, &stream, &subject, &N.to_string(), "create"])
+        })
+    };
+    let conn = db.connect().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while counts(&conn).await.0 < N / 5 {
+        assert!(tokio::time::Instant::now() < deadline, "nothing consumed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    served.kill9();
+    let at_kill = counts(&conn).await.0;
+    assert!(at_kill < N, "killed midway ({at_kill} recorded)");
+    assert_eq!(published.await.expect("join")["published"], N + 2);
+    let _restarted = Served::start(&db.url, &args);
+    let want = N + 1;
+    loop {
+        let (n, distinct) = counts(&conn).await;
+        assert_eq!(n, distinct, "a message was recorded twice");
+        if n >= want {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} of {want} recorded (killed at {at_kill})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Settled: nothing pending, nothing left unacknowledged (the malformed one terminated).
+    let mut info = Value::Null;
+    for _ in 0..100 {
+        info = python(&[NATS, &stream, &subject, "0", "info", "hcp-sense-storms"]);
+        if info["pending"] == 0 && info["ack_pending"] == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        (info["pending"].clone(), info["ack_pending"].clone()),
+        (0.into(), 0.into()),
+        "{info}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        counts(&conn).await,
+        (want, want),
+        "exactly once, nothing more after settling"
+    );
+    let ce: i64 = conn
+        .query_one_raw(Statement::from_string(
+            conn.get_database_backend(),
+            "SELECT COUNT(*) AS n FROM records WHERE producer_trigger_id = '/sensors/9#ce-1'",
+        ))
+        .await
+        .expect("query")
+        .expect("row")
+        .try_get("", "n")
+        .expect("n");
+    assert_eq!(
+        ce, 1,
+        "the CloudEvent in the NATS binding, by its source and id"
+    );
+    python(&[NATS, &stream, &subject, "0", "delete"]);
+}
+on_both_stores!(s7_6_nats_messages_survive_a_kill_exactly_once => nats_messages_survive_a_kill_exactly_once);
