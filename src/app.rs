@@ -42,6 +42,8 @@ pub struct App {
     ingress_listener: Option<TcpListener>,
     /// The NATS server NATS routes consume from, when one is configured.
     nats_url: Option<String>,
+    /// How long a socket of the HTTP listeners may move no byte before it is closed.
+    http_idle: Duration,
     service: Service,
     shutdown_grace: Duration,
     bench_baseline: bool,
@@ -163,6 +165,7 @@ impl App {
             metrics_addr,
             ingress_listener,
             nats_url: config.nats_url.clone(),
+            http_idle: config.http_idle_timeout,
             service: Service::start(
                 store,
                 Limits {
@@ -281,6 +284,7 @@ impl App {
         tokio::spawn(serve_http(
             self.metrics_listener,
             http_routes(self.service.clone(), ready_rx),
+            self.http_idle,
             stop_rx.clone(),
         ));
         let ingress_addr = self
@@ -291,6 +295,7 @@ impl App {
             tokio::spawn(serve_http(
                 l,
                 crate::webhooks::routes(self.service.clone(), self.service.max_payload_bytes()),
+                self.http_idle,
                 stop_rx.clone(),
             ));
         }
@@ -453,8 +458,15 @@ async fn follow_readiness(
     }
 }
 
-/// The HTTP listener (metrics, health), until shutdown.
-async fn serve_http(listener: TcpListener, routes: axum::Router, mut stop: watch::Receiver<bool>) {
+/// An HTTP listener (metrics and health, or ingress), until shutdown; its sockets are capped
+/// and closed when idle (`crate::http`).
+async fn serve_http(
+    listener: TcpListener,
+    routes: axum::Router,
+    idle: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let listener = crate::http::Guarded::new(listener, crate::http::MAX_CONNECTIONS, idle);
     let served = axum::serve(listener, routes)
         .with_graceful_shutdown(async move {
             let _ = stop.wait_for(|s| *s).await;

@@ -195,6 +195,10 @@ pub struct Config {
     #[arg(long = "idle-timeout-secs", env = "HCP_SENSE_IDLE_TIMEOUT_SECS", value_name = "SECS", value_parser = secs, default_value = "300")]
     pub idle_timeout: Duration,
 
+    /// A socket of the HTTP listeners (ingress, metrics) that moves no byte for this long is closed.
+    #[arg(long = "http-idle-timeout-secs", env = "HCP_SENSE_HTTP_IDLE_TIMEOUT_SECS", value_name = "SECS", value_parser = secs, default_value = "60")]
+    pub http_idle_timeout: Duration,
+
     /// Seconds between HTTP/2 PINGs on each connection, to find peers that vanished; 0 for none.
     #[arg(long = "http2-keepalive-interval-secs", env = "HCP_SENSE_HTTP2_KEEPALIVE_INTERVAL_SECS", value_name = "SECS", value_parser = secs, default_value = "30")]
     pub http2_keepalive_interval: Option<Duration>,

@@ -5,6 +5,7 @@ pub mod config;
 pub mod domain;
 pub mod error;
 pub mod grpc;
+pub mod http;
 pub mod metrics;
 pub mod nats;
 pub mod pipe;

@@ -13,10 +13,12 @@ use crate::service::Service;
 
 /// How often the routes are read again, to start and stop consumers as admins change them.
 const ROUTES_EVERY: Duration = Duration::from_secs(2);
-/// Messages one fetch takes; they are decided concurrently, so the sink commits them together.
+/// Messages one pull asks for; they are decided concurrently, so the sink commits them together.
 const FETCH: usize = 256;
-/// How long a fetch waits for messages before the next one.
-const FETCH_WAIT: Duration = Duration::from_secs(1);
+/// Messages of one consumer being decided at once.
+const IN_FLIGHT: usize = 1024;
+/// The idle heartbeat of a pull: a consumer gone (a NATS restart) is noticed within a few.
+const FETCH_WAIT: Duration = Duration::from_secs(5);
 /// How long the NATS server waits for an acknowledgement before it redelivers a message:
 /// what a message taken by a replica that died waits before another takes it. A batch slower
 /// than this (a store in trouble) is delivered again while it commits, which costs a decision,
@@ -133,31 +135,39 @@ async fn consume_once(
                 filter_subject: route.nats_subject.clone(),
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
                 ack_wait: ACK_WAIT,
-                max_ack_pending: (FETCH * 8) as i64,
+                max_ack_pending: (IN_FLIGHT * 2) as i64,
                 ..Default::default()
             },
         )
         .await?;
     tracing::info!(route_id = %route.route_id, stream = %route.nats_stream, consumer = %name, "NATS consumer started");
-    loop {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(FETCH)
-            .expires(FETCH_WAIT)
-            .messages()
-            .await?;
-        let mut work = JoinSet::new();
-        while let Some(m) = batch.next().await {
-            let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
-            let (service, route) = (service.clone(), route.clone());
-            work.spawn(async move { take(&service, &route, m).await });
-        }
-        while let Some(done) = work.join_next().await {
-            if let Ok(Err(e)) = done {
+    // Messages stream in (pulled ahead, FETCH at a time) while earlier ones are decided;
+    // at most IN_FLIGHT are being decided at once, so a slow store slows the pulling.
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(FETCH)
+        .heartbeat(FETCH_WAIT)
+        .expires(FETCH_WAIT * 10)
+        .messages()
+        .await?;
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    let mut work = JoinSet::new();
+    while let Some(m) = messages.next().await {
+        let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let slot = slots.clone().acquire_owned().await?;
+        let (service, route) = (service.clone(), route.clone());
+        work.spawn(async move {
+            let done = take(&service, &route, m).await;
+            drop(slot);
+            if let Err(e) = done {
                 tracing::warn!(route_id = %route.route_id, error = %e, "NATS acknowledgement not sent");
             }
-        }
+        });
+        // Reap what has finished, so the set does not grow with the stream.
+        while work.try_join_next().is_some() {}
     }
+    while work.join_next().await.is_some() {}
+    Ok(())
 }
 
 /// Decides one message and answers NATS: acknowledged once its triggers are recorded or

@@ -35,6 +35,9 @@ fn check_nats_name(name: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// Triggers of one fan-out decided at once.
+const FAN_OUT_AT_ONCE: usize = 256;
+
 /// Most compiled mappings kept; past it the cache starts afresh.
 const MAX_COMPILED: usize = 4096;
 
@@ -316,7 +319,8 @@ impl Service {
         let trigger_id = mapped.trigger_id.clone().unwrap_or(delivery_id);
         let principals = self.principals_of(&view, route, &mapped)?;
         let fanned = route.fan_out;
-        let mut out = Vec::with_capacity(principals.len());
+        let kind = route.kind.as_str();
+        let mut triggers = Vec::with_capacity(principals.len());
         for principal in principals {
             // One trigger per principal, each with an id of its own: idempotency is per
             // (pack, trigger id), so a redelivered fan-out records each principal's once.
@@ -331,22 +335,46 @@ impl Service {
                     .and_then(|p| p.lands.get(&r#ref).cloned())
                     .unwrap_or_else(|| LAND_OF_UNDECLARED.to_owned())
             });
-            let raw = RawTrigger {
+            triggers.push(RawTrigger {
                 pack_id: route.pack_id.clone(),
                 r#ref,
-                principal: principal.clone(),
+                principal,
                 land,
                 payload: Some(payload.clone()),
                 project: mapped.project.clone().unwrap_or_default(),
-                trigger_id: id.clone(),
-                source: None,
-            };
-            let outcome = self.deliver_from(raw, route.kind.as_str()).await?;
-            out.push(Received {
-                principal,
                 trigger_id: id,
-                outcome,
+                source: None,
             });
+        }
+        // A fan-out's triggers are decided FAN_OUT_AT_ONCE at a time, so the sink commits
+        // them together instead of one batch each.
+        let mut out = Vec::with_capacity(triggers.len());
+        let mut rest = triggers.into_iter().peekable();
+        while rest.peek().is_some() {
+            let mut set = tokio::task::JoinSet::new();
+            for (n, raw) in rest.by_ref().take(FAN_OUT_AT_ONCE).enumerate() {
+                let svc = self.clone();
+                set.spawn(async move {
+                    let (principal, trigger_id) = (raw.principal.clone(), raw.trigger_id.clone());
+                    let outcome = svc.deliver_from(raw, kind).await;
+                    (n, principal, trigger_id, outcome)
+                });
+            }
+            let mut chunk = Vec::with_capacity(set.len());
+            while let Some(done) = set.join_next().await {
+                let (n, principal, trigger_id, outcome) =
+                    done.map_err(|e| Error::Internal(format!("ingress delivery failed: {e}")))?;
+                chunk.push((
+                    n,
+                    Received {
+                        principal,
+                        trigger_id,
+                        outcome: outcome?,
+                    },
+                ));
+            }
+            chunk.sort_by_key(|(n, _)| *n);
+            out.extend(chunk.into_iter().map(|(_, r)| r));
         }
         Ok(out)
     }

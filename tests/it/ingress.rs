@@ -783,3 +783,42 @@ async fn s7_6_pipe_delivers_a_pack_commands_lines_and_passes_its_exit_code_on() 
         "feed-1 once, feed-2, and the line without an id"
     );
 }
+
+/// The ingress listener's sockets: one that never sends, one that stops half-way through its
+/// headers and one left idle after a request are all closed after --http-idle-timeout-secs;
+/// a request in time is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_half_sent_ingress_sockets_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_app_with(StoreKind::Sqlite, |c| {
+        c.ingress_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        c.http_idle_timeout = std::time::Duration::from_secs(1);
+    })
+    .await;
+    let addr = app.ingress_addr.expect("ingress listener");
+    let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut half = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    half.write_all(b"POST /v1/ingress/x HTTP/1.1\r\nhost: a\r\n")
+        .await
+        .expect("half");
+    let mut kept = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    kept.write_all(b"POST /v1/ingress/x HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}")
+        .await
+        .expect("request");
+    let mut answer = [0u8; 12];
+    kept.read_exact(&mut answer).await.expect("answered");
+    assert_eq!(
+        &answer, b"HTTP/1.1 401",
+        "an unknown route reads as unsigned"
+    );
+    for (what, s) in [
+        ("silent", &mut silent),
+        ("half-sent", &mut half),
+        ("kept alive", &mut kept),
+    ] {
+        let mut rest = Vec::new();
+        let closed =
+            tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "the {what} socket was not closed");
+    }
+}

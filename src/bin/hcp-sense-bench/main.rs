@@ -3,6 +3,7 @@
 //! measured in the same run.
 mod cpu;
 mod load;
+mod nats;
 // The server's own fix for sqlx's PostgreSQL sockets, compiled into this binary as a module of
 // its own: the store-limit phase must not measure delayed ACKs the server never waits on.
 #[path = "../../store/nodelay.rs"]
@@ -101,6 +102,13 @@ struct Options {
     /// Idle watches opened to measure their memory.
     #[arg(long, default_value_t = 1000)]
     watch_idle: usize,
+    /// Messages drained from NATS JetStream into records, against DeliverTriggers streams on
+    /// the same server (0 skips).
+    #[arg(long, default_value_t = 20_000)]
+    nats_messages: usize,
+    /// The NATS server (with JetStream) of the NATS phase.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
     /// Also write every result to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -221,6 +229,11 @@ async fn run(o: &Options) -> anyhow::Result<()> {
             watch_phase(o, kind).await?;
         }
     }
+    if o.nats_messages > 0 {
+        for kind in &o.stores {
+            nats_phase(o, kind).await?;
+        }
+    }
     scaling(o).await?;
     if o.telemetry {
         telemetry_cost(o).await?;
@@ -274,6 +287,32 @@ async fn watch_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     );
     result(json!({
         "store": kind, "phase": "idle watchers", "idle_watchers": o.watch_idle, "idle_rss_mib": mib,
+    }));
+    server.stop();
+    db.drop_db().await;
+    Ok(())
+}
+
+/// NATS ingress on one store: the DeliverTriggers streams' rate, then messages drained from a
+/// JetStream stream by the server's consumers, on the same server.
+async fn nats_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
+    let pop = o.population(o.principals);
+    let (db, server) = prepare(o, kind, "nats", pop, &["--nats-url", &o.nats_url]).await?;
+    let chs = server.channels(o.channels).await?;
+    let streamed = stream(&chs, o.duration(), pop, o.stream_in_flight)
+        .await
+        .rate();
+    let conn = db.connect().await?;
+    let drained = nats::drain(&chs[0], &conn, &o.nats_url, pop, o.nats_messages, kind).await?;
+    let _ = conn.close().await;
+    println!(
+        "{kind:<9} nats: {} messages drained at {drained:.0} recorded/s; DeliverTriggers streams {streamed:.0}/s on the same server: {:.2}",
+        o.nats_messages,
+        drained / streamed
+    );
+    result(json!({
+        "store": kind, "phase": "nats", "messages": o.nats_messages,
+        "nats_per_s": drained, "stream_per_s": streamed, "ratio": drained / streamed,
     }));
     server.stop();
     db.drop_db().await;
