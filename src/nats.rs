@@ -192,10 +192,17 @@ async fn take(service: &Service, route: &Route, m: jetstream::Message) -> anyhow
             format!("{}#{}", info.stream, info.stream_sequence)
         }
     };
-    let answer = match service
-        .route_message(route, &headers, &m.payload, delivery_id.clone())
-        .await
-    {
+    let decided = tokio::time::timeout(
+        service.call_timeout(),
+        service.route_message(route, &headers, &m.payload, delivery_id.clone()),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(Error::Unavailable(
+            "the store did not answer in time".into(),
+        ))
+    });
+    let answer = match decided {
         Ok(_) => AckKind::Ack,
         Err(Error::Unavailable(e)) => {
             tracing::debug!(route_id = %route.route_id, error = %e, "NATS message to be redelivered");

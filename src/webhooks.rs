@@ -58,10 +58,19 @@ async fn receive(
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    match service
-        .receive(&route, &header_map(&headers), &body, now)
-        .await
-    {
+    let headers = header_map(&headers);
+    // A store gone silent never says so: the request is answered 503 in the call's time.
+    let received = tokio::time::timeout(
+        service.call_timeout(),
+        service.receive(&route, &headers, &body, now),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(Error::Unavailable(
+            "the store did not answer in time; retry".into(),
+        ))
+    });
+    match received {
         Ok(triggers) => (
             StatusCode::ACCEPTED,
             Json(json!({

@@ -135,6 +135,12 @@ impl Service {
     }
 
     /// The current policy view.
+    /// Longest a call may wait on the store (`--request-timeout-secs`); an ingress request or
+    /// message that takes longer is answered as the store being unavailable.
+    pub fn call_timeout(&self) -> std::time::Duration {
+        self.limits.batch_timeout
+    }
+
     /// Largest trigger payload accepted, in bytes (also the largest ingress request body).
     pub fn max_payload_bytes(&self) -> usize {
         self.limits.max_payload_bytes

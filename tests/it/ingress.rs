@@ -822,3 +822,75 @@ async fn idle_and_half_sent_ingress_sockets_are_closed() {
         assert!(closed.is_ok(), "the {what} socket was not closed");
     }
 }
+
+/// The store goes silent under a webhook: the sender is answered 503 with Retry-After within
+/// the request timeout, nothing is acknowledged, and its retry once the store is back is
+/// recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_store_answers_webhooks_503_and_their_retry_records_once_postgres() {
+    let db = crate::helpers::TestDb::create(StoreKind::Postgres).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let listen = format!("127.0.0.1:{port}");
+    let (proxy, served) = crate::support::proxy::FreezingProxy::serve(
+        &db,
+        &["--request-timeout-secs", "2", "--ingress-listen", &listen],
+    )
+    .await;
+    let ch = crate::cli::connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    IngressServiceClient::new(ch.clone())
+        .put_ingress_route(weather_route("weather-alerts", &[SECRET_NEW]))
+        .await
+        .expect("put route");
+    let u = format!("http://{listen}/v1/ingress/weather-alerts");
+    let alert = json!({"level": "warning", "user": "alice"});
+    proxy.freeze(true);
+    let started = std::time::Instant::now();
+    let answers = send(json!([standard(
+        &u,
+        SECRET_NEW,
+        "msg_outage",
+        alert.clone()
+    )]))
+    .await;
+    assert_eq!(answers[0].0, 503, "{answers:?}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    proxy.freeze(false);
+    let mut recorded = None;
+    for _ in 0..100 {
+        let a = send(json!([standard(
+            &u,
+            SECRET_NEW,
+            "msg_outage",
+            alert.clone()
+        )]))
+        .await;
+        if a[0].0 == 202 {
+            recorded = Some(a[0].1["triggers"][0].clone());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let t = recorded.expect("recorded once the store is back");
+    assert_eq!(t["disposition"], "recorded_inbox", "{t}");
+    let conn = db.connect().await;
+    use sea_orm::ConnectionTrait;
+    let n: i64 = conn
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT COUNT(*) AS n FROM records WHERE producer_trigger_id = 'msg_outage'",
+        ))
+        .await
+        .expect("query")
+        .expect("row")
+        .try_get("", "n")
+        .expect("n");
+    assert_eq!(n, 1, "recorded exactly once");
+}

@@ -144,3 +144,105 @@ async fn nats_messages_survive_a_kill_exactly_once(kind: StoreKind) {
     python(&[NATS, &stream, &subject, "0", "delete"]);
 }
 on_both_stores!(s7_6_nats_messages_survive_a_kill_exactly_once => nats_messages_survive_a_kill_exactly_once);
+
+/// A port free now on 127.0.0.1.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A NATS server of the test's own, with JetStream in `dir`.
+fn nats_server(port: u16, dir: &std::path::Path) -> std::process::Child {
+    let mut child = Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nats-server (see .ci/run)");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("nats-server did not listen on {port}");
+}
+
+/// The broker restarts while messages are being consumed: the consumer reconnects and every
+/// message is recorded exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_6_nats_ingress_survives_a_broker_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let mut broker = nats_server(port, dir.path());
+    let db = TestDb::create(StoreKind::Sqlite).await;
+    let served = Served::start(&db.url, &["--nats-url", &url]);
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    let (stream, subject) = ("RESTART", "hcp.restart");
+    IngressServiceClient::new(ch.clone())
+        .put_ingress_route(pb::PutIngressRouteRequest {
+            route: Some(pb::IngressRoute {
+                route_id: "restart".into(),
+                pack_id: "weather".into(),
+                kind: pb::IngressKind::Nats as i32,
+                nats_stream: stream.into(),
+                nats_subject: format!("{subject}.>"),
+                ..Default::default()
+            }),
+            secrets: Vec::new(),
+        })
+        .await
+        .expect("put NATS route");
+    const N: i64 = 3_000;
+    let published = {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            python(&[&url, stream, subject, &N.to_string(), "create"])
+        })
+    };
+    assert_eq!(published.await.expect("join")["published"], N + 2);
+    let conn = db.connect().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while counts(&conn).await.0 < 100 {
+        assert!(tokio::time::Instant::now() < deadline, "nothing consumed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    broker.kill().expect("kill the broker");
+    let _ = broker.wait();
+    let at_restart = counts(&conn).await.0;
+    assert!(
+        at_restart < N,
+        "the broker restarts midway ({at_restart} recorded)"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut broker = nats_server(port, dir.path());
+    let want = N + 1;
+    loop {
+        let (n, distinct) = counts(&conn).await;
+        assert_eq!(n, distinct, "a message was recorded twice");
+        if n >= want {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} of {want} recorded ({at_restart} before the broker restarted); log:\n{}",
+            served.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        counts(&conn).await,
+        (want, want),
+        "exactly once across the restart"
+    );
+    let _ = broker.kill();
+    let _ = broker.wait();
+}
