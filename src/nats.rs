@@ -112,11 +112,19 @@ async fn nats_routes(service: &Service) -> crate::error::Result<HashMap<String, 
 /// Pulls a route's messages for as long as the route stands, re-creating its consumer after
 /// a failure (a stream not there yet, a NATS restart).
 async fn consume(service: Service, js: jetstream::Context, route: Route) {
+    let mut pause = RETRY;
     loop {
+        let started = tokio::time::Instant::now();
         if let Err(e) = consume_once(&service, &js, &route).await {
-            tracing::warn!(route_id = %route.route_id, error = %e, "NATS consumer stopped; starting again");
+            tracing::warn!(route_id = %route.route_id, error = %e, retry_secs = pause.as_secs(), "NATS consumer stopped; starting again");
         }
-        tokio::time::sleep(RETRY).await;
+        // A consumer that ran a while starts again at once; one that keeps failing (a
+        // stream not created yet) is retried less and less often, up to every 30 s.
+        if started.elapsed() > Duration::from_secs(60) {
+            pause = RETRY;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(30));
     }
 }
 

@@ -326,7 +326,29 @@ fn compile_one(src: &str, variables: &[&str]) -> Result<IdedExpr, String> {
                 .join(", ")
         ));
     }
+    // An expression that reads nothing is the same for every request: its value is checked
+    // now, so `1 + 'a'` or `true` is refused here rather than on every request.
+    if root.references().variables().is_empty() {
+        let ctx = Context::with_env(STDLIB.clone());
+        match Cel::resolve(&root, &ctx) {
+            Ok(v) => text_of(v).map_err(|e| format!("always {e}"))?,
+            Err(e) => return Err(format!("always fails: {e}")),
+        };
+    }
     Ok(root)
+}
+
+/// A mapped value as text: a string, or an integer as its decimal digits.
+fn text_of(v: Cel) -> Result<String, String> {
+    match v {
+        Cel::String(s) => Ok(s.as_str().to_owned()),
+        Cel::Int(i) => Ok(i.to_string()),
+        Cel::UInt(u) => Ok(u.to_string()),
+        other => Err(format!(
+            "yields a {:?}; a mapping field yields a string",
+            other.type_of()
+        )),
+    }
 }
 
 fn parse_message(e: &cel::ParseErrors) -> String {
@@ -422,20 +444,7 @@ pub fn evaluate(
         let field = format!("mapping.{name}");
         let v = Cel::resolve(program, &ctx)
             .map_err(|e| (field.clone(), format!("failed on this request: {e}")))?;
-        let text = match v {
-            Cel::String(s) => s.as_str().to_owned(),
-            Cel::Int(i) => i.to_string(),
-            Cel::UInt(u) => u.to_string(),
-            other => {
-                return Err((
-                    field,
-                    format!(
-                        "yielded a {:?} on this request; a mapping field yields a string",
-                        other.type_of()
-                    ),
-                ))
-            }
-        };
+        let text = text_of(v).map_err(|e| (field.clone(), format!("on this request {e}")))?;
         if text.len() > MAX_MAPPED_BYTES {
             return Err((
                 field,
@@ -693,6 +702,17 @@ mod tests {
         )
         .expect_err("refused");
         assert!(e[0].1.contains("`secret`"), "{e:?}");
+        for constant in ["1 + 'a'", "true", "1 / 0"] {
+            let e = compile(
+                IngressKind::StandardWebhooks,
+                &mapping(constant, "'a'"),
+                false,
+            )
+            .expect_err("a constant of the wrong type, or one that fails");
+            assert!(e[0].1.starts_with("always"), "{constant}: {e:?}");
+        }
+        let constant = mapping("'storm.' + 'warning'", "'a'");
+        assert!(compile(IngressKind::StandardWebhooks, &constant, false).is_ok());
         let e = compile(IngressKind::StandardWebhooks, &mapping("'x'", ""), false)
             .expect_err("refused");
         assert_eq!(e[0].0, "mapping.principal");

@@ -396,6 +396,7 @@ fn readme_walkthroughs_run_verbatim() {
         "pack=\"weather\",ingress=\"standard_webhooks\"} 2",
         "\"trigger_id\":\"/sensors/7#1001\"",
         "7 lines: 4 recorded, 1 dropped, 2 refused",
+        "\"triggerId\": \"nats-walkthrough-1\"",
     ] {
         assert!(
             out.contains(want),
