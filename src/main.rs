@@ -99,15 +99,9 @@ fn main() -> ExitCode {
 }
 
 fn pipe(args: hcp_sense::pipe::PipeArgs) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     match rt.block_on(hcp_sense::pipe::run(args)) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
@@ -118,16 +112,18 @@ fn pipe(args: hcp_sense::pipe::PipeArgs) -> ExitCode {
     }
 }
 
+/// A runtime from `builder`, or the exit code of a process that could not start one.
+fn runtime(mut builder: tokio::runtime::Builder) -> Result<tokio::runtime::Runtime, ExitCode> {
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("error: starting the runtime: {e}");
+        ExitCode::FAILURE
+    })
+}
+
 fn run(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime(tokio::runtime::Builder::new_multi_thread()) {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let result = rt.block_on(f);
     // Work still stuck on an unreachable store (a pool connection, a record write) must not

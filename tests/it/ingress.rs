@@ -167,18 +167,7 @@ async fn standard_webhooks_are_verified_and_recorded_once(kind: StoreKind) {
         "{:?}",
         answers[9]
     );
-    let listed = app
-        .records
-        .clone()
-        .list_records(pb::ListRecordsRequest {
-            principal: "alice".into(),
-            page_size: 100,
-            ..Default::default()
-        })
-        .await
-        .expect("list")
-        .into_inner()
-        .records;
+    let listed = alice_records(&app).await;
     let mut ids: Vec<String> = listed.iter().map(|r| r.trigger_id.clone()).collect();
     ids.sort();
     assert_eq!(
@@ -198,6 +187,21 @@ async fn standard_webhooks_are_verified_and_recorded_once(kind: StoreKind) {
     );
 }
 on_both_stores!(s7_6_standard_webhooks_are_verified_and_recorded_once => standard_webhooks_are_verified_and_recorded_once);
+
+/// alice's records, oldest first (at most 100).
+async fn alice_records(app: &TestApp) -> Vec<pb::Record> {
+    app.records
+        .clone()
+        .list_records(pb::ListRecordsRequest {
+            principal: "alice".into(),
+            page_size: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .records
+}
 
 /// A plain HTTP GET of a text body.
 async fn reqwest_text(url: &str) -> String {
@@ -692,18 +696,7 @@ async fn cloudevents_in_both_modes_become_triggers(kind: StoreKind) {
         "`hail` is not declared: dropped, counted"
     );
     assert_eq!(answers[5].1["violations"][0]["field"], "data");
-    let listed = app
-        .records
-        .clone()
-        .list_records(pb::ListRecordsRequest {
-            principal: "alice".into(),
-            page_size: 10,
-            ..Default::default()
-        })
-        .await
-        .expect("list")
-        .into_inner()
-        .records;
+    let listed = alice_records(&app).await;
     let areas: Vec<String> = listed
         .iter()
         .map(|r| {
@@ -765,18 +758,7 @@ async fn s7_6_pipe_delivers_a_pack_commands_lines_and_passes_its_exit_code_on() 
         stderr.contains("7 lines: 4 recorded, 1 dropped, 2 refused"),
         "a repeated trigger id counts as recorded (its first record): {stderr}"
     );
-    let listed = app
-        .records
-        .clone()
-        .list_records(pb::ListRecordsRequest {
-            principal: "alice".into(),
-            page_size: 10,
-            ..Default::default()
-        })
-        .await
-        .expect("list")
-        .into_inner()
-        .records;
+    let listed = alice_records(&app).await;
     assert_eq!(
         listed.len(),
         3,

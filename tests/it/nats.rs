@@ -44,6 +44,50 @@ async fn counts(db: &sea_orm::DatabaseConnection) -> (i64, i64) {
     )
 }
 
+/// Puts a NATS route of the weather pack on `stream`, for the subjects under `subject`.
+async fn put_nats_route(
+    ch: &tonic::transport::Channel,
+    route_id: &str,
+    stream: &str,
+    subject: &str,
+) {
+    IngressServiceClient::new(ch.clone())
+        .put_ingress_route(pb::PutIngressRouteRequest {
+            route: Some(pb::IngressRoute {
+                route_id: route_id.into(),
+                pack_id: "weather".into(),
+                kind: pb::IngressKind::Nats as i32,
+                nats_stream: stream.into(),
+                nats_subject: format!("{subject}.>"),
+                ..Default::default()
+            }),
+            secrets: Vec::new(),
+        })
+        .await
+        .expect("put NATS route");
+}
+
+/// Waits until `want` records are stored, each trigger id once all along, by `deadline`.
+async fn all_recorded_once(
+    conn: &sea_orm::DatabaseConnection,
+    want: i64,
+    deadline: tokio::time::Instant,
+    context: &str,
+) {
+    loop {
+        let (n, distinct) = counts(conn).await;
+        assert_eq!(n, distinct, "a message was recorded twice ({context})");
+        if n >= want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} of {want} recorded ({context})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// 10,000 messages with Nats-Msg-Id and hcp-* headers, one CloudEvent in the NATS binding and
 /// one malformed message; the server is killed with -9 while it consumes and started again:
 /// every good message is recorded exactly once, the malformed one is terminated.
@@ -62,20 +106,7 @@ async fn nats_messages_survive_a_kill_exactly_once(kind: StoreKind) {
     let mut served = Served::start(&db.url, &args);
     let ch = connect(&served.addr).await;
     set_up_weather(&ch).await;
-    IngressServiceClient::new(ch.clone())
-        .put_ingress_route(pb::PutIngressRouteRequest {
-            route: Some(pb::IngressRoute {
-                route_id: "storms".into(),
-                pack_id: "weather".into(),
-                kind: pb::IngressKind::Nats as i32,
-                nats_stream: stream.clone(),
-                nats_subject: format!("{subject}.>"),
-                ..Default::default()
-            }),
-            secrets: Vec::new(),
-        })
-        .await
-        .expect("put NATS route");
+    put_nats_route(&ch, "storms", &stream, &subject).await;
     const N: i64 = 10_000;
     let published = {
         let (stream, subject) = (stream.clone(), subject.clone());
@@ -95,18 +126,7 @@ async fn nats_messages_survive_a_kill_exactly_once(kind: StoreKind) {
     assert_eq!(published.await.expect("join")["published"], N + 2);
     let _restarted = Served::start(&db.url, &args);
     let want = N + 1;
-    loop {
-        let (n, distinct) = counts(&conn).await;
-        assert_eq!(n, distinct, "a message was recorded twice");
-        if n >= want {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{n} of {want} recorded (killed at {at_kill})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    all_recorded_once(&conn, want, deadline, &format!("killed at {at_kill}")).await;
     // Settled: nothing pending, nothing left unacknowledged (the malformed one terminated).
     let mut info = Value::Null;
     for _ in 0..100 {
@@ -186,20 +206,7 @@ async fn s7_6_nats_ingress_survives_a_broker_restart() {
     let ch = connect(&served.addr).await;
     set_up_weather(&ch).await;
     let (stream, subject) = ("RESTART", "hcp.restart");
-    IngressServiceClient::new(ch.clone())
-        .put_ingress_route(pb::PutIngressRouteRequest {
-            route: Some(pb::IngressRoute {
-                route_id: "restart".into(),
-                pack_id: "weather".into(),
-                kind: pb::IngressKind::Nats as i32,
-                nats_stream: stream.into(),
-                nats_subject: format!("{subject}.>"),
-                ..Default::default()
-            }),
-            secrets: Vec::new(),
-        })
-        .await
-        .expect("put NATS route");
+    put_nats_route(&ch, "restart", stream, subject).await;
     const N: i64 = 3_000;
     let published = {
         let url = url.clone();
@@ -224,19 +231,8 @@ async fn s7_6_nats_ingress_survives_a_broker_restart() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut broker = nats_server(port, dir.path());
     let want = N + 1;
-    loop {
-        let (n, distinct) = counts(&conn).await;
-        assert_eq!(n, distinct, "a message was recorded twice");
-        if n >= want {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{n} of {want} recorded ({at_restart} before the broker restarted); log:\n{}",
-            served.log.lock().map(|l| l.join("\n")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let why = format!("{at_restart} before the broker restarted");
+    all_recorded_once(&conn, want, deadline, &why).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         counts(&conn).await,
