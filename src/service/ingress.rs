@@ -225,7 +225,9 @@ impl Service {
             return Err(refused());
         };
         let delivery_id = verify(route.kind, &route.secrets, headers, body, now).map_err(|u| {
-            tracing::info!(route_id, why = %u.0, "ingress request refused");
+            // Debug, like refused gRPC credentials: a flood of forged requests must not flood
+            // the log; hcp_sense_ingress_refused_total counts them.
+            tracing::debug!(route_id, why = %u.0, "ingress request refused");
             refused()
         })?;
         self.route_message(&route, headers, body, delivery_id).await

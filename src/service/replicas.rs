@@ -12,6 +12,8 @@ use crate::store::changes::{PolicyChange, PolicyChanges};
 /// Longest a pack's reload may take before the replica fails closed and reloads everything:
 /// the reloads wait on the store, and a view quietly behind is worse than a refusal.
 const REFRESH_TIMEOUT: Duration = Duration::from_millis(750);
+/// Longest one attempt to reload everything may take.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(3);
 /// The pause between attempts to reload everything.
 const RELOAD_PAUSE: Duration = Duration::from_millis(200);
 
@@ -87,12 +89,25 @@ impl Service {
     /// Reloads all policy, retrying while the store fails, and marks the view current once it
     /// has; gives up early when the listener is lost (its next resync comes after).
     async fn reload_until_current(&self, changes: &PolicyChanges) {
+        let mut fresh = false;
         loop {
-            match self.reload_all().await {
-                Ok(()) => return self.set_current(true),
-                Err(e) => {
+            // Bounded: a pooled connection may have gone silent (a failover), and a read on it
+            // would never end. After one such attempt the reload reads on a connection of its
+            // own, opened for it, which reaches whatever the store's address now leads to.
+            let attempt = tokio::time::timeout(RELOAD_TIMEOUT, self.reload_all(fresh)).await;
+            match attempt {
+                Ok(Ok(())) => return self.set_current(true),
+                Ok(Err(e)) => {
                     tracing::warn!(error = %e, "policy reload failed");
                     self.set_current(false);
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        fresh,
+                        "policy reload timed out; retrying on a new connection"
+                    );
+                    self.set_current(false);
+                    fresh = true;
                 }
             }
             tokio::time::sleep(RELOAD_PAUSE).await;
@@ -102,9 +117,17 @@ impl Service {
         }
     }
 
-    async fn reload_all(&self) -> crate::error::Result<()> {
+    /// Reloads all policy, on the store's pool or (`fresh`) on a connection opened for it.
+    async fn reload_all(&self, fresh: bool) -> crate::error::Result<()> {
         let _turn = self.policy.writer.lock().await;
-        let view = self.store.load_policy().await?;
+        let view = if fresh {
+            let own = self.store.dedicated().await?;
+            let view = own.load_policy().await;
+            own.close().await;
+            view?
+        } else {
+            self.store.load_policy().await?
+        };
         self.policy.view.store(Arc::new(view));
         Ok(())
     }
