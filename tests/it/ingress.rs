@@ -329,6 +329,15 @@ fn serde_json_to_put(text: &str) -> pb::PutIngressRouteRequest {
     }
 }
 
+/// The weather route "r" with one change to its mapping.
+fn mapped(f: fn(&mut IngressMapping)) -> pb::PutIngressRouteRequest {
+    let mut req = weather_route("r", &[SECRET_NEW]);
+    if let Some(m) = req.route.as_mut().and_then(|r| r.mapping.as_mut()) {
+        f(m);
+    }
+    req
+}
+
 /// Route administration: bad mappings and secrets are INVALID_ARGUMENT naming the field (and
 /// the expression's position); secrets never come back, not even in the audit log; lists page.
 async fn routes_are_checked_and_their_secrets_kept(kind: StoreKind) {
@@ -341,41 +350,17 @@ async fn routes_are_checked_and_their_secrets_kept(kind: StoreKind) {
     };
     let cases: Vec<(pb::PutIngressRouteRequest, Code, &str)> = vec![
         (
-            refused(weather_route("r", &[SECRET_NEW]), |r| {
-                r.route
-                    .as_mut()
-                    .expect("r")
-                    .mapping
-                    .as_mut()
-                    .expect("m")
-                    .r#ref = "body.level +".into()
-            }),
+            mapped(|m| m.r#ref = "body.level +".into()),
             Code::InvalidArgument,
             "route.mapping.ref",
         ),
         (
-            refused(weather_route("r", &[SECRET_NEW]), |r| {
-                r.route
-                    .as_mut()
-                    .expect("r")
-                    .mapping
-                    .as_mut()
-                    .expect("m")
-                    .r#ref = "body.items.map(x, x)[0]".into()
-            }),
+            mapped(|m| m.r#ref = "body.items.map(x, x)[0]".into()),
             Code::InvalidArgument,
             "comprehension",
         ),
         (
-            refused(weather_route("r", &[SECRET_NEW]), |r| {
-                r.route
-                    .as_mut()
-                    .expect("r")
-                    .mapping
-                    .as_mut()
-                    .expect("m")
-                    .principal = "env.USER".into()
-            }),
+            mapped(|m| m.principal = "env.USER".into()),
             Code::InvalidArgument,
             "route.mapping.principal",
         ),
