@@ -170,7 +170,7 @@ impl App {
                 store,
                 Limits {
                     max_payload_bytes: config.max_payload_bytes,
-                    record_retention: config.record_retention,
+                    retention: config.retention(),
                     prune_every: config.prune_interval,
                     hash_principals: config.hash_principals,
                     max_json_depth: config.max_json_depth,

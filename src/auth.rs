@@ -527,16 +527,23 @@ pub fn allowed(method: &str, role: Role) -> bool {
                 "hcp.sense.v1.RecordService",
                 "ListRecords" | "WatchRecords",
                 Role::Reader
-            ) | ("hcp.sense.v1.RecordService", "ListDropReports", Role::Admin)
-                | (
-                    "hcp.sense.v1.PackService"
-                        | "hcp.sense.v1.PolicyService"
-                        | "hcp.sense.v1.IngressService"
-                        | "hcp.sense.v1.AuditService"
-                        | "hcp.sense.v1.BenchService",
-                    _,
-                    Role::Admin,
-                )
+            ) | (
+                "hcp.sense.v1.IngestService",
+                "ExplainTrigger",
+                Role::Runtime | Role::Admin
+            ) | (
+                "hcp.sense.v1.RecordService",
+                "ListDropReports" | "EraseRecords",
+                Role::Admin
+            ) | (
+                "hcp.sense.v1.PackService"
+                    | "hcp.sense.v1.PolicyService"
+                    | "hcp.sense.v1.IngressService"
+                    | "hcp.sense.v1.AuditService"
+                    | "hcp.sense.v1.BenchService",
+                _,
+                Role::Admin,
+            )
         )
 }
 

@@ -60,6 +60,11 @@ pub struct Config {
     #[arg(long = "record-retention-secs", env = "HCP_SENSE_RECORD_RETENTION_SECS", value_name = "SECS", value_parser = secs)]
     pub record_retention: Option<Duration>,
 
+    /// Retention per land, over --record-retention-secs for the lands named: `user=30d,brain=365d`
+    /// (an age in s, m, h or d; 0 keeps that land's records for ever).
+    #[arg(long = "record-retention", env = "HCP_SENSE_RECORD_RETENTION", value_name = "LAND=AGE,...", value_parser = land_ages, default_value = "")]
+    pub record_retention_lands: LandAges,
+
     /// Seconds between retention passes (at least 1).
     #[arg(long = "prune-interval-secs", env = "HCP_SENSE_PRUNE_INTERVAL_SECS", value_name = "SECS", value_parser = secs, default_value = "30")]
     pub prune_interval: Duration,
@@ -373,6 +378,24 @@ fn secs(s: &str) -> Result<Duration, String> {
     s.parse::<u64>()
         .map(Duration::from_secs)
         .map_err(|_| "must be a whole number of seconds".to_owned())
+}
+
+/// `--record-retention`: an age per land.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LandAges(pub std::collections::BTreeMap<String, Option<Duration>>);
+
+fn land_ages(s: &str) -> Result<LandAges, String> {
+    crate::domain::model::Retention::parse_lands(s).map(LandAges)
+}
+
+impl Config {
+    /// The retention the options give: per land, else --record-retention-secs.
+    pub fn retention(&self) -> crate::domain::model::Retention {
+        crate::domain::model::Retention {
+            default: self.record_retention,
+            lands: self.record_retention_lands.0.clone(),
+        }
+    }
 }
 
 fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {

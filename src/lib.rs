@@ -1,9 +1,11 @@
 //! hcp-sense: the control plane of the Sense loop (HCP §7).
 pub mod app;
 pub mod auth;
+pub mod client;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod explain;
 pub mod grpc;
 pub mod http;
 pub mod metrics;

@@ -1,4 +1,4 @@
-//! The `hcp-sense` command: serve, migrate, check-config, pipe, lint.
+//! The `hcp-sense` command: serve, migrate, check-config, pipe, explain, lint.
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +48,9 @@ enum Cmd {
     /// (`{"ref": …, "payload": {…}}`, optionally `trigger_id`, `project`, `land`). A
     /// malformed line is reported on stderr with its number; exits with the command's code.
     Pipe(hcp_sense::pipe::PipeArgs),
+    /// Ask a server what it would decide on a trigger now, and why: every check in the
+    /// decision order with what it read. Records nothing.
+    Explain(hcp_sense::explain::ExplainArgs),
     /// Lint a pack manifest (JSON or YAML; `-` reads standard input). Exits 1 on any error.
     Lint {
         /// The manifest file.
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Cmd::Lint { manifest }) => lint_file(&manifest),
         Some(Cmd::Pipe(args)) => pipe(args),
+        Some(Cmd::Explain(args)) => explain(args),
         Some(Cmd::Migrate {
             action,
             database,
@@ -105,6 +109,23 @@ fn pipe(args: hcp_sense::pipe::PipeArgs) -> ExitCode {
     };
     match rt.block_on(hcp_sense::pipe::run(args)) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn explain(args: hcp_sense::explain::ExplainArgs) -> ExitCode {
+    let rt = match runtime(tokio::runtime::Builder::new_current_thread()) {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    match rt.block_on(hcp_sense::explain::run(args)) {
+        Ok(text) => {
+            println!("{}", text.trim_end());
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

@@ -38,6 +38,11 @@ struct IngressLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
 }
@@ -54,6 +59,7 @@ struct Otel {
     records_written: opentelemetry::metrics::Counter<u64>,
     drop_counts_written: opentelemetry::metrics::Counter<u64>,
     ingress_refused: opentelemetry::metrics::Counter<u64>,
+    records_deleted: opentelemetry::metrics::Counter<u64>,
 }
 
 impl Otel {
@@ -80,6 +86,7 @@ impl Otel {
             records_written: m.u64_counter("hcp_sense.records.written").build(),
             drop_counts_written: m.u64_counter("hcp_sense.drop_counts.written").build(),
             ingress_refused: m.u64_counter("hcp_sense.ingress.refused").build(),
+            records_deleted: m.u64_counter("hcp_sense.records.deleted").build(),
         }
     }
 }
@@ -99,6 +106,7 @@ pub struct Metrics {
     records_written: Counter,
     drop_counts_written: Counter,
     ingress_refused: Family<IngressLabels, Counter>,
+    records_deleted: Family<CauseLabels, Counter>,
     bindings: Family<StateLabels, Gauge>,
     /// Packs given a label of their own, at most `max_packs`.
     labelled_packs: Mutex<HashSet<String>>,
@@ -164,6 +172,16 @@ impl Metrics {
             "Ingress requests and messages refused before any trigger was decided (a bad signature, a malformed or unmappable message)",
             ingress_refused.clone(),
         );
+        let records_deleted = Family::<CauseLabels, Counter>::default();
+        for cause in ["erasure", "retention"] {
+            // Present from the start, so a dashboard's rate reads 0 rather than nothing.
+            let _ = records_deleted.get_or_create(&CauseLabels { cause });
+        }
+        registry.register(
+            "records_deleted",
+            "Records deleted from the sink, by cause: erasure (EraseRecords) or retention",
+            records_deleted.clone(),
+        );
         let bindings = Family::<StateLabels, Gauge>::default();
         registry.register(
             "bindings",
@@ -187,6 +205,7 @@ impl Metrics {
             records_written,
             drop_counts_written,
             ingress_refused,
+            records_deleted,
             bindings,
             labelled_packs: Mutex::new(HashSet::new()),
             max_packs,
@@ -250,6 +269,19 @@ impl Metrics {
         self.otel
             .ingress_refused
             .add(1, &[KeyValue::new("ingress", ingress)]);
+    }
+
+    /// Records deleted by EraseRecords (`erasure`) or by the retention pruner (`retention`).
+    pub fn records_deleted(&self, cause: &'static str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.records_deleted
+            .get_or_create(&CauseLabels { cause })
+            .inc_by(n);
+        self.otel
+            .records_deleted
+            .add(n, &[KeyValue::new("cause", cause)]);
     }
 
     pub fn rpc(&self, method: &str, took: Duration) {

@@ -8,22 +8,16 @@ use hcp_sense_api::v1::{
 };
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
+
+use crate::client::ServerArgs;
 
 /// Options of `hcp-sense pipe`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PipeArgs {
-    /// The server's gRPC address.
-    #[arg(
-        long,
-        env = "HCP_SENSE_SERVER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    pub server: String,
-    /// A bearer token for the server (a `runtime` role's).
-    #[arg(long, env = "HCP_SENSE_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    /// The server, and a `runtime` role's token for it.
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// The pack whose command this is.
     #[arg(long)]
     pub pack: String,
@@ -98,16 +92,8 @@ fn trigger(a: &PipeArgs, line: &str) -> Result<DeliverTriggerRequest, String> {
 /// Runs the command and delivers its lines; returns the exit code to leave with: the
 /// command's, or 1 when it succeeded but a line could not be delivered.
 pub async fn run(a: PipeArgs) -> anyhow::Result<i32> {
-    let channel: Channel = Endpoint::from_shared(a.server.clone())?
-        .connect_timeout(Duration::from_secs(5))
-        .connect_lazy();
-    let token = match &a.token {
-        Some(t) => Some(tonic::metadata::MetadataValue::try_from(format!(
-            "Bearer {t}"
-        ))?),
-        None => None,
-    };
-    let mut client = IngestServiceClient::new(channel);
+    let server = a.server.connect()?;
+    let mut client = IngestServiceClient::new(server.channel.clone());
     let (program, args) = a
         .command
         .split_first()
@@ -145,11 +131,7 @@ pub async fn run(a: PipeArgs) -> anyhow::Result<i32> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(a.retry_secs);
         let mut pause = Duration::from_millis(100);
         loop {
-            let mut call = tonic::Request::new(req.clone());
-            if let Some(t) = &token {
-                call.metadata_mut().insert("authorization", t.clone());
-            }
-            match client.deliver_trigger(call).await {
+            match client.deliver_trigger(server.request(req.clone())).await {
                 Ok(r) => {
                     if r.into_inner().record_id.is_empty() {
                         tally.dropped += 1;

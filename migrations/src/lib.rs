@@ -5,6 +5,7 @@ mod m20261130_000001_init;
 mod m20261130_000002_audit;
 mod m20261130_000003_record_position;
 mod m20261201_000001_ingress_routes;
+mod m20261202_000001_filters_and_land_retention;
 
 /// Every migration, in the order it is applied.
 pub struct Migrator;
@@ -17,6 +18,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000002_audit::Migration),
             Box::new(m20261130_000003_record_position::Migration),
             Box::new(m20261201_000001_ingress_routes::Migration),
+            Box::new(m20261202_000001_filters_and_land_retention::Migration),
         ]
     }
 }

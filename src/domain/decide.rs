@@ -2,6 +2,7 @@
 use serde_json::{Map, Value};
 use std::fmt;
 
+use super::filter::{Filter, Filtered};
 use super::names::{check_id, check_land, check_pack_id, check_ref};
 use super::pack::{BindingMode, TriggerSource, BINDING_DEGRADED};
 use super::policy::{
@@ -52,10 +53,14 @@ pub enum DropReason {
     /// The service's own `binding.degraded` whose Policy land is `brain`: a brain record
     /// needs a project and a Binding has none (§7.5.2, §7.7.3).
     NoProject,
+    /// The activation's filter said not to record the trigger.
+    Filtered,
+    /// The activation's filter failed on the trigger, or yielded neither a bool nor a route.
+    FilterError,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::UnknownPack,
         DropReason::UndeclaredRef,
         DropReason::NoGrant,
@@ -63,6 +68,8 @@ impl DropReason {
         DropReason::LandMismatch,
         DropReason::ActivationOff,
         DropReason::NoProject,
+        DropReason::Filtered,
+        DropReason::FilterError,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +81,8 @@ impl DropReason {
             DropReason::LandMismatch => "land_mismatch",
             DropReason::ActivationOff => "activation_off",
             DropReason::NoProject => "no_project",
+            DropReason::Filtered => "filtered",
+            DropReason::FilterError => "filter_error",
         }
     }
 
@@ -115,7 +124,7 @@ fn disposition(route: Option<Route>) -> &'static str {
 }
 
 /// Decides on a trigger, checking the clauses in the order of clauses.md:
-/// pack, ref, grant, Binding, land, activation.
+/// pack, ref, grant, Binding, land, activation; then the activation's filter, if it has one.
 pub fn decide(view: &PolicyView, t: &Trigger) -> Decision {
     // 1. §7.3.4 (fail closed): an unknown pack has no policy to pass.
     let Some(pack) = view.pack(&t.pack_id) else {
@@ -136,16 +145,38 @@ pub fn decide(view: &PolicyView, t: &Trigger) -> Decision {
         return Decision::Drop(DropReason::LandMismatch);
     }
     // 6.
-    match routed(pack, principal) {
+    let (route, filter) = match routed(pack, principal) {
+        Err(reason) => return Decision::Drop(reason),
+        Ok(on) => on,
+    };
+    // 7. The activation's filter, on a trigger every clause admits.
+    match filtered(filter, t, route) {
         Err(reason) => Decision::Drop(reason),
-        // 7. Record with the activation's route and the Binding identity.
+        // 8. Record with the route and the Binding identity.
         Ok(route) => Decision::Record { route, binding_id },
+    }
+}
+
+/// Step 7 of `decide`: the route the filter gives (the activation's without a filter).
+pub(super) fn filtered(
+    filter: Option<&Filter>,
+    t: &Trigger,
+    route: Route,
+) -> Result<Route, DropReason> {
+    match filter.map(|f| f.apply(t, route)) {
+        None => Ok(route),
+        Some(Filtered::Pass(route)) => Ok(route),
+        Some(Filtered::Drop) => Err(DropReason::Filtered),
+        Some(Filtered::Error(_)) => Err(DropReason::FilterError),
     }
 }
 
 /// Steps 3 and 4 of `decide`: the grant, and a connected Binding unless the pack is public.
 /// Returns the Binding identity records carry.
-fn admitted(pack: &PackPolicy, principal: Option<&PrincipalPolicy>) -> Result<String, DropReason> {
+pub(super) fn admitted(
+    pack: &PackPolicy,
+    principal: Option<&PrincipalPolicy>,
+) -> Result<String, DropReason> {
     // 3. §7.3.1: the principal must hold sense.enable for the pack.
     if !principal.is_some_and(|p| p.granted) {
         return Err(DropReason::NoGrant);
@@ -160,11 +191,15 @@ fn admitted(pack: &PackPolicy, principal: Option<&PrincipalPolicy>) -> Result<St
     }
 }
 
-/// Step 6 of `decide`, §7.4.2: off (or never switched on) routes to drop.
-fn routed(pack: &PackPolicy, principal: Option<&PrincipalPolicy>) -> Result<Route, DropReason> {
+/// Step 6 of `decide`, §7.4.2: off (or never switched on) routes to drop; on gives the route
+/// and the filter.
+pub(super) fn routed<'a>(
+    pack: &'a PackPolicy,
+    principal: Option<&'a PrincipalPolicy>,
+) -> Result<(Route, Option<&'a Filter>), DropReason> {
     match pack.activation_for(principal) {
         Activation::Off => Err(DropReason::ActivationOff),
-        Activation::On(route) => Ok(route),
+        Activation::On(route, filter) => Ok((*route, filter.as_deref())),
     }
 }
 
@@ -402,9 +437,18 @@ mod tests {
         no_binding: bool,
         land: bool,
         off: bool,
+        /// 0: no filter; 1: one that routes to inbox; 2: one that drops; 3: one that fails.
+        filter: u8,
     }
 
     fn case(f: Fail, route: Route) -> (PolicyView, Trigger) {
+        let filter = match f.filter {
+            0 => None,
+            1 => Some("payload.kind == 'a' ? 'inbox' : 'drop'"),
+            2 => Some("payload.kind != 'a'"),
+            _ => Some("payload.missing == 1"),
+        }
+        .map(|src| crate::domain::filter::Filter::compile(src).expect("compiles"));
         let mut pack = PackPolicy::from_manifest(&manifest("user"));
         pack.principals.insert(
             "alice".into(),
@@ -421,7 +465,7 @@ mod tests {
                 activation: Some(if f.off {
                     Activation::Off
                 } else {
-                    Activation::On(route)
+                    Activation::On(route, filter)
                 }),
             },
         );
@@ -443,7 +487,10 @@ mod tests {
             } else {
                 "user".into()
             },
-            payload: Map::new(),
+            payload: json!({"kind": "a"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
             project: None,
             trigger_id: None,
         };
@@ -453,29 +500,71 @@ mod tests {
     #[test]
     fn s7_3_decision_table_every_reason_and_the_first_failing_condition_wins() {
         let order = DropReason::ALL;
-        // Every subset of the six failing conditions: 64 cases.
+        // Every subset of the six failing conditions, with each kind of filter: 256 cases.
         for mask in 0u8..64 {
-            let bit = |i: u8| mask & (1 << i) != 0;
-            let f = Fail {
-                unknown_pack: bit(0),
-                undeclared_ref: bit(1),
-                no_grant: bit(2),
-                no_binding: bit(3),
-                land: bit(4),
-                off: bit(5),
-            };
-            let (view, t) = case(f, Route::Silent);
-            let want = (0..6).find(|i| bit(*i)).map(|i| order[usize::from(i)]);
-            let got = decide(&view, &t);
-            match want {
-                Some(reason) => assert_eq!(got, Decision::Drop(reason), "mask {mask:06b}"),
-                None => assert_eq!(
-                    got,
-                    Decision::Record {
-                        route: Route::Silent,
-                        binding_id: "b-1".into()
+            for filter in 0u8..4 {
+                let bit = |i: u8| mask & (1 << i) != 0;
+                let f = Fail {
+                    unknown_pack: bit(0),
+                    undeclared_ref: bit(1),
+                    no_grant: bit(2),
+                    no_binding: bit(3),
+                    land: bit(4),
+                    off: bit(5),
+                    filter,
+                };
+                let (view, t) = case(f, Route::Silent);
+                let filter_drop = match filter {
+                    2 => Some(DropReason::Filtered),
+                    3 => Some(DropReason::FilterError),
+                    _ => None,
+                };
+                let want = (0..6)
+                    .find(|i| bit(*i))
+                    .map(|i| order[usize::from(i)])
+                    .or(filter_drop);
+                let got = decide(&view, &t);
+                let route = if filter == 1 {
+                    Route::Inbox
+                } else {
+                    Route::Silent
+                };
+                match want {
+                    Some(reason) => {
+                        assert_eq!(
+                            got,
+                            Decision::Drop(reason),
+                            "mask {mask:06b} filter {filter}"
+                        )
                     }
-                ),
+                    None => assert_eq!(
+                        got,
+                        Decision::Record {
+                            route,
+                            binding_id: "b-1".into()
+                        }
+                    ),
+                }
+                // ExplainTrigger's account agrees, and its first failing check is the reason.
+                let e = crate::domain::explain::explain(&view, &t);
+                assert_eq!(e.decision, got, "mask {mask:06b} filter {filter}");
+                let first = e
+                    .checks
+                    .iter()
+                    .find(|c| c.verdict == crate::domain::explain::Verdict::Fail)
+                    .map(|c| c.reason);
+                assert_eq!(first, want, "mask {mask:06b} filter {filter}: {e:?}");
+                // Every condition that fails is shown failing, not only the first.
+                let failing = e
+                    .checks
+                    .iter()
+                    .filter(|c| c.verdict == crate::domain::explain::Verdict::Fail)
+                    .count();
+                if !bit(0) {
+                    let expected = (1..6).filter(|i| bit(*i) && !(*i == 4 && bit(1))).count()
+                        + usize::from(filter_drop.is_some() && !bit(1) && !bit(5));
+                    assert_eq!(failing, expected, "mask {mask:06b} filter {filter}: {e:?}");
+                }
             }
         }
     }
@@ -492,6 +581,7 @@ mod tests {
                 no_binding: bit(1),
                 land: false,
                 off: bit(2),
+                filter: 0,
             };
             let (view, t) = case(f, Route::Inbox);
             let recorded = matches!(decide(&view, &t), Decision::Record { .. });
@@ -548,7 +638,7 @@ mod tests {
                 activation: None,
             },
         );
-        pack.activation = Some(Activation::On(Route::Inbox));
+        pack.activation = Some(Activation::On(Route::Inbox, None));
         let view = PolicyView::from_packs([("p".to_owned(), pack)]);
         assert_eq!(
             decide(&view, &t),
@@ -577,7 +667,7 @@ mod tests {
             Decision::Drop(DropReason::ActivationOff),
             "absent means off"
         );
-        let view = view.with_pack_activation("p", Some(Activation::On(Route::Silent)));
+        let view = view.with_pack_activation("p", Some(Activation::On(Route::Silent, None)));
         assert!(matches!(
             decide(&view, &t),
             Decision::Record {
@@ -592,7 +682,7 @@ mod tests {
             "own off wins"
         );
         let view = view.with_principal("p", "alice", |p| {
-            p.activation = Some(Activation::On(Route::Inbox))
+            p.activation = Some(Activation::On(Route::Inbox, None))
         });
         assert!(matches!(
             decide(&view, &t),

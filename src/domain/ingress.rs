@@ -2,10 +2,15 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use ::cel::common::ast::IdedExpr;
+use ::cel::Value as Cel;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
-use cel::common::ast::{EntryExpr, Expr, IdedExpr};
-use cel::{Context, Value as Cel};
+
+use super::cel;
+#[cfg(test)]
+use super::cel::MAX_EXPRESSION_DEPTH;
+pub use super::cel::{MAX_EXPRESSION_BYTES, MAX_EXPRESSION_NODES};
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -97,13 +102,6 @@ impl std::fmt::Debug for Route {
 
 /// Most signing secrets a route holds at once (old and new, during a rotation, and spares).
 pub const MAX_SECRETS: usize = 8;
-/// Longest mapping expression, in bytes.
-pub const MAX_EXPRESSION_BYTES: usize = 1024;
-/// Deepest nesting of a mapping expression's tree (and of the parser's recursion).
-const MAX_EXPRESSION_DEPTH: usize = 24;
-/// Most nodes in a mapping expression's tree. With no comprehension, evaluation visits each
-/// node once, so this and the request's size bound what one evaluation costs.
-pub const MAX_EXPRESSION_NODES: usize = 256;
 /// Longest value a mapping may yield, in bytes (ids and refs are far shorter; this only stops
 /// an expression that concatenates a large body from making a large string).
 const MAX_MAPPED_BYTES: usize = 4096;
@@ -195,35 +193,16 @@ fn fields(m: &Mapping) -> [(&'static str, &str); 6] {
 /// principal one way (principal or binding_id) unless it fans out, and then neither.
 /// Violations come as (field, description), the description with the position.
 ///
-/// The parser recurses per level of nesting with large frames, and trees are built, walked
-/// and dropped recursively, so a hostile expression could exhaust a normal thread's stack:
-/// compiling runs on a thread of its own with COMPILE_STACK, and a tree deeper than
-/// MAX_EXPRESSION_DEPTH is refused there, so the trees that come out evaluate (and drop)
-/// within any thread's stack.
+/// Compiling runs on `cel::on_compile_thread`, and a tree deeper than MAX_EXPRESSION_DEPTH is
+/// refused there, so the trees that come out evaluate (and drop) within any thread's stack.
 pub fn compile(
     kind: IngressKind,
     m: &Mapping,
     fan_out: bool,
 ) -> Result<Compiled, Vec<(String, String)>> {
-    std::thread::scope(|scope| {
-        std::thread::Builder::new()
-            .name("hcp-sense-cel".into())
-            .stack_size(COMPILE_STACK)
-            .spawn_scoped(scope, || compile_here(kind, m, fan_out))
-            .map_err(|e| vec![("mapping".to_owned(), format!("cannot be compiled now: {e}"))])?
-            .join()
-            .unwrap_or_else(|_| {
-                Err(vec![(
-                    "mapping".to_owned(),
-                    "cannot be compiled".to_owned(),
-                )])
-            })
-    })
+    cel::on_compile_thread(|| compile_here(kind, m, fan_out))
+        .unwrap_or_else(|e| Err(vec![("mapping".to_owned(), e)]))
 }
-
-/// The stack of the thread that compiles mappings: virtual memory, touched only as deep as an
-/// expression of MAX_EXPRESSION_BYTES makes the parser go.
-const COMPILE_STACK: usize = 512 << 20;
 
 fn compile_here(
     kind: IngressKind,
@@ -286,54 +265,15 @@ fn compile_here(
 }
 
 fn compile_one(src: &str, variables: &[&str]) -> Result<IdedExpr, String> {
-    if src.len() > MAX_EXPRESSION_BYTES {
-        return Err(format!(
-            "is {} bytes; an expression is at most {MAX_EXPRESSION_BYTES}",
-            src.len()
-        ));
-    }
-    // The standard macros are expanded here, so a comprehension shows as one below.
-    let (root, info) = cel::parser::Parser::default()
-        .max_recursion_depth(MAX_EXPRESSION_DEPTH as u16)
-        .parse_with_source_info(src)
-        .map_err(|e| parse_message(&e))?;
-    let mut nodes = 0usize;
-    if let Some((id, why)) = unsupported(&root, &mut nodes, 1) {
-        let at = info
-            .offset_for(id)
-            .map(|(start, _)| position(src, start as usize))
-            .unwrap_or_default();
-        return Err(format!("{why}{at}"));
-    }
-    if nodes > MAX_EXPRESSION_NODES {
-        return Err(format!(
-            "has {nodes} terms; an expression has at most {MAX_EXPRESSION_NODES}"
-        ));
-    }
-    if let Some(v) = root
-        .references()
-        .variables()
-        .into_iter()
-        .find(|v| !variables.contains(v))
-    {
-        return Err(format!(
-            "reads `{}`; a mapping reads only {}",
-            v.escape_debug(),
-            variables
-                .iter()
-                .map(|v| format!("`{v}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
+    let root = cel::check(src, variables, "a mapping")?;
     // An expression that reads nothing is the same for every request: its value is checked
     // now, so `1 + 'a'` or `true` is refused here rather than on every request.
-    if root.references().variables().is_empty() {
-        let ctx = Context::with_env(STDLIB.clone());
-        match Cel::resolve(&root, &ctx) {
-            Ok(v) => text_of(v).map_err(|e| format!("always {e}"))?,
-            Err(e) => return Err(format!("always fails: {e}")),
-        };
+    match cel::constant(&root) {
+        Some(Ok(v)) => {
+            text_of(v).map_err(|e| format!("always {e}"))?;
+        }
+        Some(Err(e)) => return Err(format!("always fails: {e}")),
+        None => {}
     }
     Ok(root)
 }
@@ -348,60 +288,6 @@ fn text_of(v: Cel) -> Result<String, String> {
             "yields a {:?}; a mapping field yields a string",
             other.type_of()
         )),
-    }
-}
-
-fn parse_message(e: &cel::ParseErrors) -> String {
-    match e.errors.first() {
-        Some(first) => format!(
-            "does not parse at line {}, column {}: {}",
-            first.pos.0.max(0),
-            first.pos.1.max(0) + 1,
-            first.msg
-        ),
-        None => "does not parse".into(),
-    }
-}
-
-/// " at line L, column C" for a byte offset of `src`.
-fn position(src: &str, offset: usize) -> String {
-    let before = src.get(..offset.min(src.len())).unwrap_or(src);
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    format!(" at line {line}, column {column}")
-}
-
-/// The first node a mapping may not use (its id and why), counting nodes as it goes.
-fn unsupported(e: &IdedExpr, nodes: &mut usize, depth: usize) -> Option<(u64, String)> {
-    *nodes += 1;
-    if depth > MAX_EXPRESSION_DEPTH {
-        return Some((
-            e.id,
-            format!("nests deeper than {MAX_EXPRESSION_DEPTH} terms"),
-        ));
-    }
-    let mut each = |xs: &mut dyn Iterator<Item = &IdedExpr>| {
-        for x in xs {
-            if let Some(found) = unsupported(x, nodes, depth + 1) {
-                return Some(found);
-            }
-        }
-        None
-    };
-    match &e.expr {
-        Expr::Comprehension(_) => Some((
-            e.id,
-            "uses a comprehension (map, filter, all, exists, exists_one); a mapping picks fields and may not loop".into(),
-        )),
-        Expr::Struct(_) => Some((e.id, "builds a message; a mapping yields a string".into())),
-        Expr::Call(c) => each(&mut c.target.iter().map(|t| &**t).chain(c.args.iter())),
-        Expr::Select(s) => each(&mut std::iter::once(&*s.operand)),
-        Expr::List(l) => each(&mut l.elements.iter()),
-        Expr::Map(m) => each(&mut m.entries.iter().filter_map(|en| match &en.expr {
-            EntryExpr::MapEntry(me) => Some([&me.key, &me.value]),
-            EntryExpr::StructField(_) => None,
-        }).flatten()),
-        Expr::Unspecified | Expr::Ident(_) | Expr::Literal(_) => None,
     }
 }
 
@@ -430,14 +316,14 @@ pub fn evaluate(
         // Nothing to evaluate (the kind's defaults apply): no context to build.
         return Ok(Mapped::default());
     }
-    let mut ctx = Context::with_env(STDLIB.clone());
+    let mut ctx = cel::context();
     ctx.add_variable_from_value("headers", to_cel_headers(headers));
     if let Some(e) = event {
         ctx.add_variable_from_value("event", to_cel_headers(&e.attributes));
     }
     ctx.add_variable_from_value(
         "body",
-        cel::to_value(body).map_err(|e| ("body".to_owned(), format!("cannot be read: {e}")))?,
+        ::cel::to_value(body).map_err(|e| ("body".to_owned(), format!("cannot be read: {e}")))?,
     );
     let mut out = Mapped::default();
     for (name, program) in &c.fields {
@@ -465,16 +351,16 @@ pub fn evaluate(
 }
 
 fn to_cel_headers(headers: &BTreeMap<String, String>) -> Cel {
-    let map: std::collections::HashMap<cel::objects::Key, Cel> = headers
+    let map: std::collections::HashMap<::cel::objects::Key, Cel> = headers
         .iter()
         .map(|(k, v)| {
             (
-                cel::objects::Key::String(Arc::new(k.clone())),
+                ::cel::objects::Key::String(Arc::new(k.clone())),
                 Cel::String(Arc::new(v.clone())),
             )
         })
         .collect();
-    Cel::Map(cel::objects::Map { map: Arc::new(map) })
+    Cel::Map(::cel::objects::Map { map: Arc::new(map) })
 }
 
 /// A CloudEvent read from an HTTP request: its context attributes (required and extensions,
@@ -575,11 +461,6 @@ pub fn cloud_event(
     }
     Ok(CloudEvent { attributes, data })
 }
-
-/// CEL's standard environment, built once: building it is most of what a small mapping's
-/// evaluation would otherwise cost.
-static STDLIB: std::sync::LazyLock<Arc<cel::Env>> =
-    std::sync::LazyLock::new(|| Arc::new(cel::Env::stdlib()));
 
 /// Why a request's signature was refused (answered 401; nothing is counted as a trigger).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,7 +26,10 @@ macro_rules! str_enum {
     };
 }
 
+mod cel;
 pub mod decide;
+pub mod explain;
+pub mod filter;
 pub mod ingress;
 pub mod model;
 pub mod names;

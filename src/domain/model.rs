@@ -29,6 +29,8 @@ pub struct ActivationRow {
     pub pack_id: String,
     pub enabled: bool,
     pub route: Route,
+    /// The activation's filter (CEL); empty: none.
+    pub filter: String,
     pub update_time: i64,
 }
 
@@ -140,4 +142,123 @@ pub struct KeyPage<'a> {
     pub second: Option<&'a str>,
     pub after: Option<(&'a str, &'a str)>,
     pub limit: u64,
+}
+
+/// Records erased at a principal's request: theirs (of one pack, when set) at or below
+/// `upto`. Watches apply it to what they hold in memory.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Erasure {
+    pub principal: String,
+    pub pack_id: Option<String>,
+    pub upto_txid: i64,
+    pub upto_seq: i64,
+}
+
+impl Erasure {
+    pub fn upto(&self) -> Position {
+        Position {
+            txid: self.upto_txid,
+            seq: self.upto_seq,
+        }
+    }
+
+    /// Whether the erasure took this record.
+    pub fn covers(&self, r: &Record) -> bool {
+        r.principal == self.principal
+            && self.pack_id.as_deref().is_none_or(|p| p == r.pack_id)
+            && r.position <= self.upto()
+    }
+}
+
+/// How long records are kept: a land listed keeps its own age (`None`: for ever), every
+/// other land the default (`None`: for ever).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Retention {
+    pub default: Option<std::time::Duration>,
+    pub lands: std::collections::BTreeMap<String, Option<std::time::Duration>>,
+}
+
+impl Retention {
+    /// Whether any record is ever deleted.
+    pub fn prunes(&self) -> bool {
+        self.default.is_some() || self.lands.values().any(Option::is_some)
+    }
+
+    /// Parses `land=age,…` (`user=30d,brain=365d`): an age is a whole number of seconds with
+    /// an optional unit `s`, `m`, `h` or `d`; `0` keeps the land's records for ever.
+    pub fn parse_lands(
+        text: &str,
+    ) -> Result<std::collections::BTreeMap<String, Option<std::time::Duration>>, String> {
+        let mut out = std::collections::BTreeMap::new();
+        for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (land, age) = entry
+                .split_once('=')
+                .ok_or_else(|| format!("`{entry}` must be land=age, as user=30d"))?;
+            let land = land.trim();
+            super::names::check_land(land).map_err(|e| format!("`{entry}`: {e}"))?;
+            let age = parse_age(age.trim()).map_err(|e| format!("`{entry}`: {e}"))?;
+            if out.insert(land.to_owned(), age).is_some() {
+                return Err(format!("land `{land}` is given twice"));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `30d`, `12h`, `90m`, `3600s` or `3600`; zero is `None` (for ever).
+fn parse_age(s: &str) -> Result<Option<std::time::Duration>, String> {
+    let (digits, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let unit: u64 = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "the age `{s}` must be a whole number with s, m, h or d (30d)"
+            ))
+        }
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("the age `{s}` must be a whole number with s, m, h or d (30d)"))?;
+    let secs = n
+        .checked_mul(unit)
+        .filter(|s| *s <= i64::MAX as u64 / 1_000_000)
+        .ok_or_else(|| format!("the age `{s}` is too long"))?;
+    Ok((secs > 0).then(|| std::time::Duration::from_secs(secs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn land_retention_parses_ages_and_refuses_what_it_cannot_read() {
+        let r =
+            Retention::parse_lands("user=30d, brain=365d,project=12h,x=0,y=90").expect("parses");
+        assert_eq!(r["user"], Some(Duration::from_secs(30 * 86_400)));
+        assert_eq!(r["brain"], Some(Duration::from_secs(365 * 86_400)));
+        assert_eq!(r["project"], Some(Duration::from_secs(12 * 3600)));
+        assert_eq!(r["x"], None, "0 keeps for ever");
+        assert_eq!(r["y"], Some(Duration::from_secs(90)));
+        assert!(Retention::parse_lands("").expect("empty").is_empty());
+        for (bad, says) in [
+            ("user", "land=age"),
+            ("user=30w", "s, m, h or d"),
+            ("user=-1d", "s, m, h or d"),
+            ("user=d", "s, m, h or d"),
+            ("User=1d", "lower-case"),
+            ("=1d", "non-empty"),
+            ("user=1d,user=2d", "twice"),
+            ("user=99999999999999999d", "too long"),
+        ] {
+            let e = Retention::parse_lands(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 }

@@ -2,6 +2,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::filter::Filter;
 use super::pack::{BindingMode, Manifest};
 
 /// Where a recorded trigger goes (§7.4.2).
@@ -39,12 +40,15 @@ pub struct BindingRef {
     pub state: BindingState,
 }
 
-/// A Sense activation: on with a route, or off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A Sense activation: on with a route and, optionally, a filter; or off.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Activation {
-    On(Route),
+    On(Route, Option<Arc<Filter>>),
     Off,
 }
+
+/// Off, for principals with no activation in force.
+static OFF: Activation = Activation::Off;
 
 /// What one principal holds for one pack.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -103,11 +107,11 @@ impl PackPolicy {
     }
 
     /// The activation in force for a principal: its own, else the pack-wide one, else off.
-    pub fn activation_for(&self, principal: Option<&PrincipalPolicy>) -> Activation {
+    pub fn activation_for<'a>(&'a self, principal: Option<&'a PrincipalPolicy>) -> &'a Activation {
         principal
-            .and_then(|p| p.activation)
-            .or(self.activation)
-            .unwrap_or(Activation::Off)
+            .and_then(|p| p.activation.as_ref())
+            .or(self.activation.as_ref())
+            .unwrap_or(&OFF)
     }
 }
 

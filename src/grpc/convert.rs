@@ -240,6 +240,8 @@ pub fn drop_reason(r: DropReason) -> pb::DropReason {
         DropReason::LandMismatch => pb::DropReason::LandMismatch,
         DropReason::ActivationOff => pb::DropReason::ActivationOff,
         DropReason::NoProject => pb::DropReason::NoProject,
+        DropReason::Filtered => pb::DropReason::Filtered,
+        DropReason::FilterError => pb::DropReason::FilterError,
     }
 }
 
@@ -253,6 +255,8 @@ pub fn drop_reason_from(field: &'static str, v: i32) -> Result<Option<DropReason
         Ok(pb::DropReason::LandMismatch) => DropReason::LandMismatch,
         Ok(pb::DropReason::ActivationOff) => DropReason::ActivationOff,
         Ok(pb::DropReason::NoProject) => DropReason::NoProject,
+        Ok(pb::DropReason::Filtered) => DropReason::Filtered,
+        Ok(pb::DropReason::FilterError) => DropReason::FilterError,
         Err(_) => return Err(Error::invalid(field, format!("unknown drop reason {v}"))),
     }))
 }
@@ -313,6 +317,7 @@ pub fn activation(a: &ActivationRow) -> pb::SenseActivation {
         enabled: a.enabled,
         route: route(a.route) as i32,
         update_time: Some(timestamp(a.update_time)),
+        filter: a.filter.clone(),
     }
 }
 

@@ -14,7 +14,8 @@ use super::pb::{
     ingest_service_server::IngestService,
 };
 use crate::auth::Caller;
-use crate::domain::decide::{Outcome, RawTrigger};
+use crate::domain::decide::{Decision, Outcome, RawTrigger};
+use crate::domain::explain::{Check, Verdict};
 use crate::error::Error;
 use crate::service::Service;
 
@@ -63,6 +64,24 @@ fn raw_trigger(r: pb::DeliverTriggerRequest) -> Result<RawTrigger, Error> {
         trigger_id: r.trigger_id,
         source: trigger_source_from(r.source),
     })
+}
+
+fn check(c: &Check) -> pb::DecisionCheck {
+    pb::DecisionCheck {
+        name: c.name.to_owned(),
+        verdict: match c.verdict {
+            Verdict::Pass => pb::CheckVerdict::Pass,
+            Verdict::Fail => pb::CheckVerdict::Fail,
+            Verdict::NotReached => pb::CheckVerdict::NotReached,
+        } as i32,
+        drop_reason: drop_reason(c.reason) as i32,
+        facts: c
+            .facts
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect(),
+        detail: c.detail.clone(),
+    }
 }
 
 fn response(o: Outcome) -> pb::DeliverTriggerResponse {
@@ -114,6 +133,31 @@ impl IngestService for Ingest {
     ) -> Result<Response<pb::DeliverTriggerResponse>, Status> {
         let o = self.service.deliver(raw_trigger(req.into_inner())?).await?;
         Ok(Response::new(response(o)))
+    }
+
+    async fn explain_trigger(
+        &self,
+        req: Request<pb::ExplainTriggerRequest>,
+    ) -> Result<Response<pb::ExplainTriggerResponse>, Status> {
+        let r = req
+            .into_inner()
+            .trigger
+            .ok_or_else(|| Error::invalid("trigger", "is required"))?;
+        let e = self.service.explain(raw_trigger(r)?).await?;
+        let o = e.outcome();
+        Ok(Response::new(pb::ExplainTriggerResponse {
+            disposition: disposition(&o) as i32,
+            drop_reason: o
+                .drop_reason
+                .map_or(pb::DropReason::Unspecified, drop_reason) as i32,
+            checks: e.explanation.checks.iter().map(check).collect(),
+            binding_id: match (&e.duplicate, &e.explanation.decision) {
+                (Some(r), _) => r.binding_id.clone(),
+                (None, Decision::Record { binding_id, .. }) => binding_id.clone(),
+                (None, Decision::Drop(_)) => String::new(),
+            },
+            duplicate_record_id: e.duplicate.map(|r| r.record_id).unwrap_or_default(),
+        }))
     }
 
     type DeliverTriggersStream = Outcomes;

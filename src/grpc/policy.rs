@@ -217,7 +217,7 @@ impl PolicyService for Policy {
         let route = route_from("route", r.route)?;
         let svc = self.service.clone();
         let a = detached(async move {
-            svc.set_activation(&actor, &r.principal, &r.pack_id, true, route)
+            svc.set_activation(&actor, &r.principal, &r.pack_id, true, route, &r.filter)
                 .await
         })
         .await?;
@@ -234,7 +234,7 @@ impl PolicyService for Policy {
         let r = req.into_inner();
         let svc = self.service.clone();
         let a = detached(async move {
-            svc.set_activation(&actor, &r.principal, &r.pack_id, false, None)
+            svc.set_activation(&actor, &r.principal, &r.pack_id, false, None, "")
                 .await
         })
         .await?;
@@ -276,9 +276,13 @@ impl PolicyService for Policy {
     ) -> Reply<pb::GetPackStateResponse> {
         let r = req.into_inner();
         let s = self.service.pack_state(&r.principal, &r.pack_id).await?;
-        let (enabled, on_route) = match s.activation {
-            Activation::On(route) => (true, Some(route)),
-            Activation::Off => (false, None),
+        let (enabled, on_route, filter) = match &s.activation {
+            Activation::On(route, filter) => (
+                true,
+                Some(*route),
+                filter.as_ref().map(|f| f.source().to_owned()),
+            ),
+            Activation::Off => (false, None, None),
         };
         Ok(Response::new(pb::GetPackStateResponse {
             sense: Some(pb::SenseState {
@@ -287,6 +291,7 @@ impl PolicyService for Policy {
                 route: on_route.map_or(pb::Route::Unspecified, route) as i32,
                 binding: s.binding.as_ref().map(binding),
                 deliverable: s.deliverable,
+                filter: filter.unwrap_or_default(),
             }),
             execute: Some(execute_state(&s.execute)),
         }))

@@ -242,6 +242,23 @@ impl RecordService for Records {
         Ok(Response::new(Box::pin(stream)))
     }
 
+    async fn erase_records(
+        &self,
+        req: Request<pb::EraseRecordsRequest>,
+    ) -> Result<Response<pb::EraseRecordsResponse>, Status> {
+        let actor = super::actor_of(&req);
+        let r = req.into_inner();
+        let svc = self.service.clone();
+        // Run to the end even if the caller goes: each batch commits on its own.
+        let erased = crate::service::detached(async move {
+            svc.erase_records(&actor, &r.principal, &r.pack_id).await
+        })
+        .await?;
+        Ok(Response::new(pb::EraseRecordsResponse {
+            erased_count: i64::try_from(erased).unwrap_or(i64::MAX),
+        }))
+    }
+
     async fn list_drop_reports(
         &self,
         req: Request<pb::ListDropReportsRequest>,

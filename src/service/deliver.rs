@@ -10,6 +10,7 @@ use super::Service;
 use crate::domain::decide::{
     binding_degraded, decide, validate, Decision, Outcome, RawTrigger, Trigger,
 };
+use crate::domain::explain::{explain, Explanation};
 use crate::domain::model::{Binding, Record};
 use crate::domain::policy::{BindingRef, PolicyView, Route};
 use crate::error::{Error, Result, Violation};
@@ -96,27 +97,7 @@ impl Service {
     /// `deliver`, for a trigger that came in through `ingress` (the `hcp.ingress` span
     /// attribute and the `ingress` label of the delivery counts).
     pub async fn deliver_from(&self, raw: RawTrigger, ingress: &'static str) -> Result<Outcome> {
-        let t = validate(
-            raw,
-            self.limits.max_payload_bytes,
-            self.limits.max_json_depth,
-        )
-        .map_err(|v| {
-            Error::InvalidArgument(
-                v.into_iter()
-                    .map(|(field, description)| Violation {
-                        field: field.to_owned(),
-                        description,
-                    })
-                    .collect(),
-            )
-        })?;
-        if !self.policy_current() {
-            // Fail closed: another replica's change may not have reached this one.
-            return Err(Error::Unavailable(
-                "policy is being reloaded on this replica; retry".into(),
-            ));
-        }
+        let t = self.admissible(raw)?;
         let started = Instant::now();
         let mut decision = decide(&self.policy.view.load(), &t);
         let decided = started.elapsed();
@@ -161,6 +142,54 @@ impl Service {
         }
         .instrument(span)
         .await
+    }
+
+    /// A received trigger validated against the limits, on a replica whose policy is current.
+    fn admissible(&self, raw: RawTrigger) -> Result<Trigger> {
+        let t = validate(
+            raw,
+            self.limits.max_payload_bytes,
+            self.limits.max_json_depth,
+        )
+        .map_err(|v| {
+            Error::InvalidArgument(
+                v.into_iter()
+                    .map(|(field, description)| Violation {
+                        field: field.to_owned(),
+                        description,
+                    })
+                    .collect(),
+            )
+        })?;
+        if !self.policy_current() {
+            // Fail closed: another replica's change may not have reached this one.
+            return Err(Error::Unavailable(
+                "policy is being reloaded on this replica; retry".into(),
+            ));
+        }
+        Ok(t)
+    }
+
+    /// ExplainTrigger: what `deliver` would answer now, and every check behind it, with
+    /// nothing recorded, counted or traced as a delivery. The same validation, the same
+    /// policy view and the same idempotency: a trigger id recorded before for the pack is
+    /// answered with that record (or refused as a conflict) whatever the checks say now.
+    pub async fn explain(&self, raw: RawTrigger) -> Result<Explained> {
+        let t = self.admissible(raw)?;
+        let explanation = explain(&self.policy.view.load(), &t);
+        let mut duplicate = None;
+        if let Some(id) = &t.trigger_id {
+            if let Some(r) = self.store.record_for_trigger(&t.pack_id, id).await? {
+                if r.principal != t.principal || r.r#ref != t.r#ref || r.land != t.land {
+                    return Err(conflict(id));
+                }
+                duplicate = Some(r);
+            }
+        }
+        Ok(Explained {
+            explanation,
+            duplicate,
+        })
     }
 
     /// Stores a record through group commit, answering a repeated trigger id with the first record.
@@ -240,6 +269,29 @@ impl Service {
         self.metrics
             .delivered(&t.pack_id, &outcome, decided, INGRESS_HUB);
         Ok((before, Some(outcome)))
+    }
+}
+
+/// ExplainTrigger's answer: the checks, and the record a repeated trigger id is answered with.
+#[derive(Debug, Clone)]
+pub struct Explained {
+    pub explanation: Explanation,
+    pub duplicate: Option<Record>,
+}
+
+impl Explained {
+    /// What DeliverTrigger would answer.
+    pub fn outcome(&self) -> Outcome {
+        match (&self.duplicate, &self.explanation.decision) {
+            (Some(r), _) => Outcome::recorded(r.route, r.record_id.clone(), true),
+            (None, Decision::Record { route, .. }) => Outcome {
+                route: Some(*route),
+                drop_reason: None,
+                record_id: None,
+                duplicate: false,
+            },
+            (None, Decision::Drop(reason)) => Outcome::dropped(*reason),
+        }
     }
 }
 

@@ -428,7 +428,9 @@ impl Service {
         let mut all: Vec<String> = pack
             .principals
             .iter()
-            .filter(|(_, pp)| pp.granted && pack.activation_for(Some(pp)) != Activation::Off)
+            .filter(|(_, pp)| {
+                pp.granted && !matches!(pack.activation_for(Some(pp)), Activation::Off)
+            })
             .map(|(name, _)| name.clone())
             .collect();
         all.sort();

@@ -17,9 +17,11 @@ pub use deliver::decision_span;
 pub use drops::DropLog;
 pub use packs::Registered;
 pub use policy::PackState;
+pub use records::ERASE_BATCH;
 pub use watch::{Watch, WatchEvent, WatchLimits, MAX_PER_MESSAGE};
 
 use crate::domain::decide::DropReason;
+use crate::domain::model::Retention;
 use crate::domain::names::{check_id, check_pack_id};
 use crate::domain::policy::PolicyView;
 use crate::error::{Error, Result};
@@ -30,8 +32,8 @@ use crate::store::{Sink, Store};
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_payload_bytes: usize,
-    /// Records older than this are deleted in the background; `None` keeps them.
-    pub record_retention: Option<std::time::Duration>,
+    /// How long records are kept, per land; older ones are deleted in the background.
+    pub retention: Retention,
     /// How often the retention pruner runs.
     pub prune_every: std::time::Duration,
     /// Decision spans carry a hash of the principal instead of the principal.
@@ -55,7 +57,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_payload_bytes: 64 * 1024,
-            record_retention: None,
+            retention: Retention::default(),
             prune_every: std::time::Duration::from_secs(30),
             hash_principals: false,
             max_json_depth: 32,
@@ -109,10 +111,11 @@ impl Service {
             limits.batch_timeout,
             limits.sink_writers,
         );
-        if let Some(age) = limits.record_retention {
+        if limits.retention.prunes() {
             retention::start(
                 store.clone(),
-                age,
+                metrics.clone(),
+                limits.retention.clone(),
                 limits.prune_every,
                 Arc::downgrade(&drops),
             );

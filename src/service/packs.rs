@@ -36,7 +36,7 @@ impl Service {
             // Known pack: its principals are unchanged, only the declaration is new.
             Some(old) => {
                 let mut p = PackPolicy::from_manifest(m);
-                p.activation = old.activation;
+                p.activation = old.activation.clone();
                 p.principals = old.principals.clone();
                 self.policy
                     .view

@@ -6,6 +6,7 @@ use super::deliver::BindingChange;
 use super::{unknown_pack, valid_id, valid_pack_id, Service};
 use crate::domain::decide::deliverable;
 use crate::domain::decide::{Outcome, PUBLIC_BINDING};
+use crate::domain::filter::Filter;
 use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member};
 use crate::domain::policy::{Activation, BindingRef, BindingState, PolicyView, Route};
 use crate::error::{Error, Result};
@@ -89,8 +90,9 @@ impl Service {
 
     /// Switches Sense on or off for a principal, or pack-wide when the principal
     /// is empty. Without a route the route is `inbox`, whatever was chosen before: an
-    /// admin who leaves it out expects records to surface. Never touches Execute
-    /// state (§7.4.1).
+    /// admin who leaves it out expects records to surface. Likewise without a filter there
+    /// is none, whatever was set before; switching off clears the filter. The filter is
+    /// compiled and checked before anything is written. Never touches Execute state (§7.4.1).
     pub async fn set_activation(
         &self,
         actor: &Actor,
@@ -98,11 +100,17 @@ impl Service {
         pack_id: &str,
         on: bool,
         route: Option<Route>,
+        filter: &str,
     ) -> Result<ActivationRow> {
         if !principal.is_empty() {
             valid_id("principal", principal)?;
         }
         valid_pack_id(pack_id)?;
+        let compiled = if filter.is_empty() {
+            None
+        } else {
+            Some(Filter::compile(filter).map_err(|e| Error::invalid("filter", e))?)
+        };
         let _turn = self.policy.writer.lock().await;
         let view = self.view_with_pack(pack_id)?;
 
@@ -111,16 +119,21 @@ impl Service {
             pack_id: pack_id.to_owned(),
             enabled: on,
             route: route.unwrap_or(Route::Inbox),
+            filter: filter.to_owned(),
             update_time: now_micros(),
         };
         self.store.put_activation(actor, &row).await?;
-        let activation = row.activation();
+        let activation = if on {
+            Activation::On(row.route, compiled)
+        } else {
+            Activation::Off
+        };
         self.publish(if principal.is_empty() {
             view.with_pack_activation(pack_id, Some(activation))
         } else {
             view.with_principal(pack_id, principal, |p| p.activation = Some(activation))
         });
-        tracing::info!(principal, pack_id, enabled = row.enabled, route = %row.route, "sense activation set");
+        tracing::info!(principal, pack_id, enabled = row.enabled, route = %row.route, filter = row.filter, "sense activation set");
         Ok(row)
     }
 
@@ -145,7 +158,7 @@ impl Service {
         let pack = view.pack(pack_id).ok_or_else(|| unknown_pack(pack_id))?;
         let own = pack.principals.get(principal);
         let granted = own.is_some_and(|p| p.granted);
-        let activation = pack.activation_for(own);
+        let activation = pack.activation_for(own).clone();
         let binding = self.store.get_binding(principal, pack_id).await?;
         let execute = self
             .store

@@ -1,13 +1,49 @@
-//! Reads of the sink, the drop log and the audit log. Reading changes nothing (§7.5.3).
+//! Reads of the sink, the drop log and the audit log — reading changes nothing (§7.5.3) — and the erasure of a principal's records.
 use super::{valid_id, valid_pack_id, Service};
 use crate::domain::decide::DropReason;
 use crate::domain::model::{DropReport, RecordFilter};
 use crate::domain::names::{check_land, check_ref};
 use crate::error::{Error, Result};
-use crate::store::audit::AuditEvent;
+use crate::store::audit::{Actor, AuditEvent};
 use crate::store::{Listed, RecordCursor};
 
+/// Records deleted per transaction of an erasure.
+pub const ERASE_BATCH: u64 = super::retention::PRUNE_BATCH;
+/// The pause between two batches of an erasure: deliveries waiting on the writer go first.
+const ERASE_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
+
 impl Service {
+    /// EraseRecords: deletes every record of `principal` (of `pack_id` only, when given) in
+    /// batches of ERASE_BATCH, audited with the count; this replica's watches drop the
+    /// erased records they hold before the answer, other replicas' when the store tells them.
+    /// The principal is required: an erasure never means everyone.
+    pub async fn erase_records(
+        &self,
+        actor: &Actor,
+        principal: &str,
+        pack_id: &str,
+    ) -> Result<u64> {
+        if principal.is_empty() {
+            return Err(Error::invalid(
+                "principal",
+                "is required: whose records to erase (an erasure never means everyone)",
+            ));
+        }
+        valid_id("principal", principal)?;
+        let pack = (!pack_id.is_empty()).then_some(pack_id);
+        if let Some(p) = pack {
+            valid_pack_id(p)?;
+        }
+        let (erased, erasure) = self
+            .store
+            .erase_records(actor, principal, pack, ERASE_BATCH, ERASE_PAUSE)
+            .await?;
+        self.tail.erase(vec![erasure]);
+        self.metrics.records_deleted("erasure", erased);
+        tracing::info!(principal, pack_id, erased, "records erased");
+        Ok(erased)
+    }
+
     /// Audit events, newest first, before the (time, id) position `before`; reading is not audited.
     pub async fn list_audit_events(
         &self,

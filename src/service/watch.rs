@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::Service;
 use crate::domain::decide::BRAIN;
-use crate::domain::model::{Position, Record, RecordFilter};
+use crate::domain::model::{Erasure, Position, Record, RecordFilter};
 use crate::error::{Error, Interruption, Result};
 
 /// Records the tail reads from the store at once.
@@ -106,6 +106,8 @@ struct Ring {
     records: VecDeque<Arc<Record>>,
     /// The position of the last record that left the ring (or where the tail started).
     evicted_upto: Position,
+    /// Erasures whose position the tail has not read past yet.
+    erased: Vec<Erasure>,
 }
 
 /// One per replica: the ring and the status watchers follow.
@@ -155,8 +157,12 @@ impl Tail {
         {
             let mut ring = self.ring();
             for r in records {
-                ring.records.push_back(Arc::new(r));
+                if !ring.erased.iter().any(|e| e.covers(&r)) {
+                    ring.records.push_back(Arc::new(r));
+                }
             }
+            // Past an erasure's position the store holds none of its records to read.
+            ring.erased.retain(|e| e.upto() > reach);
             while ring.records.len() > self.limits.max_behind {
                 if let Some(old) = ring.records.pop_front() {
                     ring.evicted_upto = old.position;
@@ -169,6 +175,18 @@ impl Tail {
                 s.state = TailState::Reading;
             }
         });
+    }
+
+    /// Takes erased records out of the ring, and keeps each erasure to hold back its records
+    /// from reads still in flight until the tail has read past it.
+    pub(super) fn erase(&self, erasures: Vec<Erasure>) {
+        if erasures.is_empty() {
+            return;
+        }
+        let mut ring = self.ring();
+        ring.records
+            .retain(|r| !erasures.iter().any(|e| e.covers(r)));
+        ring.erased.extend(erasures);
     }
 
     /// Matching records after `cursor`, at most `max`, and the position the scan reached; or
@@ -245,6 +263,7 @@ impl Service {
                 _ = tail.opened.notified() => false,
                 _ = tokio::time::sleep_until(next) => false,
             };
+            tail.erase(commits.take_erasures());
             unannounced |= local && self.store.engine() == crate::store::Engine::Postgres;
             if unannounced && announced.elapsed() >= ANNOUNCE_EVERY {
                 // Other replicas' tails read by position; this only wakes them.

@@ -229,7 +229,11 @@ async fn follow(listener: &mut PgListener, heartbeat: &str, out: &Shared, store:
             // Anything arriving proves the connection carries notifications.
             heard = true;
             if n.channel() == RECORDS_CHANNEL {
-                store.commits().remote.notify_one();
+                // A payload is an erasure (JSON); an empty one only says "read again".
+                match serde_json::from_str::<crate::domain::model::Erasure>(n.payload()) {
+                    Ok(e) => store.commits().erased(e),
+                    Err(_) => store.commits().remote.notify_one(),
+                }
             } else if n.channel() != heartbeat {
                 out.push(PolicyChange::Packs(BTreeSet::from([n
                     .payload()

@@ -119,6 +119,8 @@ pub mod sense_activations {
         pub enabled: bool,
         pub route: String,
         pub update_time: i64,
+        /// CEL; empty: no filter.
+        pub filter: String,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -9,7 +9,7 @@ mod policy;
 mod records;
 mod sink;
 
-pub use records::{Listed, RecordCursor};
+pub use records::{Lands, Listed, RecordCursor};
 pub use sink::{Sink, Stored, MAX_BATCH};
 
 use sea_orm::sqlx;
@@ -52,6 +52,30 @@ pub struct Store {
 pub struct Commits {
     pub local: tokio::sync::Notify,
     pub remote: tokio::sync::Notify,
+    /// Erasures made here or announced by another replica, for the watch tail to apply to
+    /// the records it holds; it takes them on its next wake-up.
+    pub erasures: std::sync::Mutex<Vec<crate::domain::model::Erasure>>,
+}
+
+impl Commits {
+    /// Hands an erasure to the watch tail and wakes it.
+    pub fn erased(&self, e: crate::domain::model::Erasure) {
+        self.erasures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(e);
+        self.remote.notify_one();
+    }
+
+    /// The erasures not yet applied.
+    pub fn take_erasures(&self) -> Vec<crate::domain::model::Erasure> {
+        std::mem::take(
+            &mut *self
+                .erasures
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
 }
 
 /// Which engine a URL names.

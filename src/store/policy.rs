@@ -12,10 +12,12 @@ use super::entity::{
     sense_activations, sense_grants,
 };
 use super::{classify, Store};
+use crate::domain::filter::Filter;
 use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member, Record};
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, BindingRef, BindingState, PackPolicy, PolicyView, Route};
 use crate::error::{Error, Result};
+use std::sync::Arc;
 
 /// Rows read per query when loading a pack's policy.
 const LOAD_CHUNK: u64 = 5000;
@@ -45,6 +47,7 @@ fn activation(a: sense_activations::Model) -> Result<ActivationRow> {
         principal: a.principal,
         pack_id: a.pack_id,
         enabled: a.enabled,
+        filter: a.filter,
         update_time: a.update_time,
     })
 }
@@ -61,12 +64,41 @@ fn execute_state(e: execute_states::Model) -> ExecuteState {
 }
 
 impl ActivationRow {
-    pub fn activation(&self) -> Activation {
+    /// The activation, with its filter compiled by `filters`.
+    pub fn activation(&self, filters: &mut Filters) -> Activation {
         if self.enabled {
-            Activation::On(self.route)
+            Activation::On(self.route, filters.get(&self.filter))
         } else {
             Activation::Off
         }
+    }
+}
+
+/// Compiles stored filters, each distinct text once (many principals share one).
+#[derive(Default)]
+pub struct Filters(std::collections::HashMap<String, Arc<Filter>>);
+
+impl Filters {
+    /// The compiled filter of a stored text; `None` for the empty text. A stored filter that
+    /// no longer compiles (its rules tightened since) is kept as one that fails every
+    /// trigger: dropped as `filter_error` and said so, never recorded unfiltered.
+    pub fn get(&mut self, source: &str) -> Option<Arc<Filter>> {
+        if source.is_empty() {
+            return None;
+        }
+        if let Some(f) = self.0.get(source) {
+            return Some(f.clone());
+        }
+        let f = Filter::compile(source).unwrap_or_else(|why| {
+            tracing::warn!(
+                filter = source,
+                why,
+                "a stored activation filter does not compile; it drops every trigger"
+            );
+            Filter::unusable(source, why)
+        });
+        self.0.insert(source.to_owned(), f.clone());
+        Some(f)
     }
 }
 
@@ -200,12 +232,13 @@ impl Store {
                 state: b.state,
             });
         });
+        let mut filters = Filters::default();
         each_row!(sense_activations, |a| {
             let a = activation(a)?;
+            let act = a.activation(&mut filters);
             if a.principal.is_empty() {
-                policy.activation = Some(a.activation());
+                policy.activation = Some(act);
             } else {
-                let act = a.activation();
                 policy.principals.entry(a.principal).or_default().activation = Some(act);
             }
         });
@@ -340,8 +373,9 @@ impl Store {
                 enabled: Set(a.enabled),
                 route: Set(a.route.as_str().to_owned()),
                 update_time: Set(a.update_time),
+                filter: Set(a.filter.clone()),
             };
-            let update = [C::Enabled, C::Route, C::UpdateTime];
+            let update = [C::Enabled, C::Route, C::UpdateTime, C::Filter];
             upsert::<sense_activations::Entity>(txn, row, [C::Principal, C::PackId], &update).await
         })
         .await?;

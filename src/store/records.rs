@@ -5,10 +5,11 @@ use sea_orm::{
     QueryOrder, QuerySelect, Statement,
 };
 
+use super::audit::{self, Actor};
 use super::entity::{drop_reports, project_members, records};
 use super::{classify, Engine, Store};
 use crate::domain::decide::{DropReason, BRAIN};
-use crate::domain::model::{DropReport, Position, Record, RecordFilter};
+use crate::domain::model::{DropReport, Erasure, Position, Record, RecordFilter};
 use crate::domain::policy::Route;
 use crate::error::{Error, Result};
 
@@ -105,31 +106,135 @@ const TAIL_POSTGRES: &str = "WITH s AS (SELECT pg_current_snapshot() AS s), \
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Store {
-    /// Deletes, of the first `limit` records in position order, those received before
+    /// Deletes, of the first `limit` records of `lands` in position order, those received before
     /// `cutoff`; returns how many. The scan is a range of the position index, never the
     /// table: records come in position order about as they were received, and one whose
     /// clock ran ahead only stays until its own time comes (the rest of the range goes).
-    pub async fn prune_records(&self, cutoff: i64, limit: u64) -> Result<u64> {
+    pub async fn prune_records(&self, cutoff: i64, lands: Lands<'_>, limit: u64) -> Result<u64> {
         use records::Column as C;
+        let mut oldest = Query::select();
+        oldest
+            .column(C::RecordId)
+            .from(records::Entity)
+            .order_by(C::CommitTxid, sea_orm::Order::Asc)
+            .order_by(C::Seq, sea_orm::Order::Asc)
+            .limit(limit);
+        match lands {
+            Lands::Only(land) => {
+                oldest.and_where(Expr::col(C::Land).eq(land));
+            }
+            Lands::Except(listed) if !listed.is_empty() => {
+                oldest.and_where(Expr::col(C::Land).is_not_in(listed.iter().map(String::as_str)));
+            }
+            Lands::Except(_) => {}
+        }
         let w = self.begin_write().await?;
         let r = records::Entity::delete_many()
-            .filter(
-                C::RecordId.in_subquery(
-                    Query::select()
-                        .column(C::RecordId)
-                        .from(records::Entity)
-                        .order_by(C::CommitTxid, sea_orm::Order::Asc)
-                        .order_by(C::Seq, sea_orm::Order::Asc)
-                        .limit(limit)
-                        .to_owned(),
-                ),
-            )
+            .filter(C::RecordId.in_subquery(oldest.to_owned()))
             .filter(C::ReceivedTime.lt(cutoff))
             .exec(&w.txn)
             .await
             .map_err(classify)?;
         w.commit().await?;
         Ok(r.rows_affected)
+    }
+
+    /// Erases a principal's records (of one pack, when given) in transactions of at most
+    /// `batch` rows, pausing `pause` between them so deliveries take their turns; the last
+    /// one writes the audit row with the count (never the records) and, on PostgreSQL,
+    /// tells the other replicas' watches. Returns the erasure: every record of the principal
+    /// at or below its position is gone. Called again after a failure, it erases the rest.
+    pub async fn erase_records(
+        &self,
+        actor: &Actor,
+        principal: &str,
+        pack_id: Option<&str>,
+        batch: u64,
+        pause: std::time::Duration,
+    ) -> Result<(u64, Erasure)> {
+        use records::Column as C;
+        let mut total = 0u64;
+        loop {
+            // Every record at or below this position has committed before the delete below
+            // reads: if the delete then leaves none of the principal's, none up to here remain.
+            let upto = match self.engine() {
+                Engine::Postgres => self.watermark().await?,
+                Engine::Sqlite => Position::default(),
+            };
+            let mut theirs = Query::select();
+            theirs
+                .column(C::RecordId)
+                .from(records::Entity)
+                .and_where(Expr::col(C::Principal).eq(principal))
+                .limit(batch);
+            if let Some(p) = pack_id {
+                theirs.and_where(Expr::col(C::PackId).eq(p));
+            }
+            let w = self.begin_write().await?;
+            let n = records::Entity::delete_many()
+                .filter(C::RecordId.in_subquery(theirs.to_owned()))
+                .exec(&w.txn)
+                .await
+                .map_err(classify)?
+                .rows_affected;
+            total += n;
+            if n < batch {
+                let upto = match self.engine() {
+                    Engine::Postgres => upto,
+                    // The table's last position goes when the records erased were the last
+                    // ones; the sequence, read under the writer's turn, never goes back.
+                    Engine::Sqlite => {
+                        let next = w
+                            .txn
+                            .query_one_raw(Statement::from_string(
+                                DbBackend::Sqlite,
+                                "SELECT next FROM record_sequence WHERE name = 'records'",
+                            ))
+                            .await
+                            .map_err(classify)?
+                            .map(|row| row.try_get::<i64>("", "next"))
+                            .transpose()
+                            .map_err(classify)?
+                            .unwrap_or(1);
+                        Position {
+                            txid: 0,
+                            seq: next - 1,
+                        }
+                    }
+                };
+                let erasure = Erasure {
+                    principal: principal.to_owned(),
+                    pack_id: pack_id.map(str::to_owned),
+                    upto_txid: upto.txid,
+                    upto_seq: upto.seq,
+                };
+                let count = serde_json::json!({ "erased_records": total, "pack_id": pack_id });
+                audit::record(
+                    &w.txn,
+                    actor,
+                    pack_id,
+                    Some(principal),
+                    None,
+                    audit::json(&count),
+                )
+                .await?;
+                if self.engine() == Engine::Postgres {
+                    let note = serde_json::to_string(&erasure).unwrap_or_default();
+                    w.txn
+                        .execute_raw(Statement::from_sql_and_values(
+                            DbBackend::Postgres,
+                            "SELECT pg_notify($1, $2)",
+                            [super::RECORDS_CHANNEL.into(), note.into()],
+                        ))
+                        .await
+                        .map_err(classify)?;
+                }
+                w.commit().await?;
+                return Ok((total, erasure));
+            }
+            w.commit().await?;
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// Records matching the filter, in position order (or reverse), after the cursor.
@@ -524,5 +629,23 @@ impl Store {
                 })
             })
             .collect()
+    }
+}
+
+/// Which lands a retention pass prunes.
+#[derive(Debug, Clone, Copy)]
+pub enum Lands<'a> {
+    Only(&'a str),
+    /// Every land but these (the ones with an age of their own).
+    Except(&'a [String]),
+}
+
+impl std::fmt::Display for Lands<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Lands::Only(l) => f.write_str(l),
+            Lands::Except(ls) if ls.is_empty() => f.write_str("all"),
+            Lands::Except(ls) => write!(f, "all but {}", ls.join(", ")),
+        }
     }
 }

@@ -440,6 +440,7 @@ pub async fn set_up_weather(ch: &tonic::transport::Channel) {
             principal: String::new(),
             pack_id: "weather".into(),
             route: 1,
+            filter: String::new(),
         })
         .await
         .expect("activate");

@@ -107,7 +107,7 @@ both_stores! {
         for who in ["alice"] {
             app.policy.grant_sense_enable(pb::GrantSenseEnableRequest { principal: who.into(), pack_id: "github".into() }).await.expect("grant");
             app.policy.put_binding(pb::PutBindingRequest { principal: who.into(), pack_id: "github".into(), binding_id: "b".into(), state: 1 }).await.expect("bind");
-            app.policy.activate_sense(pb::ActivateSenseRequest { principal: who.into(), pack_id: "github".into(), route: 1 }).await.expect("on");
+            app.policy.activate_sense(pb::ActivateSenseRequest { principal: who.into(), pack_id: "github".into(), route: 1, filter: String::new() }).await.expect("on");
         }
         let r = bind(&app, "alice", BindingState::Stale).await;
         let o = r.binding_degraded.expect("produced");
@@ -153,7 +153,7 @@ both_stores! {
         let mut app = app;
         let who = ["p1", "p2", "p3", "p4", "p5"];
         set_up(&app.channel, "", &who).await;
-        app.policy.activate_sense(pb::ActivateSenseRequest { principal: String::new(), pack_id: "github".into(), route: 2 }).await.expect("pack-wide");
+        app.policy.activate_sense(pb::ActivateSenseRequest { principal: String::new(), pack_id: "github".into(), route: 2, filter: String::new() }).await.expect("pack-wide");
         for p in who {
             app.policy.add_project_member(pb::AddProjectMemberRequest { project: "atlas".into(), principal: p.into() }).await.expect("member");
         }

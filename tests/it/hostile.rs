@@ -115,7 +115,7 @@ both_stores! {
         t.check("grant: padded principal", ia, policy.grant_sense_enable(pb::GrantSenseEnableRequest { principal: " alice ".into(), pack_id: "github".into() }).await);
         t.check("grant: 300-byte principal", ia, policy.grant_sense_enable(pb::GrantSenseEnableRequest { principal: "a".repeat(300), pack_id: "github".into() }).await);
         t.check("grant: unknown pack", Code::NotFound, policy.grant_sense_enable(pb::GrantSenseEnableRequest { principal: "mallory".into(), pack_id: "gitlab".into() }).await);
-        t.check("activate: unknown route", ia, policy.activate_sense(pb::ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 99 }).await);
+        t.check("activate: unknown route", ia, policy.activate_sense(pb::ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 99, filter: String::new() }).await);
         t.check("bind: unknown state", ia, policy.put_binding(pb::PutBindingRequest { principal: "alice".into(), pack_id: "github".into(), binding_id: "b-2".into(), state: 42 }).await);
         t.check("bind: empty binding id", ia, policy.put_binding(pb::PutBindingRequest { principal: "alice".into(), pack_id: "github".into(), binding_id: String::new(), state: 1 }).await);
         t.check("bind: the reserved identity `public`", ia, policy.put_binding(pb::PutBindingRequest { principal: "alice".into(), pack_id: "github".into(), binding_id: "public".into(), state: 1 }).await);

@@ -68,6 +68,7 @@ pub async fn set_up(ch: &Channel, admin: &str, principals: &[&str]) {
                 principal: (*who).into(),
                 pack_id: "github".into(),
                 route: pb::Route::Inbox as i32,
+                filter: String::new(),
             })
             .await
             .expect("activate");

@@ -253,6 +253,7 @@ async fn github_webhooks_reach_the_principal_of_their_binding(kind: StoreKind) {
             principal: String::new(),
             pack_id: "github".into(),
             route: 1,
+            filter: String::new(),
         })
         .await
         .expect("activate");

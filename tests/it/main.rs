@@ -10,6 +10,7 @@ mod transport;
 mod bench;
 mod cli;
 mod contract;
+mod decisions;
 mod deploy;
 mod ingress;
 mod migrations;

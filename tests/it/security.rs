@@ -166,7 +166,7 @@ both_stores! {
         for who in ["alice", "bob"] {
             admin.grant_sense_enable(GrantSenseEnableRequest { principal: who.into(), pack_id: "github".into() }).await.expect("grant");
             admin.put_binding(PutBindingRequest { principal: who.into(), pack_id: "github".into(), binding_id: format!("b-{who}"), state: BindingState::Linked as i32 }).await.expect("bind");
-            admin.activate_sense(pb::ActivateSenseRequest { principal: who.into(), pack_id: "github".into(), route: Route::Inbox as i32 }).await.expect("activate");
+            admin.activate_sense(pb::ActivateSenseRequest { principal: who.into(), pack_id: "github".into(), route: Route::Inbox as i32, filter: String::new() }).await.expect("activate");
         }
         let mut runtime = IngestServiceClient::new(bearer(&ch, RUNTIME));
         for who in ["alice", "bob", "bob"] {
@@ -210,7 +210,7 @@ both_stores! {
         let mut as_reader = PolicyServiceClient::new(bearer(&ch, READER));
         let e = as_reader.grant_sense_enable(GrantSenseEnableRequest { principal: "alice".into(), pack_id: "github".into() }).await.expect_err("grant");
         assert_eq!(e.code(), Code::PermissionDenied);
-        let e = as_reader.activate_sense(pb::ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 1 }).await.expect_err("activate");
+        let e = as_reader.activate_sense(pb::ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 1, filter: String::new() }).await.expect_err("activate");
         assert_eq!(e.code(), Code::PermissionDenied);
         let mut reader = RecordServiceClient::new(bearer(&ch, READER));
         let e = reader.list_records(ListRecordsRequest { principal: "bob".into(), ..Default::default() }).await.expect_err("bob's records");
@@ -383,6 +383,7 @@ async fn mutual_tls_names_the_reader_by_its_certificate() {
                 principal: who.into(),
                 pack_id: "github".into(),
                 route: 1,
+                filter: String::new(),
             })
             .await
             .expect("activate");

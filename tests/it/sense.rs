@@ -19,18 +19,18 @@ use crate::packs::register;
 use crate::support::trigger::{trigger, with_payload};
 
 /// A trigger for `github` that passes every check once alice is set up.
-fn trig(principal: &str, r#ref: &str, land: &str) -> DeliverTriggerRequest {
+pub(crate) fn trig(principal: &str, r#ref: &str, land: &str) -> DeliverTriggerRequest {
     with_payload(
         trigger("github", r#ref, principal, land),
         json!({ "issue": 42 }),
     )
 }
 
-fn opened(principal: &str) -> DeliverTriggerRequest {
+pub(crate) fn opened(principal: &str) -> DeliverTriggerRequest {
     trig(principal, "issue.opened", "user")
 }
 
-async fn deliver(app: &mut TestApp, t: DeliverTriggerRequest) -> DeliverTriggerResponse {
+pub(crate) async fn deliver(app: &mut TestApp, t: DeliverTriggerRequest) -> DeliverTriggerResponse {
     app.ingest
         .deliver_trigger(t)
         .await
@@ -38,7 +38,7 @@ async fn deliver(app: &mut TestApp, t: DeliverTriggerRequest) -> DeliverTriggerR
         .into_inner()
 }
 
-async fn grant(app: &mut TestApp, principal: &str, pack: &str) {
+pub(crate) async fn grant(app: &mut TestApp, principal: &str, pack: &str) {
     app.policy
         .grant_sense_enable(GrantSenseEnableRequest {
             principal: principal.into(),
@@ -48,7 +48,7 @@ async fn grant(app: &mut TestApp, principal: &str, pack: &str) {
         .expect("grant");
 }
 
-async fn revoke(app: &mut TestApp, principal: &str, pack: &str) {
+pub(crate) async fn revoke(app: &mut TestApp, principal: &str, pack: &str) {
     app.policy
         .revoke_sense_enable(RevokeSenseEnableRequest {
             principal: principal.into(),
@@ -58,7 +58,7 @@ async fn revoke(app: &mut TestApp, principal: &str, pack: &str) {
         .expect("revoke");
 }
 
-async fn bind(
+pub(crate) async fn bind(
     app: &mut TestApp,
     principal: &str,
     pack: &str,
@@ -76,18 +76,19 @@ async fn bind(
         .into_inner()
 }
 
-async fn activate(app: &mut TestApp, principal: &str, pack: &str, route: Route) {
+pub(crate) async fn activate(app: &mut TestApp, principal: &str, pack: &str, route: Route) {
     app.policy
         .activate_sense(ActivateSenseRequest {
             principal: principal.into(),
             pack_id: pack.into(),
             route: route as i32,
+            filter: String::new(),
         })
         .await
         .expect("activate");
 }
 
-async fn deactivate(app: &mut TestApp, principal: &str, pack: &str) {
+pub(crate) async fn deactivate(app: &mut TestApp, principal: &str, pack: &str) {
     app.policy
         .deactivate_sense(DeactivateSenseRequest {
             principal: principal.into(),
@@ -98,7 +99,7 @@ async fn deactivate(app: &mut TestApp, principal: &str, pack: &str) {
 }
 
 /// Registers `github` and gives `principal` everything a recorded trigger needs.
-async fn ready(app: &mut TestApp, principal: &str) {
+pub(crate) async fn ready(app: &mut TestApp, principal: &str) {
     if app
         .packs
         .get_pack(pb::GetPackRequest {
@@ -114,12 +115,12 @@ async fn ready(app: &mut TestApp, principal: &str) {
     activate(app, principal, "github", Route::Inbox).await;
 }
 
-fn dropped(r: &DeliverTriggerResponse) -> Option<DropReason> {
+pub(crate) fn dropped(r: &DeliverTriggerResponse) -> Option<DropReason> {
     (r.disposition == Disposition::Dropped as i32)
         .then(|| DropReason::try_from(r.drop_reason).expect("reason"))
 }
 
-async fn list(app: &mut TestApp, req: ListRecordsRequest) -> Vec<pb::Record> {
+pub(crate) async fn list(app: &mut TestApp, req: ListRecordsRequest) -> Vec<pb::Record> {
     app.records
         .list_records(req)
         .await
@@ -128,7 +129,7 @@ async fn list(app: &mut TestApp, req: ListRecordsRequest) -> Vec<pb::Record> {
         .records
 }
 
-async fn drop_reports(app: &mut TestApp, pack: &str) -> Vec<pb::DropReport> {
+pub(crate) async fn drop_reports(app: &mut TestApp, pack: &str) -> Vec<pb::DropReport> {
     app.records
         .list_drop_reports(ListDropReportsRequest {
             pack_id: pack.into(),
@@ -368,7 +369,7 @@ both_stores! {
         bind(&mut app, "alice", "github", BindingState::Linked).await;
         assert_eq!(dropped(&deliver(&mut app, opened("alice")).await), Some(DropReason::ActivationOff), "no activation is off");
         // Pack-wide activation, default route inbox.
-        app.policy.activate_sense(ActivateSenseRequest { principal: String::new(), pack_id: "github".into(), route: 0 })
+        app.policy.activate_sense(ActivateSenseRequest { principal: String::new(), pack_id: "github".into(), route: 0, filter: String::new() })
             .await.expect("activate");
         assert_eq!(deliver(&mut app, opened("alice")).await.disposition, Disposition::RecordedInbox as i32);
         activate(&mut app, "alice", "github", Route::Silent).await;
@@ -378,16 +379,16 @@ both_stores! {
         // Switching on again without a route means inbox, as the proto says, not the earlier silent:
         // an admin who leaves the route out expects records to surface.
         activate(&mut app, "alice", "github", Route::Silent).await;
-        app.policy.activate_sense(ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 0 })
+        app.policy.activate_sense(ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 0, filter: String::new() })
             .await.expect("activate");
         assert_eq!(deliver(&mut app, opened("alice")).await.disposition, Disposition::RecordedInbox as i32);
         let recs = list(&mut app, ListRecordsRequest { principal: "alice".into(), ..Default::default() }).await;
         let routes: Vec<i32> = recs.iter().map(|r| r.route).collect();
         assert_eq!(routes, [Route::Inbox as i32, Route::Silent as i32, Route::Inbox as i32]);
-        let err = app.policy.activate_sense(ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 9 })
+        let err = app.policy.activate_sense(ActivateSenseRequest { principal: "alice".into(), pack_id: "github".into(), route: 9, filter: String::new() })
             .await.expect_err("unknown route");
         assert_eq!(err.code(), Code::InvalidArgument);
-        let err = app.policy.activate_sense(ActivateSenseRequest { principal: "alice".into(), pack_id: "nope".into(), route: 1 })
+        let err = app.policy.activate_sense(ActivateSenseRequest { principal: "alice".into(), pack_id: "nope".into(), route: 1, filter: String::new() })
             .await.expect_err("unknown pack");
         assert_eq!(err.code(), Code::NotFound);
     }

@@ -178,6 +178,7 @@ async fn drive(ch: Channel, traceparent: &str) {
             principal: who(),
             pack_id: "github".into(),
             route: Route::Inbox as i32,
+            filter: String::new(),
         })
         .await
         .expect("activate");
@@ -190,6 +191,7 @@ async fn drive(ch: Channel, traceparent: &str) {
             principal: who(),
             pack_id: "github".into(),
             route: Route::Silent as i32,
+            filter: String::new(),
         })
         .await
         .expect("activate silent");
@@ -378,7 +380,7 @@ both_stores! {
         app.policy.grant_sense_enable(GrantSenseEnableRequest { principal: "otel-alice".into(), pack_id: "github".into() }).await.expect("grant");
         app.policy.put_binding(PutBindingRequest { principal: "otel-alice".into(), pack_id: "github".into(), binding_id: "b".into(), state: BindingState::Stale as i32 }).await.expect("bind");
         app.policy.put_binding(PutBindingRequest { principal: "otel-alice".into(), pack_id: "github".into(), binding_id: "b".into(), state: BindingState::Linked as i32 }).await.expect("bind");
-        app.policy.activate_sense(ActivateSenseRequest { principal: "otel-alice".into(), pack_id: "github".into(), route: Route::Inbox as i32 }).await.expect("activate");
+        app.policy.activate_sense(ActivateSenseRequest { principal: "otel-alice".into(), pack_id: "github".into(), route: Route::Inbox as i32, filter: String::new() }).await.expect("activate");
         app.ingest.deliver_trigger(t).await.expect("recorded");
         let text = http_get(&format!("{base}/metrics"));
         for want in [

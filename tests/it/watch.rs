@@ -420,6 +420,7 @@ async fn s7_5_2_a_watch_sends_brain_records_only_to_members(kind: StoreKind) {
             principal: "alice".into(),
             pack_id: "notes".into(),
             route: 1,
+            filter: String::new(),
         })
         .await
         .expect("activate");

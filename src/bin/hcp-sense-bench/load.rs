@@ -75,6 +75,21 @@ pub fn trigger(i: usize, pop: Population, load: Load) -> DeliverTriggerRequest {
                     "title".to_owned(),
                     field(Kind::StringValue("benchmark".into())),
                 ),
+                (
+                    // Read by the filter phase's typical filter.
+                    "repository".to_owned(),
+                    field(Kind::StructValue(Struct {
+                        fields: [
+                            ("private".to_owned(), field(Kind::BoolValue(false))),
+                            (
+                                "full_name".to_owned(),
+                                field(Kind::StringValue("acme/widgets".into())),
+                            ),
+                        ]
+                        .into_iter()
+                        .collect(),
+                    })),
+                ),
             ]
             .into_iter()
             .collect(),

@@ -2,6 +2,7 @@
 //! them, drives them over a sweep of concurrency and reports every phase against a no-op baseline
 //! measured in the same run.
 mod cpu;
+mod filter;
 mod load;
 mod nats;
 // The server's own fix for sqlx's PostgreSQL sockets, compiled into this binary as a module of
@@ -109,6 +110,10 @@ struct Options {
     /// The NATS server (with JetStream) of the NATS phase.
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     nats_url: String,
+    /// Measure an activation filter's cost: the decision alone, and the recorded rate with
+    /// every activation filtered against unfiltered.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    filter: bool,
     /// Also write every result to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -224,6 +229,9 @@ async fn run(o: &Options) -> anyhow::Result<()> {
     if o.stores.iter().any(|s| s == "postgres") && !o.writers_compare.is_empty() {
         writers_compare(o).await?;
     }
+    if o.filter {
+        filter_phase(o).await?;
+    }
     if o.watch {
         for kind in &o.stores {
             watch_phase(o, kind).await?;
@@ -255,6 +263,47 @@ async fn run(o: &Options) -> anyhow::Result<()> {
                 "results": report::results(),
             }))?,
         )?;
+    }
+    Ok(())
+}
+
+/// An activation filter's cost: per decision in this process, then on each store the recorded
+/// rate at the sweep's first concurrency, unfiltered and filtered alternately (3 rounds each).
+async fn filter_phase(o: &Options) -> anyhow::Result<()> {
+    let (plain, filtered) = filter::decision_cost(o.principals)?;
+    let extra_us = (filtered - plain) / 1000.0;
+    println!(
+        "filter: decision {plain:.0} ns without a filter, {filtered:.0} ns with `{}`: +{extra_us:.2} us",
+        filter::TYPICAL
+    );
+    result(json!({
+        "phase": "filter decision", "filter": filter::TYPICAL,
+        "plain_ns": plain, "filtered_ns": filtered, "extra_us": extra_us,
+    }));
+    let c = o.first();
+    for kind in &o.stores {
+        let pop = o.population(o.principals);
+        let (db, server) = prepare(o, kind, "filter", pop, &[]).await?;
+        let chs = server.channels(o.channels).await?;
+        let (plain, filtered) = filter::recorded_rates(&chs, o.duration(), c, pop, 3).await?;
+        let mean = |ps: &[load::Phase]| {
+            ps.iter().map(load::Phase::rate).sum::<f64>() / ps.len().max(1) as f64
+        };
+        let (a, b) = (mean(&plain), mean(&filtered));
+        for (p, f) in plain.iter().zip(&filtered) {
+            row(kind, &format!("recorded, C={c}, no filter"), p, None);
+            row(kind, &format!("recorded, C={c}, filtered"), f, None);
+        }
+        println!(
+            "{kind:<9} filter: recorded {a:.0}/s unfiltered, {b:.0}/s filtered (means of 3): {:+.1}%",
+            (b / a - 1.0) * 100.0
+        );
+        result(json!({
+            "store": kind, "phase": "filter recorded", "concurrency": c,
+            "plain_per_s": a, "filtered_per_s": b, "change": b / a - 1.0,
+        }));
+        server.stop();
+        db.drop_db().await;
     }
     Ok(())
 }

@@ -175,6 +175,7 @@ pub async fn policy_via_api(ch: &Channel, pop: Population) -> anyhow::Result<f64
                         principal,
                         pack_id,
                         route: Route::Inbox as i32,
+                        filter: String::new(),
                     })
                     .await?;
                 p += SEED_CALLERS;

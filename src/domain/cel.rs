@@ -1,0 +1,188 @@
+//! CEL as the service runs it, for ingress mappings and activation filters alike: one standard environment, expressions checked for size, depth, names and loops before they are kept.
+use std::sync::{Arc, LazyLock};
+
+use cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use cel::{Context, Value};
+
+/// Longest expression, in bytes.
+pub const MAX_EXPRESSION_BYTES: usize = 1024;
+/// Deepest nesting of terms: trees this shallow evaluate and drop on any thread's stack.
+pub const MAX_EXPRESSION_DEPTH: usize = 24;
+/// Most terms in one expression. With no loops, an evaluation visits each term at most once.
+pub const MAX_EXPRESSION_NODES: usize = 256;
+
+/// The stack of the thread that compiles expressions: virtual memory, touched only as deep as
+/// an expression of MAX_EXPRESSION_BYTES makes the parser go.
+const COMPILE_STACK: usize = 512 << 20;
+
+/// CEL's standard environment, built once: building it is most of what a small expression's
+/// evaluation would otherwise cost.
+pub static STDLIB: LazyLock<Arc<cel::Env>> = LazyLock::new(|| Arc::new(cel::Env::stdlib()));
+
+/// A context over the standard environment, for one evaluation.
+pub fn context() -> Context<'static, 'static> {
+    Context::with_env(STDLIB.clone())
+}
+
+/// Runs `f` on a thread of its own with COMPILE_STACK. The parser recurses per level of
+/// nesting with large frames, and trees are built, walked and dropped recursively, so a
+/// hostile expression could exhaust a normal thread's stack (in a debug build the parser ran
+/// out of 2 MiB at 40 nested parentheses).
+pub fn on_compile_thread<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, String> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("hcp-sense-cel".into())
+            .stack_size(COMPILE_STACK)
+            .spawn_scoped(scope, f)
+            .map_err(|e| format!("cannot be compiled now: {e}"))?
+            .join()
+            .map_err(|_| "cannot be compiled".to_owned())
+    })
+}
+
+/// Parses and checks one expression: at most MAX_EXPRESSION_BYTES, MAX_EXPRESSION_NODES terms
+/// and MAX_EXPRESSION_DEPTH levels, no comprehension and no message, and reading no name but
+/// `variables`. `what` names the kind of expression in messages ("a mapping", "a filter").
+/// Run it on `on_compile_thread`.
+pub fn check(src: &str, variables: &[&str], what: &str) -> Result<IdedExpr, String> {
+    if src.len() > MAX_EXPRESSION_BYTES {
+        return Err(format!(
+            "is {} bytes; an expression is at most {MAX_EXPRESSION_BYTES}",
+            src.len()
+        ));
+    }
+    // The standard macros are expanded here, so a comprehension shows as one below.
+    let (root, info) = cel::parser::Parser::default()
+        .max_recursion_depth(MAX_EXPRESSION_DEPTH as u16)
+        .parse_with_source_info(src)
+        .map_err(|e| parse_message(&e))?;
+    let mut nodes = 0usize;
+    if let Some((id, why)) = unsupported(&root, &mut nodes, 1, what) {
+        let at = info
+            .offset_for(id)
+            .map(|(start, _)| position(src, start as usize))
+            .unwrap_or_default();
+        return Err(format!("{why}{at}"));
+    }
+    if nodes > MAX_EXPRESSION_NODES {
+        return Err(format!(
+            "has {nodes} terms; an expression has at most {MAX_EXPRESSION_NODES}"
+        ));
+    }
+    if let Some(v) = root
+        .references()
+        .variables()
+        .into_iter()
+        .find(|v| !variables.contains(v))
+    {
+        return Err(format!(
+            "reads `{}`; {what} reads only {}",
+            v.escape_debug(),
+            variables
+                .iter()
+                .map(|v| format!("`{v}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(root)
+}
+
+/// The value of an expression that reads no variable — the same on every evaluation, so it is
+/// checked once, when the expression is kept — or `None` when it reads one.
+pub fn constant(e: &IdedExpr) -> Option<Result<Value, String>> {
+    e.references()
+        .variables()
+        .is_empty()
+        .then(|| Value::resolve(e, &context()).map_err(|e| e.to_string()))
+}
+
+fn parse_message(e: &cel::ParseErrors) -> String {
+    match e.errors.first() {
+        Some(first) => format!(
+            "does not parse at line {}, column {}: {}",
+            first.pos.0.max(0),
+            first.pos.1.max(0) + 1,
+            first.msg
+        ),
+        None => "does not parse".into(),
+    }
+}
+
+/// " at line L, column C" for a byte offset of `src`.
+fn position(src: &str, offset: usize) -> String {
+    let before = src.get(..offset.min(src.len())).unwrap_or(src);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!(" at line {line}, column {column}")
+}
+
+/// The first node an expression may not use (its id and why), counting nodes as it goes.
+fn unsupported(e: &IdedExpr, nodes: &mut usize, depth: usize, what: &str) -> Option<(u64, String)> {
+    *nodes += 1;
+    if depth > MAX_EXPRESSION_DEPTH {
+        return Some((
+            e.id,
+            format!("nests deeper than {MAX_EXPRESSION_DEPTH} terms"),
+        ));
+    }
+    let mut each = |xs: &mut dyn Iterator<Item = &IdedExpr>| {
+        for x in xs {
+            if let Some(found) = unsupported(x, nodes, depth + 1, what) {
+                return Some(found);
+            }
+        }
+        None
+    };
+    match &e.expr {
+        Expr::Comprehension(_) => Some((
+            e.id,
+            format!("uses a comprehension (map, filter, all, exists, exists_one); {what} may not loop (`x in list` tests membership)"),
+        )),
+        Expr::Struct(_) => Some((e.id, format!("builds a message; {what} may not"))),
+        Expr::Call(c) => each(&mut c.target.iter().map(|t| &**t).chain(c.args.iter())),
+        Expr::Select(s) => each(&mut std::iter::once(&*s.operand)),
+        Expr::List(l) => each(&mut l.elements.iter()),
+        Expr::Map(m) => each(&mut m.entries.iter().filter_map(|en| match &en.expr {
+            EntryExpr::MapEntry(me) => Some([&me.key, &me.value]),
+            EntryExpr::StructField(_) => None,
+        }).flatten()),
+        Expr::Unspecified | Expr::Ident(_) | Expr::Literal(_) => None,
+    }
+}
+
+/// The top-level fields of variable `name` an expression reads, when it reads it only as
+/// `name.field` (or `has(name.field)`); `None` when it reads it whole (`name["x"]`, `name`).
+/// An evaluation then converts only those fields of a large JSON value.
+pub fn fields_read(e: &IdedExpr, name: &str) -> Option<Vec<String>> {
+    fn walk(e: &IdedExpr, name: &str, out: &mut Vec<String>) -> bool {
+        match &e.expr {
+            Expr::Select(s) => match &s.operand.expr {
+                Expr::Ident(i) if i == name => {
+                    if !out.contains(&s.field) {
+                        out.push(s.field.clone());
+                    }
+                    true
+                }
+                _ => walk(&s.operand, name, out),
+            },
+            Expr::Ident(i) => i != name,
+            Expr::Call(c) => c
+                .target
+                .iter()
+                .map(|t| &**t)
+                .chain(c.args.iter())
+                .all(|x| walk(x, name, out)),
+            Expr::List(l) => l.elements.iter().all(|x| walk(x, name, out)),
+            Expr::Map(m) => m.entries.iter().all(|en| match &en.expr {
+                EntryExpr::MapEntry(me) => walk(&me.key, name, out) && walk(&me.value, name, out),
+                EntryExpr::StructField(_) => true,
+            }),
+            // Refused by `check`; read whole to be safe.
+            Expr::Comprehension(_) | Expr::Struct(_) => false,
+            Expr::Unspecified | Expr::Literal(_) => true,
+        }
+    }
+    let mut out = Vec::new();
+    walk(e, name, &mut out).then_some(out)
+}

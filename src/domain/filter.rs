@@ -1,0 +1,275 @@
+//! Activation filters: a CEL expression over a trigger's `ref`, `land`, `project` and `payload`, kept with an activation and evaluated after the policy checks pass.
+use std::sync::Arc;
+
+use ::cel::common::ast::IdedExpr;
+use ::cel::objects::{Key, Map as CelMap};
+use ::cel::Value as Cel;
+
+use super::cel;
+use super::decide::Trigger;
+use super::policy::Route;
+
+/// The names a filter reads.
+const VARIABLES: &[&str] = &["ref", "land", "project", "payload"];
+/// What a filter's string may name besides a route: no record.
+const DROP: &str = "drop";
+
+/// A compiled filter. Two filters are the same when their text is.
+pub struct Filter {
+    source: String,
+    /// `Err` holds why a stored filter no longer compiles: it fails every trigger.
+    expr: Result<IdedExpr, String>,
+    /// The payload's top-level fields the filter reads, when it reads it only field by field:
+    /// only these are converted for an evaluation, whatever the payload's size.
+    payload_fields: Option<Vec<String>>,
+}
+
+impl PartialEq for Filter {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+impl Eq for Filter {}
+
+impl std::fmt::Debug for Filter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Filter").field(&self.source).finish()
+    }
+}
+
+/// What a filter made of one trigger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Filtered {
+    /// Record it, with this route.
+    Pass(Route),
+    /// Do not record it: the filter said `false` or `drop`.
+    Drop,
+    /// The evaluation failed or yielded something else: not recorded, and said why.
+    Error(String),
+}
+
+impl Filter {
+    /// Compiles and checks a filter's text: CEL as ingress mappings take it (size, depth and
+    /// term bounds, no loops) reading only `ref`, `land`, `project` and `payload`. A filter
+    /// that reads none of them is evaluated now and must yield a bool or a route name.
+    /// The error describes the rule broken, with the position where there is one.
+    pub fn compile(source: &str) -> Result<Arc<Filter>, String> {
+        if source.trim().is_empty() {
+            return Err("is blank; leave it empty for no filter".into());
+        }
+        cel::on_compile_thread(|| {
+            let expr = cel::check(source, VARIABLES, "a filter")?;
+            match cel::constant(&expr) {
+                Some(Ok(v)) => {
+                    if let Err(e) = outcome(v, Route::Inbox) {
+                        return Err(format!("always {e}"));
+                    }
+                }
+                Some(Err(e)) => return Err(format!("always fails: {e}")),
+                None => {}
+            }
+            let payload_fields = cel::fields_read(&expr, "payload");
+            Ok(Filter {
+                source: source.to_owned(),
+                expr: Ok(expr),
+                payload_fields,
+            })
+        })?
+        .map(Arc::new)
+    }
+
+    /// A stored filter that does not compile: every evaluation is an error saying why.
+    pub fn unusable(source: &str, why: String) -> Arc<Filter> {
+        Arc::new(Filter {
+            source: source.to_owned(),
+            expr: Err(why),
+            payload_fields: Some(Vec::new()),
+        })
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Evaluates the filter on a trigger that passed the policy checks with `route`.
+    /// `true` records with `route`; `false` or `"drop"` does not; `"inbox"` or `"silent"`
+    /// records with that route. Anything else, or a failure, is an error, never a panic: the
+    /// tree is at most MAX_EXPRESSION_DEPTH deep and has no loop.
+    pub fn apply(&self, t: &Trigger, route: Route) -> Filtered {
+        let expr = match &self.expr {
+            Ok(e) => e,
+            Err(why) => return Filtered::Error(format!("does not compile: {why}")),
+        };
+        let mut ctx = cel::context();
+        ctx.add_variable_from_value("ref", t.r#ref.as_str());
+        ctx.add_variable_from_value("land", t.land.as_str());
+        ctx.add_variable_from_value("project", t.project.as_deref().unwrap_or(""));
+        let payload = match &self.payload_fields {
+            Some(fields) => {
+                let mut map = std::collections::HashMap::with_capacity(fields.len());
+                for f in fields {
+                    if let Some(v) = t.payload.get(f) {
+                        match ::cel::to_value(v) {
+                            Ok(v) => {
+                                map.insert(Key::String(Arc::new(f.clone())), v);
+                            }
+                            Err(e) => return Filtered::Error(format!("payload.{f}: {e}")),
+                        }
+                    }
+                }
+                Cel::Map(CelMap { map: Arc::new(map) })
+            }
+            None => match ::cel::to_value(&t.payload) {
+                Ok(v) => v,
+                Err(e) => return Filtered::Error(format!("payload: {e}")),
+            },
+        };
+        ctx.add_variable_from_value("payload", payload);
+        match Cel::resolve(expr, &ctx) {
+            Ok(v) => outcome(v, route).unwrap_or_else(Filtered::Error),
+            Err(e) => Filtered::Error(format!("failed: {e}")),
+        }
+    }
+}
+
+/// A filter's value read as what to do.
+fn outcome(v: Cel, route: Route) -> Result<Filtered, String> {
+    match v {
+        Cel::Bool(true) => Ok(Filtered::Pass(route)),
+        Cel::Bool(false) => Ok(Filtered::Drop),
+        Cel::String(s) if s.as_str() == DROP => Ok(Filtered::Drop),
+        Cel::String(s) => Route::parse(&s).map(Filtered::Pass).ok_or_else(|| {
+            format!(
+                "yielded `{}`; a filter yields a bool or one of {}, {DROP}",
+                s.chars().take(64).collect::<String>().escape_debug(),
+                Route::NAMES.join(", ")
+            )
+        }),
+        other => Err(format!(
+            "yielded a {:?}; a filter yields a bool or a route name",
+            other.type_of()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn trigger(r: &str, payload: serde_json::Value) -> Trigger {
+        Trigger {
+            pack_id: "p".into(),
+            r#ref: r.into(),
+            principal: "alice".into(),
+            land: "user".into(),
+            payload: payload.as_object().cloned().unwrap_or_default(),
+            project: None,
+            trigger_id: None,
+        }
+    }
+
+    #[test]
+    fn filters_pass_drop_and_reroute() {
+        let f = Filter::compile("payload.repository.private == false && ref.startsWith('issue.')")
+            .expect("compiles");
+        let public = json!({"repository": {"private": false}, "big": "x".repeat(10_000)});
+        assert_eq!(
+            f.apply(&trigger("issue.opened", public.clone()), Route::Silent),
+            Filtered::Pass(Route::Silent)
+        );
+        assert_eq!(
+            f.apply(&trigger("pr.opened", public), Route::Inbox),
+            Filtered::Drop
+        );
+        let private = json!({"repository": {"private": true}});
+        assert_eq!(
+            f.apply(&trigger("issue.opened", private), Route::Inbox),
+            Filtered::Drop
+        );
+        // A missing field is an error, not a pass; `has` tests for it.
+        assert!(matches!(
+            f.apply(&trigger("issue.opened", json!({})), Route::Inbox),
+            Filtered::Error(_)
+        ));
+        let has = Filter::compile("has(payload.repository) && payload.repository.private")
+            .expect("compiles");
+        assert_eq!(
+            has.apply(&trigger("x", json!({})), Route::Inbox),
+            Filtered::Drop
+        );
+        let routes =
+            Filter::compile("payload.urgent ? 'inbox' : (land == 'user' ? 'silent' : 'drop')")
+                .expect("compiles");
+        assert_eq!(
+            routes.apply(&trigger("x", json!({"urgent": true})), Route::Silent),
+            Filtered::Pass(Route::Inbox)
+        );
+        assert_eq!(
+            routes.apply(&trigger("x", json!({"urgent": false})), Route::Inbox),
+            Filtered::Pass(Route::Silent)
+        );
+        let whole = Filter::compile("size(payload) > 1 && payload['a'] == 1").expect("compiles");
+        assert!(whole.payload_fields.is_none());
+        assert_eq!(
+            whole.apply(&trigger("x", json!({"a": 1, "b": 2})), Route::Inbox),
+            Filtered::Pass(Route::Inbox)
+        );
+        let bad = Filter::compile("payload.n + 1").expect("compiles");
+        assert!(matches!(
+            bad.apply(&trigger("x", json!({"n": 1})), Route::Inbox),
+            Filtered::Error(_)
+        ));
+        let number = Filter::compile("size(payload.s) * 2").expect("compiles");
+        assert!(
+            matches!(number.apply(&trigger("x", json!({"s": "ab"})), Route::Inbox), Filtered::Error(e) if e.contains("bool"))
+        );
+        let typo = Filter::compile("payload.n == 'x' ? 'inbx' : 'drop'").expect("compiles");
+        assert!(
+            matches!(typo.apply(&trigger("x", json!({"n": "x"})), Route::Inbox), Filtered::Error(e) if e.contains("inbx"))
+        );
+        let mistyped = Filter::compile("ref + 1 == 2").expect("compiles");
+        assert!(matches!(
+            mistyped.apply(&trigger("x", json!({})), Route::Inbox),
+            Filtered::Error(_)
+        ));
+    }
+
+    #[test]
+    fn hostile_filters_are_refused_with_their_position() {
+        for (src, says) in [
+            ("payload.labels.exists(l, l == 'bug')", "comprehension"),
+            ("[1,2,3].map(x, [1,2,3].map(y, x * y))", "comprehension"),
+            ("secret == 1", "`secret`"),
+            ("ref ==", "does not parse"),
+            ("1 + 'a'", "always fails"),
+            ("'inbx'", "always"),
+            ("42", "always"),
+            ("   ", "blank"),
+            ("google.protobuf.Empty{}", "message"),
+        ] {
+            let e = Filter::compile(src).expect_err(src);
+            assert!(e.contains(says), "{src}: {e}");
+        }
+        let e = Filter::compile("ref == 'a' &&\n  payload.x.all(v, v)").expect_err("loop");
+        assert!(e.contains("line 2, column"), "{e}");
+        let deep = format!("{}true{}", "(".repeat(500), ")".repeat(500));
+        assert!(Filter::compile(&deep).is_err());
+        let huge = format!("ref == '{}'", "x".repeat(cel::MAX_EXPRESSION_BYTES));
+        assert!(Filter::compile(&huge)
+            .expect_err("too long")
+            .contains("bytes"));
+        let at_limit = format!("ref == '{}'", "x".repeat(cel::MAX_EXPRESSION_BYTES - 9));
+        assert_eq!(at_limit.len(), cel::MAX_EXPRESSION_BYTES);
+        assert!(Filter::compile(&at_limit).is_ok());
+        let over = format!("ref == '{}'", "x".repeat(cel::MAX_EXPRESSION_BYTES - 8));
+        assert!(Filter::compile(&over).is_err());
+        let terms = format!("size([{}1]) > 0", "1,".repeat(299));
+        assert!(Filter::compile(&terms)
+            .expect_err("too many terms")
+            .contains("terms"));
+        for constant in ["true", "false", "'silent'", "'drop'"] {
+            assert!(Filter::compile(constant).is_ok(), "{constant}");
+        }
+    }
+}
