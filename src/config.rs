@@ -62,8 +62,8 @@ pub struct Config {
 
     /// Retention per land, over --record-retention-secs for the lands named: `user=30d,brain=365d`
     /// (an age in s, m, h or d; 0 keeps that land's records for ever).
-    #[arg(long = "record-retention", env = "HCP_SENSE_RECORD_RETENTION", value_name = "LAND=AGE,...", value_parser = land_ages, default_value = "")]
-    pub record_retention_lands: LandAges,
+    #[arg(long = "record-retention", env = "HCP_SENSE_RECORD_RETENTION", value_name = "LAND=AGE,...", value_parser = land_ages)]
+    pub record_retention_lands: Option<LandAges>,
 
     /// Seconds between retention passes (at least 1).
     #[arg(long = "prune-interval-secs", env = "HCP_SENSE_PRUNE_INTERVAL_SECS", value_name = "SECS", value_parser = secs, default_value = "30")]
@@ -393,7 +393,11 @@ impl Config {
     pub fn retention(&self) -> crate::domain::model::Retention {
         crate::domain::model::Retention {
             default: self.record_retention,
-            lands: self.record_retention_lands.0.clone(),
+            lands: self
+                .record_retention_lands
+                .as_ref()
+                .map(|l| l.0.clone())
+                .unwrap_or_default(),
         }
     }
 }

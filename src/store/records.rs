@@ -644,7 +644,7 @@ impl std::fmt::Display for Lands<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Lands::Only(l) => f.write_str(l),
-            Lands::Except(ls) if ls.is_empty() => f.write_str("all"),
+            Lands::Except([]) => f.write_str("all"),
             Lands::Except(ls) => write!(f, "all but {}", ls.join(", ")),
         }
     }

@@ -397,6 +397,14 @@ fn readme_walkthroughs_run_verbatim() {
         "\"trigger_id\":\"/sensors/7#1001\"",
         "7 lines: 4 recorded, 1 dropped, 2 refused",
         "\"triggerId\": \"nats-walkthrough-1\"",
+        "\"dropReason\": \"DROP_REASON_ACTIVATION_OFF\"",
+        "\"source\": \"principal\"",
+        "decision: dropped: activation_off",
+        "[FAIL] activation",
+        "\"dropReason\": \"DROP_REASON_FILTERED\"",
+        "uses a comprehension",
+        "\"erasedCount\": \"3\"",
+        "erased_records",
     ] {
         assert!(
             out.contains(want),

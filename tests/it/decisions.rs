@@ -64,7 +64,7 @@ async fn explain_agrees_with_deliver_on_every_combination(kind: StoreKind) {
     let mut principals = Vec::new();
     for granted in [false, true] {
         for binding in 0..3 {
-            for activation in 0..ACTIVATIONS.len() {
+            for (activation, kind) in ACTIVATIONS.iter().enumerate() {
                 let who = matrix_principal(granted, binding, activation);
                 if granted {
                     grant(&mut app, &who, "github").await;
@@ -78,13 +78,13 @@ async fn explain_agrees_with_deliver_on_every_combination(kind: StoreKind) {
                     }
                     _ => {}
                 }
-                let filter = match ACTIVATIONS[activation] {
+                let filter = match *kind {
                     "drop" => "payload.repository.private",
                     "error" => "payload.missing == 1",
                     "silent" => "land == 'user' ? 'silent' : 'drop'",
                     _ => "",
                 };
-                match ACTIVATIONS[activation] {
+                match *kind {
                     "none" => {}
                     "off" => {
                         app.policy
@@ -763,9 +763,9 @@ on_both_stores!(a_lagging_watch_is_not_sent_erased_records => a_lagging_watch_is
 async fn retention_by_land_keeps_each_land_its_own_age(kind: StoreKind) {
     let mut app = spawn_app_with(kind, |c| {
         c.record_retention = Some(Duration::from_secs(1));
-        c.record_retention_lands = hcp_sense::config::LandAges(
+        c.record_retention_lands = Some(hcp_sense::config::LandAges(
             hcp_sense::domain::model::Retention::parse_lands("project=0").expect("lands"),
-        );
+        ));
         c.prune_interval = Duration::from_secs(1);
     })
     .await;

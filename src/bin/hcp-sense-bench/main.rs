@@ -110,8 +110,8 @@ struct Options {
     /// The NATS server (with JetStream) of the NATS phase.
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     nats_url: String,
-    /// Measure an activation filter's cost: the decision alone, and the recorded rate with
-    /// every activation filtered against unfiltered.
+    /// Measure an activation filter's cost: the server's decision time and the recorded rate
+    /// with every activation filtered against unfiltered.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     filter: bool,
     /// Also write every result to this file as JSON.
@@ -267,39 +267,41 @@ async fn run(o: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An activation filter's cost: per decision in this process, then on each store the recorded
-/// rate at the sweep's first concurrency, unfiltered and filtered alternately (3 rounds each).
+/// An activation filter's cost on each store, at the sweep's first concurrency: recorded
+/// phases with every activation unfiltered and filtered alternately (3 rounds each), the
+/// recorded rate and the server's own decision time of each.
 async fn filter_phase(o: &Options) -> anyhow::Result<()> {
-    let (plain, filtered) = filter::decision_cost(o.principals)?;
-    let extra_us = (filtered - plain) / 1000.0;
-    println!(
-        "filter: decision {plain:.0} ns without a filter, {filtered:.0} ns with `{}`: +{extra_us:.2} us",
-        filter::TYPICAL
-    );
-    result(json!({
-        "phase": "filter decision", "filter": filter::TYPICAL,
-        "plain_ns": plain, "filtered_ns": filtered, "extra_us": extra_us,
-    }));
     let c = o.first();
     for kind in &o.stores {
         let pop = o.population(o.principals);
         let (db, server) = prepare(o, kind, "filter", pop, &[]).await?;
         let chs = server.channels(o.channels).await?;
-        let (plain, filtered) = filter::recorded_rates(&chs, o.duration(), c, pop, 3).await?;
-        let mean = |ps: &[load::Phase]| {
-            ps.iter().map(load::Phase::rate).sum::<f64>() / ps.len().max(1) as f64
-        };
-        let (a, b) = (mean(&plain), mean(&filtered));
+        let (plain, filtered) =
+            filter::recorded_rates(&server, &chs, o.duration(), c, pop, 3).await?;
         for (p, f) in plain.iter().zip(&filtered) {
-            row(kind, &format!("recorded, C={c}, no filter"), p, None);
-            row(kind, &format!("recorded, C={c}, filtered"), f, None);
+            row(kind, &format!("recorded, C={c}, no filter"), &p.phase, None);
+            row(kind, &format!("recorded, C={c}, filtered"), &f.phase, None);
         }
+        let mean = |ms: &[filter::Measured], f: fn(&filter::Measured) -> f64| {
+            ms.iter().map(f).sum::<f64>() / ms.len().max(1) as f64
+        };
+        let (a, b) = (
+            mean(&plain, |m| m.phase.rate()),
+            mean(&filtered, |m| m.phase.rate()),
+        );
+        let (da, db_) = (
+            mean(&plain, |m| m.decision_us),
+            mean(&filtered, |m| m.decision_us),
+        );
         println!(
-            "{kind:<9} filter: recorded {a:.0}/s unfiltered, {b:.0}/s filtered (means of 3): {:+.1}%",
+            "{kind:<9} filter `{}`: decision {da:.2} us unfiltered, {db_:.2} us filtered (+{:.2} us); recorded {a:.0}/s unfiltered, {b:.0}/s filtered: {:+.1}% (means of 3)",
+            filter::TYPICAL,
+            db_ - da,
             (b / a - 1.0) * 100.0
         );
         result(json!({
-            "store": kind, "phase": "filter recorded", "concurrency": c,
+            "store": kind, "phase": "filter", "concurrency": c, "filter": filter::TYPICAL,
+            "plain_decision_us": da, "filtered_decision_us": db_, "extra_decision_us": db_ - da,
             "plain_per_s": a, "filtered_per_s": b, "change": b / a - 1.0,
         }));
         server.stop();
