@@ -22,7 +22,8 @@ pub struct ExplainArgs {
     /// Who the trigger is for.
     #[arg(long)]
     pub principal: String,
-    #[arg(long, default_value = "user")]
+    /// The trigger's land (its Policy entry's, for it to be recorded).
+    #[arg(long)]
     pub land: String,
     /// The payload, as a JSON object (filters read it).
     #[arg(long)]

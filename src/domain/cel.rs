@@ -11,6 +11,24 @@ pub const MAX_EXPRESSION_DEPTH: usize = 24;
 /// Most terms in one expression. With no loops, an evaluation visits each term at most once.
 pub const MAX_EXPRESSION_NODES: usize = 256;
 
+/// The named functions this build provides (CEL's standard library without regular
+/// expressions and time): a call of any other is refused when the expression is kept, rather
+/// than failing on every evaluation. Operators (`_+_`, `!_`, `@in`, …) are not named this way.
+pub const FUNCTIONS: &[&str] = &[
+    "size",
+    "contains",
+    "startsWith",
+    "endsWith",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bytes",
+    "bool",
+    "dyn",
+    "type",
+];
+
 /// The stack of the thread that compiles expressions: virtual memory, touched only as deep as
 /// an expression of MAX_EXPRESSION_BYTES makes the parser go.
 const COMPILE_STACK: usize = 512 << 20;
@@ -83,6 +101,18 @@ pub fn check(src: &str, variables: &[&str], what: &str) -> Result<IdedExpr, Stri
                 .map(|v| format!("`{v}`"))
                 .collect::<Vec<_>>()
                 .join(", ")
+        ));
+    }
+    if let Some(f) = root
+        .references()
+        .functions()
+        .into_iter()
+        .find(|f| f.starts_with(|c: char| c.is_ascii_alphabetic()) && !FUNCTIONS.contains(f))
+    {
+        return Err(format!(
+            "calls `{}`, which this server does not provide; the functions are {}",
+            f.escape_debug(),
+            FUNCTIONS.join(", ")
         ));
     }
     Ok(root)

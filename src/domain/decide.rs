@@ -163,7 +163,7 @@ pub(super) fn filtered(
     t: &Trigger,
     route: Route,
 ) -> Result<Route, DropReason> {
-    match filter.map(|f| f.apply(t, route)) {
+    match applied(filter, t).map(|f| f.apply(t, route)) {
         None => Ok(route),
         Some(Filtered::Pass(route)) => Ok(route),
         Some(Filtered::Drop) => Err(DropReason::Filtered),
@@ -189,6 +189,13 @@ pub(super) fn admitted(
         Some(b) if b.state == BindingState::Linked => Ok(b.binding_id.clone()),
         _ => Err(DropReason::NoConnectedBinding),
     }
+}
+
+/// The filter that applies to `t`: the activation's, except on `binding.degraded`. A filter
+/// chooses among the pack's world changes; the health of the principal's own Binding (§7.7.3)
+/// always reaches them as the activation routes it.
+pub(super) fn applied<'a>(filter: Option<&'a Filter>, t: &Trigger) -> Option<&'a Filter> {
+    filter.filter(|_| t.r#ref != BINDING_DEGRADED)
 }
 
 /// Step 6 of `decide`, §7.4.2: off (or never switched on) routes to drop; on gives the route
@@ -567,6 +574,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn s7_7_3_binding_degraded_is_never_filtered() {
+        let (view, t) = case(Fail::default(), Route::Silent);
+        let only_issues =
+            crate::domain::filter::Filter::compile("ref.startsWith('issue.')").expect("compiles");
+        let view = view.with_principal("p", "alice", |p| {
+            p.activation = Some(Activation::On(Route::Silent, Some(only_issues)))
+        });
+        assert_eq!(decide(&view, &t), Decision::Drop(DropReason::Filtered));
+        let degraded = Trigger {
+            r#ref: BINDING_DEGRADED.into(),
+            ..t
+        };
+        let recorded = Decision::Record {
+            route: Route::Silent,
+            binding_id: "b-1".into(),
+        };
+        assert_eq!(decide(&view, &degraded), recorded);
+        assert_eq!(
+            crate::domain::explain::explain(&view, &degraded).decision,
+            recorded
+        );
     }
 
     #[test]

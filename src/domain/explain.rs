@@ -1,7 +1,7 @@
 //! ExplainTrigger's account of a decision: every check of `decide`, in its order, with what it read and whether it passed.
-use super::decide::{admitted, filtered, routed, Decision, DropReason, Trigger, PUBLIC_BINDING};
+use super::decide::{admitted, applied, routed, Decision, DropReason, Trigger, PUBLIC_BINDING};
 use super::filter::Filtered;
-use super::pack::BindingMode;
+use super::pack::{BindingMode, BINDING_DEGRADED};
 use super::policy::{Activation, PolicyView};
 
 /// How one check came out.
@@ -243,43 +243,59 @@ pub fn explain(view: &PolicyView, t: &Trigger) -> Explanation {
             if on { "on" } else { "off" }
         ),
     ));
+    // The filter is evaluated once, when Sense is on for a declared ref: its outcome is both
+    // this check's and, when every check passes, the decision's route.
+    let mut route_if_passed = None;
     checks.push(match (routed(pack, principal), policy_land) {
-        (Ok((route, None)), _) => check(
-            "filter",
-            DropReason::Filtered,
-            Some(true),
-            vec![("route", route.as_str().to_owned())],
-            format!("no filter: routed to {route}"),
-        ),
-        (Ok((route, Some(f))), Some(_)) => {
-            let (pass, reason, result, detail) = match f.apply(t, route) {
-                Filtered::Pass(r) => (
-                    true,
+        (Ok((route, filter)), Some(_)) => match applied(filter, t) {
+            None => {
+                route_if_passed = Some(route);
+                check(
+                    "filter",
                     DropReason::Filtered,
-                    r.as_str().to_owned(),
-                    format!("the filter routes it to {r}"),
-                ),
-                Filtered::Drop => (
-                    false,
-                    DropReason::Filtered,
-                    "drop".to_owned(),
-                    "the filter drops it".to_owned(),
-                ),
-                Filtered::Error(e) => (
-                    false,
-                    DropReason::FilterError,
-                    "error".to_owned(),
-                    format!("the filter {e}"),
-                ),
-            };
-            check(
-                "filter",
-                reason,
-                Some(pass),
-                vec![("filter", f.source().to_owned()), ("result", result)],
-                detail,
-            )
-        }
+                    Some(true),
+                    vec![("route", route.as_str().to_owned())],
+                    match filter {
+                        Some(_) => {
+                            format!("`{BINDING_DEGRADED}` is never filtered: routed to {route}")
+                        }
+                        None => format!("no filter: routed to {route}"),
+                    },
+                )
+            }
+            Some(f) => {
+                let (pass, reason, result, detail) = match f.apply(t, route) {
+                    Filtered::Pass(r) => {
+                        route_if_passed = Some(r);
+                        (
+                            true,
+                            DropReason::Filtered,
+                            r.as_str().to_owned(),
+                            format!("the filter routes it to {r}"),
+                        )
+                    }
+                    Filtered::Drop => (
+                        false,
+                        DropReason::Filtered,
+                        "drop".to_owned(),
+                        "the filter drops it".to_owned(),
+                    ),
+                    Filtered::Error(e) => (
+                        false,
+                        DropReason::FilterError,
+                        "error".to_owned(),
+                        format!("the filter {e}"),
+                    ),
+                };
+                check(
+                    "filter",
+                    reason,
+                    Some(pass),
+                    vec![("filter", f.source().to_owned()), ("result", result)],
+                    detail,
+                )
+            }
+        },
         _ => check(
             "filter",
             DropReason::Filtered,
@@ -288,18 +304,16 @@ pub fn explain(view: &PolicyView, t: &Trigger) -> Explanation {
             "a filter is evaluated only on a declared ref with Sense on".into(),
         ),
     });
-    let decision = match checks.iter().find(|c| c.verdict == Verdict::Fail) {
-        Some(c) => Decision::Drop(c.reason),
-        None => {
-            // Every check passed: the same helpers give the Binding identity and the route.
-            match (admitted(pack, principal), routed(pack, principal)) {
-                (Ok(binding_id), Ok((route, filter))) => match filtered(filter, t, route) {
-                    Ok(route) => Decision::Record { route, binding_id },
-                    Err(reason) => Decision::Drop(reason),
-                },
-                (Err(reason), _) | (_, Err(reason)) => Decision::Drop(reason),
-            }
-        }
+    let decision = match (
+        checks.iter().find(|c| c.verdict == Verdict::Fail),
+        admitted(pack, principal),
+        route_if_passed,
+    ) {
+        (Some(c), _, _) => Decision::Drop(c.reason),
+        // Every check passed: the Binding identity as `decide` gives it, the filter's route.
+        (None, Ok(binding_id), Some(route)) => Decision::Record { route, binding_id },
+        (None, Err(reason), _) => Decision::Drop(reason),
+        (None, Ok(_), None) => Decision::Drop(DropReason::ActivationOff),
     };
     Explanation { checks, decision }
 }

@@ -271,5 +271,27 @@ mod tests {
         for constant in ["true", "false", "'silent'", "'drop'"] {
             assert!(Filter::compile(constant).is_ok(), "{constant}");
         }
+        // A function this build lacks is refused when the filter is set, not on every trigger.
+        for missing in [
+            "ref.matches('^issue')",
+            "timestamp(payload.at) > 0",
+            "ref.startswith('x')",
+        ] {
+            let e = Filter::compile(missing).expect_err(missing);
+            assert!(e.contains("does not provide"), "{missing}: {e}");
+        }
+        // Every function the check lets through is there.
+        let every = "size('ab') == 2 && 'ab'.size() == 2 && 'ab'.contains('a') && 'ab'.startsWith('a') \
+            && 'ab'.endsWith('b') && int('1') == 1 && uint(1) == 1u && double(1) == 1.0 \
+            && string(1) == '1' && bytes('a') == b'a' && bool('true') && dyn(1) == 1 && type(1) == type(2) \
+            && ref != '' && 'a' in ['a'] && !false && -1 < 0 && 7 % 2 == 1 && [1][0] == 1";
+        let all = Filter::compile(every).expect("compiles");
+        assert_eq!(
+            all.apply(&trigger("x", json!({})), Route::Inbox),
+            Filtered::Pass(Route::Inbox)
+        );
+        for f in cel::FUNCTIONS {
+            assert!(every.contains(&format!("{f}(")), "{f} is exercised");
+        }
     }
 }

@@ -143,7 +143,20 @@ impl IngestService for Ingest {
             .into_inner()
             .trigger
             .ok_or_else(|| Error::invalid("trigger", "is required"))?;
-        let e = self.service.explain(raw_trigger(r)?).await?;
+        // Fields are named as this request holds them: `trigger.ref`, not `ref`.
+        let under = |e: Error| match e {
+            Error::InvalidArgument(v) => Error::InvalidArgument(
+                v.into_iter()
+                    .map(|mut x| {
+                        x.field = format!("trigger.{}", x.field);
+                        x
+                    })
+                    .collect(),
+            ),
+            e => e,
+        };
+        let raw = raw_trigger(r).map_err(under)?;
+        let e = self.service.explain(raw).await.map_err(under)?;
         let o = e.outcome();
         Ok(Response::new(pb::ExplainTriggerResponse {
             disposition: disposition(&o) as i32,

@@ -226,7 +226,12 @@ impl RecordService for Records {
         let stream =
             tokio_stream::wrappers::ReceiverStream::new(rx).map(move |event| match event {
                 WatchEvent::Sent { records, position } => Ok(pb::WatchRecordsResponse {
-                    records: records.iter().map(|r| record(r)).collect(),
+                    // The last look before the records go out: none erased since they were read.
+                    records: records
+                        .iter()
+                        .filter(|r| !this.service.erased(r))
+                        .map(|r| record(r))
+                        .collect(),
                     resume_token: this.position_token(&fp, position),
                 }),
                 WatchEvent::Ended {

@@ -13,6 +13,12 @@ pub const ERASE_BATCH: u64 = super::retention::PRUNE_BATCH;
 const ERASE_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
 
 impl Service {
+    /// Whether a record read before an erasure was erased by it (WatchRecords checks each
+    /// record as it goes out).
+    pub fn erased(&self, r: &crate::domain::model::Record) -> bool {
+        self.tail.erased(r)
+    }
+
     /// EraseRecords: deletes every record of `principal` (of `pack_id` only, when given) in
     /// batches of ERASE_BATCH, audited with the count; this replica's watches drop the
     /// erased records they hold before the answer, other replicas' when the store tells them.

@@ -119,6 +119,9 @@ pub struct Tail {
     watchers: AtomicUsize,
     /// Woken when a watch opens, so an idle tail starts at once.
     opened: tokio::sync::Notify,
+    /// Erasures of the last `keep_erasures()`, checked as messages go out.
+    recent: Mutex<Vec<(Instant, Erasure)>>,
+    recent_count: AtomicUsize,
 }
 
 impl Tail {
@@ -134,6 +137,8 @@ impl Tail {
             limits,
             watchers: AtomicUsize::new(0),
             opened: tokio::sync::Notify::new(),
+            recent: Mutex::default(),
+            recent_count: AtomicUsize::new(0),
         }
     }
 
@@ -183,10 +188,43 @@ impl Tail {
         if erasures.is_empty() {
             return;
         }
+        {
+            let mut recent = self.recent();
+            let now = Instant::now();
+            recent.retain(|(at, _)| now.duration_since(*at) < self.keep_erasures());
+            recent.extend(erasures.iter().map(|e| (now, e.clone())));
+            self.recent_count.store(recent.len(), Ordering::Release);
+        }
         let mut ring = self.ring();
         ring.records
             .retain(|r| !erasures.iter().any(|e| e.covers(r)));
         ring.erased.extend(erasures);
+    }
+
+    /// How long an erasure is checked at send time: longer than a watcher may hold records
+    /// it took before the erasure (a send waits at most `max_lag`; a catch-up read, less).
+    fn keep_erasures(&self) -> Duration {
+        self.limits.max_lag * 2 + Duration::from_secs(10)
+    }
+
+    fn recent(&self) -> MutexGuard<'_, Vec<(Instant, Erasure)>> {
+        self.recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a record a watcher is about to send was erased since it was read: checked as
+    /// the message goes out, so records taken from the ring or the store before an erasure
+    /// are not sent after it.
+    pub fn erased(&self, r: &Record) -> bool {
+        if self.recent_count.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let mut recent = self.recent();
+        let now = Instant::now();
+        recent.retain(|(at, _)| now.duration_since(*at) < self.keep_erasures());
+        self.recent_count.store(recent.len(), Ordering::Release);
+        recent.iter().any(|(_, e)| e.covers(r))
     }
 
     /// Matching records after `cursor`, at most `max`, and the position the scan reached; or
@@ -264,6 +302,14 @@ impl Service {
                 _ = tokio::time::sleep_until(next) => false,
             };
             tail.erase(commits.take_erasures());
+            if commits.resync.swap(false, Ordering::AcqRel) {
+                // Watchers join the new ring from the store, which holds no erased record.
+                tail.set(|s| {
+                    if s.state == TailState::Reading {
+                        s.state = TailState::Idle;
+                    }
+                });
+            }
             unannounced |= local && self.store.engine() == crate::store::Engine::Postgres;
             if unannounced && announced.elapsed() >= ANNOUNCE_EVERY {
                 // Other replicas' tails read by position; this only wakes them.
@@ -297,6 +343,8 @@ impl Service {
                             let mut ring = tail.ring();
                             ring.records.clear();
                             ring.evicted_upto = now;
+                            // What is read from here on was read after every erasure so far.
+                            ring.erased.clear();
                         }
                         tail.set(|s| {
                             s.watermark = now;

@@ -156,7 +156,11 @@ impl Store {
             let why = match self.subscribe(&heartbeat).await {
                 Ok(mut listener) => {
                     out.push(PolicyChange::Resync);
-                    // Records announced while not listening are read now.
+                    // Records announced while not listening are read now; erasures announced
+                    // then are not known, so the watch tail starts afresh from the store.
+                    self.commits()
+                        .resync
+                        .store(true, std::sync::atomic::Ordering::Release);
                     self.commits().remote.notify_one();
                     follow(&mut listener, &heartbeat, out, self).await
                 }

@@ -55,6 +55,9 @@ pub struct Commits {
     /// Erasures made here or announced by another replica, for the watch tail to apply to
     /// the records it holds; it takes them on its next wake-up.
     pub erasures: std::sync::Mutex<Vec<crate::domain::model::Erasure>>,
+    /// Set when the listener subscribes again: announcements (erasures among them) may have
+    /// been missed meanwhile, so the tail starts its ring afresh from the store.
+    pub resync: std::sync::atomic::AtomicBool,
 }
 
 impl Commits {

@@ -140,8 +140,8 @@ impl Store {
     }
 
     /// Erases a principal's records (of one pack, when given) in transactions of at most
-    /// `batch` rows, pausing `pause` between them so deliveries take their turns; the last
-    /// one writes the audit row with the count (never the records) and, on PostgreSQL,
+    /// `batch` rows, pausing `pause` between full ones so deliveries take their turns, until
+    /// one finds none; that last one writes the audit row with the count (never the records) and, on PostgreSQL,
     /// tells the other replicas' watches. Returns the erasure: every record of the principal
     /// at or below its position is gone. Called again after a failure, it erases the rest.
     pub async fn erase_records(
@@ -178,7 +178,9 @@ impl Store {
                 .map_err(classify)?
                 .rows_affected;
             total += n;
-            if n < batch {
+            // Done only when a batch finds none: on PostgreSQL a batch short of `batch` may
+            // have skipped rows another deleter (retention, an erasure retried) held meanwhile.
+            if n == 0 {
                 let upto = match self.engine() {
                     Engine::Postgres => upto,
                     // The table's last position goes when the records erased were the last
@@ -233,7 +235,9 @@ impl Store {
                 return Ok((total, erasure));
             }
             w.commit().await?;
-            tokio::time::sleep(pause).await;
+            if n == batch {
+                tokio::time::sleep(pause).await;
+            }
         }
     }
 

@@ -263,7 +263,10 @@ async fn explain_reads_the_facts_and_keeps_idempotency(kind: StoreKind) {
         .await
         .expect_err("bad ref");
     assert_eq!(s.code(), Code::InvalidArgument);
-    assert!(violations(&s).iter().any(|(f, _)| f == "ref"), "{s:?}");
+    assert!(
+        violations(&s).iter().any(|(f, _)| f == "trigger.ref"),
+        "{s:?}"
+    );
     let s = app
         .ingest
         .explain_trigger(ExplainTriggerRequest { trigger: None })
@@ -718,7 +721,14 @@ on_both_stores!(erasure_under_deliveries_and_watches => erasure_under_deliveries
 async fn a_lagging_watch_is_not_sent_erased_records(kind: StoreKind) {
     let mut app = spawn_app_with(kind, |_| {}).await;
     ready(&mut app, "alice").await;
-    let mut watch = RecordServiceClient::new(app.channel.clone())
+    let ch = app.channel.clone();
+    lagging_watch_erased(&mut app, &ch).await;
+}
+
+/// Opens a watch of alice's records on `watch_on`, does not read it while 4,000 large records
+/// are delivered and erased through `app`, then reads it.
+async fn lagging_watch_erased(app: &mut TestApp, watch_on: &tonic::transport::Channel) {
+    let mut watch = RecordServiceClient::new(watch_on.clone())
         .watch_records(pb::WatchRecordsRequest {
             principal: "alice".into(),
             start: Some(pb::watch_records_request::Start::FromNow(true)),
@@ -746,7 +756,9 @@ async fn a_lagging_watch_is_not_sent_erased_records(kind: StoreKind) {
         t.await.expect("deliveries");
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(erase(&mut app, "alice", "").await.expect("erase"), N as i64);
+    assert_eq!(erase(app, "alice", "").await.expect("erase"), N as i64);
+    // Another replica hears of it by NOTIFY.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut received = 0usize;
     while let Ok(Ok(Some(m))) = tokio::time::timeout(Duration::from_secs(2), watch.message()).await
     {
@@ -756,6 +768,29 @@ async fn a_lagging_watch_is_not_sent_erased_records(kind: StoreKind) {
         received < N / 2,
         "a watch behind by {N} records was sent {received} of them after they were erased"
     );
+}
+
+/// The same with the watch on another replica, which hears of the erasure from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_watch_on_another_replica_is_not_sent_erased_records_postgres() {
+    let mut a = spawn_app_with(StoreKind::Postgres, |_| {}).await;
+    ready(&mut a, "alice").await;
+    let mut config = hcp_sense::config::Config::for_database(a.test_db.url.clone());
+    config.migrate = false;
+    let b = hcp_sense::app::App::build(config).await.expect("replica");
+    let addr = b.local_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(b.run_until(async move {
+        let _ = stopped.await;
+    }));
+    let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    lagging_watch_erased(&mut a, &ch).await;
+    let _ = stop.send(());
+    let _ = served.await;
 }
 
 on_both_stores!(a_lagging_watch_is_not_sent_erased_records => a_lagging_watch_is_not_sent_erased_records);
