@@ -181,38 +181,98 @@ fn unsupported(e: &IdedExpr, nodes: &mut usize, depth: usize, what: &str) -> Opt
     }
 }
 
-/// The top-level fields of variable `name` an expression reads, when it reads it only as
-/// `name.field` (or `has(name.field)`); `None` when it reads it whole (`name["x"]`, `name`).
-/// An evaluation then converts only those fields of a large JSON value.
-pub fn fields_read(e: &IdedExpr, name: &str) -> Option<Vec<String>> {
-    fn walk(e: &IdedExpr, name: &str, out: &mut Vec<String>) -> bool {
+/// A read of a JSON variable's field path lifted out of an expression: the expression reads the
+/// variable `var` instead, bound per evaluation to the value at `path` (or, for `has`, to
+/// whether the object at `path` holds `has`), so an evaluation converts only the values it
+/// reads, whatever the size of the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lifted {
+    pub var: String,
+    pub path: Vec<String>,
+    pub has: Option<String>,
+}
+
+impl Lifted {
+    /// The path as the expression spelt it, for messages.
+    pub fn text(&self, name: &str) -> String {
+        let mut t = std::iter::once(name)
+            .chain(self.path.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(".");
+        if let Some(f) = &self.has {
+            t = format!("has({t}.{f})");
+        }
+        t
+    }
+}
+
+/// Rewrites every `name.a.b…` (and `has(name.a.b…)`) of `e` into a variable of its own. `None`
+/// when `name` is also read otherwise (`name["x"]`, `size(name)`, `name` itself): then it is
+/// bound whole, and `e` is left as it was.
+pub fn lift_paths(e: &IdedExpr, name: &str) -> Option<(IdedExpr, Vec<Lifted>)> {
+    fn chain(e: &IdedExpr, name: &str) -> Option<Vec<String>> {
         match &e.expr {
-            Expr::Select(s) => match &s.operand.expr {
-                Expr::Ident(i) if i == name => {
-                    if !out.contains(&s.field) {
-                        out.push(s.field.clone());
-                    }
-                    true
-                }
-                _ => walk(&s.operand, name, out),
-            },
-            Expr::Ident(i) => i != name,
-            Expr::Call(c) => c
-                .target
-                .iter()
-                .map(|t| &**t)
-                .chain(c.args.iter())
-                .all(|x| walk(x, name, out)),
-            Expr::List(l) => l.elements.iter().all(|x| walk(x, name, out)),
-            Expr::Map(m) => m.entries.iter().all(|en| match &en.expr {
-                EntryExpr::MapEntry(me) => walk(&me.key, name, out) && walk(&me.value, name, out),
-                EntryExpr::StructField(_) => true,
+            Expr::Ident(i) if i == name => Some(Vec::new()),
+            Expr::Select(s) if !s.test => chain(&s.operand, name).map(|mut p| {
+                p.push(s.field.clone());
+                p
             }),
-            // Refused by `check`; read whole to be safe.
-            Expr::Comprehension(_) | Expr::Struct(_) => false,
-            Expr::Unspecified | Expr::Literal(_) => true,
+            _ => None,
         }
     }
+    fn var(out: &mut Vec<Lifted>, path: Vec<String>, has: Option<String>) -> String {
+        if let Some(l) = out.iter().find(|l| l.path == path && l.has == has) {
+            return l.var.clone();
+        }
+        let var = format!("__lifted{}", out.len());
+        out.push(Lifted {
+            var: var.clone(),
+            path,
+            has,
+        });
+        var
+    }
+    fn lift(e: &mut IdedExpr, name: &str, out: &mut Vec<Lifted>) {
+        if let Expr::Select(s) = &e.expr {
+            let lifted = if s.test {
+                chain(&s.operand, name).map(|p| var(out, p, Some(s.field.clone())))
+            } else {
+                chain(e, name).map(|p| var(out, p, None))
+            };
+            if let Some(v) = lifted {
+                e.expr = Expr::Ident(v);
+                return;
+            }
+        }
+        match &mut e.expr {
+            Expr::Select(s) => lift(&mut s.operand, name, out),
+            Expr::Call(c) => {
+                if let Some(t) = &mut c.target {
+                    lift(t, name, out);
+                }
+                for a in &mut c.args {
+                    lift(a, name, out);
+                }
+            }
+            Expr::List(l) => {
+                for x in &mut l.elements {
+                    lift(x, name, out);
+                }
+            }
+            Expr::Map(m) => {
+                for en in &mut m.entries {
+                    if let EntryExpr::MapEntry(me) = &mut en.expr {
+                        lift(&mut me.key, name, out);
+                        lift(&mut me.value, name, out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut rewritten = e.clone();
     let mut out = Vec::new();
-    walk(e, name, &mut out).then_some(out)
+    lift(&mut rewritten, name, &mut out);
+    let whole = rewritten.references().variables().contains(&name);
+    (!whole).then_some((rewritten, out))
 }

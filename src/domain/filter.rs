@@ -2,10 +2,10 @@
 use std::sync::Arc;
 
 use ::cel::common::ast::IdedExpr;
-use ::cel::objects::{Key, Map as CelMap};
 use ::cel::Value as Cel;
+use serde_json::Value;
 
-use super::cel;
+use super::cel::{self, Lifted};
 use super::decide::Trigger;
 use super::policy::Route;
 
@@ -19,9 +19,12 @@ pub struct Filter {
     source: String,
     /// `Err` holds why a stored filter no longer compiles: it fails every trigger.
     expr: Result<IdedExpr, String>,
-    /// The payload's top-level fields the filter reads, when it reads it only field by field:
-    /// only these are converted for an evaluation, whatever the payload's size.
-    payload_fields: Option<Vec<String>>,
+    /// The payload's paths the filter reads, lifted into variables of their own, when it
+    /// reads the payload only by field paths: only their values are converted for an
+    /// evaluation, whatever the payload's size. `None`: the payload is bound whole.
+    lifted: Option<Vec<Lifted>>,
+    /// Which of `ref`, `land` and `project` the filter reads: only those are bound.
+    reads: [bool; 3],
 }
 
 impl PartialEq for Filter {
@@ -68,11 +71,24 @@ impl Filter {
                 Some(Err(e)) => return Err(format!("always fails: {e}")),
                 None => {}
             }
-            let payload_fields = cel::fields_read(&expr, "payload");
+            let reads = {
+                let r = expr.references();
+                let vars = r.variables();
+                [
+                    vars.contains(&"ref"),
+                    vars.contains(&"land"),
+                    vars.contains(&"project"),
+                ]
+            };
+            let (expr, lifted) = match cel::lift_paths(&expr, "payload") {
+                Some((rewritten, lifted)) => (rewritten, Some(lifted)),
+                None => (expr, None),
+            };
             Ok(Filter {
                 source: source.to_owned(),
                 expr: Ok(expr),
-                payload_fields,
+                lifted,
+                reads,
             })
         })?
         .map(Arc::new)
@@ -83,7 +99,8 @@ impl Filter {
         Arc::new(Filter {
             source: source.to_owned(),
             expr: Err(why),
-            payload_fields: Some(Vec::new()),
+            lifted: Some(Vec::new()),
+            reads: [false; 3],
         })
     }
 
@@ -101,33 +118,75 @@ impl Filter {
             Err(why) => return Filtered::Error(format!("does not compile: {why}")),
         };
         let mut ctx = cel::context();
-        ctx.add_variable_from_value("ref", t.r#ref.as_str());
-        ctx.add_variable_from_value("land", t.land.as_str());
-        ctx.add_variable_from_value("project", t.project.as_deref().unwrap_or(""));
-        let payload = match &self.payload_fields {
-            Some(fields) => {
-                let mut map = std::collections::HashMap::with_capacity(fields.len());
-                for f in fields {
-                    if let Some(v) = t.payload.get(f) {
-                        match ::cel::to_value(v) {
-                            Ok(v) => {
-                                map.insert(Key::String(Arc::new(f.clone())), v);
+        if self.reads[0] {
+            ctx.add_variable_from_value("ref", t.r#ref.as_str());
+        }
+        if self.reads[1] {
+            ctx.add_variable_from_value("land", t.land.as_str());
+        }
+        if self.reads[2] {
+            ctx.add_variable_from_value("project", t.project.as_deref().unwrap_or(""));
+        }
+        match &self.lifted {
+            Some(lifted) => {
+                for l in lifted {
+                    let mut at = Some(&t.payload);
+                    let mut value = None;
+                    for (i, key) in l.path.iter().enumerate() {
+                        let v = at.and_then(|m| m.get(key));
+                        if i + 1 == l.path.len() {
+                            value = v;
+                        }
+                        at = v.and_then(Value::as_object);
+                    }
+                    match &l.has {
+                        // has(payload…x.f): the object must be there; it may lack `f`.
+                        Some(f) => {
+                            let object = if l.path.is_empty() {
+                                Some(&t.payload)
+                            } else {
+                                at
+                            };
+                            if let Some(o) = object {
+                                ctx.add_variable_from_value(l.var.as_str(), o.contains_key(f));
                             }
-                            Err(e) => return Filtered::Error(format!("payload.{f}: {e}")),
+                        }
+                        None => {
+                            if let Some(v) = value {
+                                match ::cel::to_value(v) {
+                                    Ok(v) => ctx.add_variable_from_value(l.var.as_str(), v),
+                                    Err(e) => {
+                                        return Filtered::Error(format!(
+                                            "{}: {e}",
+                                            l.text("payload")
+                                        ))
+                                    }
+                                }
+                            }
                         }
                     }
+                    // Left unbound, the evaluation fails naming the variable; said as the path.
                 }
-                Cel::Map(CelMap { map: Arc::new(map) })
             }
             None => match ::cel::to_value(&t.payload) {
-                Ok(v) => v,
+                Ok(v) => ctx.add_variable_from_value("payload", v),
                 Err(e) => return Filtered::Error(format!("payload: {e}")),
             },
-        };
-        ctx.add_variable_from_value("payload", payload);
+        }
         match Cel::resolve(expr, &ctx) {
             Ok(v) => outcome(v, route).unwrap_or_else(Filtered::Error),
-            Err(e) => Filtered::Error(format!("failed: {e}")),
+            Err(e) => {
+                let mut why = e.to_string();
+                for l in self.lifted.iter().flatten() {
+                    if why.contains(&l.var) {
+                        why = format!(
+                            "reads {}, which this payload does not have",
+                            l.text("payload")
+                        );
+                    }
+                }
+                Filtered::Error(format!("failed: {why}"))
+            }
         }
     }
 }
@@ -210,7 +269,43 @@ mod tests {
             Filtered::Pass(Route::Silent)
         );
         let whole = Filter::compile("size(payload) > 1 && payload['a'] == 1").expect("compiles");
-        assert!(whole.payload_fields.is_none());
+        assert!(whole.lifted.is_none());
+        let paths = Filter::compile(
+            "has(payload.a) && has(payload.a.b) && payload.a.b.c == 1 && payload.a.b.c > 0",
+        )
+        .expect("compiles");
+        assert_eq!(
+            paths.lifted.as_ref().map(Vec::len),
+            Some(3),
+            "one variable per distinct read"
+        );
+        assert_eq!(
+            paths.apply(&trigger("x", json!({"a": {"b": {"c": 1}}})), Route::Inbox),
+            Filtered::Pass(Route::Inbox)
+        );
+        assert_eq!(
+            paths.apply(&trigger("x", json!({"a": {}})), Route::Inbox),
+            Filtered::Drop
+        );
+        assert_eq!(
+            paths.apply(&trigger("x", json!({})), Route::Inbox),
+            Filtered::Drop
+        );
+        // has() of a field of a missing object fails, as CEL has it.
+        let nested_has = Filter::compile("has(payload.a.b)").expect("compiles");
+        assert!(matches!(
+            nested_has.apply(&trigger("x", json!({})), Route::Inbox),
+            Filtered::Error(_)
+        ));
+        assert!(matches!(
+            nested_has.apply(&trigger("x", json!({"a": 1})), Route::Inbox),
+            Filtered::Error(_)
+        ));
+        let missing = Filter::compile("payload.a.b == 1").expect("compiles");
+        match missing.apply(&trigger("x", json!({"a": {}})), Route::Inbox) {
+            Filtered::Error(e) => assert!(e.contains("payload.a.b"), "{e}"),
+            other => panic!("{other:?}"),
+        }
         assert_eq!(
             whole.apply(&trigger("x", json!({"a": 1, "b": 2})), Route::Inbox),
             Filtered::Pass(Route::Inbox)

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
-use crate::load::{closed, Load, Phase, Population};
+use crate::load::{closed, open, Load, Phase, Population};
 use crate::pb::policy_service_client::PolicyServiceClient;
 use crate::pb::{ActivateSenseRequest, Route as PbRoute};
 use crate::server::Server;
@@ -19,15 +19,27 @@ pub struct Measured {
     pub decision_us: f64,
 }
 
+/// How a measured phase loads the server.
+#[derive(Debug, Clone, Copy)]
+pub enum Pace {
+    /// `c` callers, each calling again as soon as answered.
+    Closed(usize),
+    /// This many calls a second, whatever the answers take.
+    Open(f64),
+}
+
 async fn measured(
     server: &Server,
     chs: &[Channel],
     duration: Duration,
-    c: usize,
+    pace: Pace,
     pop: Population,
 ) -> Measured {
     let before = server.scrape().await;
-    let phase = closed(chs, duration, c, pop, Load::Recorded).await;
+    let phase = match pace {
+        Pace::Closed(c) => closed(chs, duration, c, pop, Load::Recorded).await,
+        Pace::Open(rate) => open(chs, duration, pop, Load::Recorded, rate).await,
+    };
     let after = server.scrape().await;
     let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
     let n = d("hcp_sense_decision_duration_seconds_count");
@@ -53,21 +65,29 @@ pub async fn activate_all(ch: &Channel, pop: Population, filter: &str) -> anyhow
     Ok(())
 }
 
-/// Recorded phases at `c` callers, unfiltered and filtered in turn, `rounds` of each.
+/// Recorded phases at `pace`, unfiltered (A) and filtered (B) in the order A B B A A B …
+/// (`rounds` of each), after one unmeasured phase: records pile up as the phases go, and each
+/// kind meets early and late phases alike.
 pub async fn recorded_rates(
     server: &Server,
     chs: &[Channel],
     duration: Duration,
-    c: usize,
+    pace: Pace,
     pop: Population,
     rounds: usize,
 ) -> anyhow::Result<(Vec<Measured>, Vec<Measured>)> {
+    activate_all(&chs[0], pop, "").await?;
+    measured(server, chs, duration, pace, pop).await;
     let (mut plain, mut filtered) = (Vec::new(), Vec::new());
-    for _ in 0..rounds {
-        activate_all(&chs[0], pop, "").await?;
-        plain.push(measured(server, chs, duration, c, pop).await);
-        activate_all(&chs[0], pop, TYPICAL).await?;
-        filtered.push(measured(server, chs, duration, c, pop).await);
+    for i in 0..rounds * 2 {
+        let filter = matches!(i % 4, 1 | 2);
+        activate_all(&chs[0], pop, if filter { TYPICAL } else { "" }).await?;
+        let m = measured(server, chs, duration, pace, pop).await;
+        if filter {
+            filtered.push(m);
+        } else {
+            plain.push(m);
+        }
     }
     Ok((plain, filtered))
 }
