@@ -435,28 +435,11 @@ on_both_stores!(filtered_triggers_are_dropped_counted_and_the_filter_is_kept => 
 async fn a_filter_holds_on_another_replica_and_after_a_restart_postgres() {
     let mut a = spawn_app_with(StoreKind::Postgres, |_| {}).await;
     ready(&mut a, "alice").await;
-    let url = a.test_db.url.clone();
-    let replica = || async {
-        let mut config = hcp_sense::config::Config::for_database(url.clone());
-        config.migrate = false;
-        let b = hcp_sense::app::App::build(config).await.expect("replica");
-        let addr = b.local_addr();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let served = tokio::spawn(b.run_until(async move {
-            let _ = stopped.await;
-        }));
-        let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-            .expect("uri")
-            .connect()
-            .await
-            .expect("connect");
-        (ch, stop, served)
-    };
-    let (ch, stop, served) = replica().await;
+    let b = Replica::start(&a.test_db.url).await;
     activate_filtered(&mut a, "alice", Route::Inbox, TYPICAL)
         .await
         .expect("filter on a");
-    let mut ingest = pb::ingest_service_client::IngestServiceClient::new(ch.clone());
+    let mut ingest = pb::ingest_service_client::IngestServiceClient::new(b.channel.clone());
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = ingest.deliver_trigger(issue("alice", true)).await;
@@ -471,11 +454,10 @@ async fn a_filter_holds_on_another_replica_and_after_a_restart_postgres() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _ = stop.send(());
-    let _ = served.await;
+    b.stop().await;
     // A server started afresh on the store reads the filter with the activation.
-    let (ch, stop, served) = replica().await;
-    let mut ingest = pb::ingest_service_client::IngestServiceClient::new(ch);
+    let b = Replica::start(&a.test_db.url).await;
+    let mut ingest = pb::ingest_service_client::IngestServiceClient::new(b.channel.clone());
     let r = ingest
         .deliver_trigger(issue("alice", true))
         .await
@@ -488,8 +470,42 @@ async fn a_filter_holds_on_another_replica_and_after_a_restart_postgres() {
         .expect("deliver")
         .into_inner();
     assert_eq!(r.disposition, Disposition::RecordedInbox as i32);
-    let _ = stop.send(());
-    let _ = served.await;
+    b.stop().await;
+}
+
+/// A second server on a test's database (PostgreSQL), as another replica.
+struct Replica {
+    channel: tonic::transport::Channel,
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Replica {
+    async fn start(url: &str) -> Replica {
+        let mut config = hcp_sense::config::Config::for_database(url.to_owned());
+        config.migrate = false;
+        let b = hcp_sense::app::App::build(config).await.expect("replica");
+        let addr = b.local_addr();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(b.run_until(async move {
+            let _ = stopped.await;
+        }));
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        Replica {
+            channel,
+            stop,
+            served,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.served.await;
+    }
 }
 
 async fn alice_records(app: &mut TestApp) -> Vec<pb::Record> {
@@ -775,22 +791,9 @@ async fn lagging_watch_erased(app: &mut TestApp, watch_on: &tonic::transport::Ch
 async fn a_lagging_watch_on_another_replica_is_not_sent_erased_records_postgres() {
     let mut a = spawn_app_with(StoreKind::Postgres, |_| {}).await;
     ready(&mut a, "alice").await;
-    let mut config = hcp_sense::config::Config::for_database(a.test_db.url.clone());
-    config.migrate = false;
-    let b = hcp_sense::app::App::build(config).await.expect("replica");
-    let addr = b.local_addr();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(b.run_until(async move {
-        let _ = stopped.await;
-    }));
-    let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    lagging_watch_erased(&mut a, &ch).await;
-    let _ = stop.send(());
-    let _ = served.await;
+    let b = Replica::start(&a.test_db.url).await;
+    lagging_watch_erased(&mut a, &b.channel).await;
+    b.stop().await;
 }
 
 on_both_stores!(a_lagging_watch_is_not_sent_erased_records => a_lagging_watch_is_not_sent_erased_records);
