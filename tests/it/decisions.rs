@@ -33,12 +33,18 @@ async fn activate_filtered(
         .map(|r| r.into_inner().activation.expect("activation"))
 }
 
-async fn explain(app: &mut TestApp, t: DeliverTriggerRequest) -> pb::ExplainTriggerResponse {
+async fn explain_call(
+    app: &mut TestApp,
+    trigger: Option<DeliverTriggerRequest>,
+) -> Result<pb::ExplainTriggerResponse, tonic::Status> {
     app.ingest
-        .explain_trigger(ExplainTriggerRequest { trigger: Some(t) })
+        .explain_trigger(ExplainTriggerRequest { trigger })
         .await
-        .expect("explain")
-        .into_inner()
+        .map(tonic::Response::into_inner)
+}
+
+async fn explain(app: &mut TestApp, t: DeliverTriggerRequest) -> pb::ExplainTriggerResponse {
+    explain_call(app, Some(t)).await.expect("explain")
 }
 
 /// An issue of a public or private repository.
@@ -246,20 +252,14 @@ async fn explain_reads_the_facts_and_keeps_idempotency(kind: StoreKind) {
         .any(|c| c.name == "grant" && c.verdict == CheckVerdict::Fail as i32));
     // The same trigger id for another principal: a conflict, as DeliverTrigger answers it.
     t.principal = "bob".into();
-    let s = app
-        .ingest
-        .explain_trigger(ExplainTriggerRequest {
-            trigger: Some(t.clone()),
-        })
+    let s = explain_call(&mut app, Some(t.clone()))
         .await
         .expect_err("conflict");
     assert_eq!(s.code(), Code::AlreadyExists);
     // Malformed input: INVALID_ARGUMENT naming the field, as DeliverTrigger; no trigger at all too.
     let mut bad = issue("alice", false);
     bad.r#ref = "Issue.Opened".into();
-    let s = app
-        .ingest
-        .explain_trigger(ExplainTriggerRequest { trigger: Some(bad) })
+    let s = explain_call(&mut app, Some(bad))
         .await
         .expect_err("bad ref");
     assert_eq!(s.code(), Code::InvalidArgument);
@@ -267,11 +267,7 @@ async fn explain_reads_the_facts_and_keeps_idempotency(kind: StoreKind) {
         violations(&s).iter().any(|(f, _)| f == "trigger.ref"),
         "{s:?}"
     );
-    let s = app
-        .ingest
-        .explain_trigger(ExplainTriggerRequest { trigger: None })
-        .await
-        .expect_err("no trigger");
+    let s = explain_call(&mut app, None).await.expect_err("no trigger");
     assert!(violations(&s).iter().any(|(f, _)| f == "trigger"), "{s:?}");
 }
 
