@@ -3,11 +3,13 @@ use std::sync::Arc;
 
 use ::cel::common::ast::IdedExpr;
 use ::cel::Value as Cel;
-use serde_json::Value;
 
 use super::cel::{self, Lifted};
 use super::decide::Trigger;
 use super::policy::Route;
+use direct::{object_at, value_at, Direct, V};
+
+mod direct;
 
 /// The names a filter reads.
 const VARIABLES: &[&str] = &["ref", "land", "project", "payload"];
@@ -25,6 +27,8 @@ pub struct Filter {
     lifted: Option<Vec<Lifted>>,
     /// Which of `ref`, `land` and `project` the filter reads: only those are bound.
     reads: [bool; 3],
+    /// The filter in the shapes evaluated without the interpreter, when it is written in them.
+    direct: Option<Direct>,
 }
 
 impl PartialEq for Filter {
@@ -84,11 +88,13 @@ impl Filter {
                 Some((rewritten, lifted)) => (rewritten, Some(lifted)),
                 None => (expr, None),
             };
+            let direct = lifted.as_ref().and_then(|l| Direct::lower(&expr, l));
             Ok(Filter {
                 source: source.to_owned(),
                 expr: Ok(expr),
                 lifted,
                 reads,
+                direct,
             })
         })?
         .map(Arc::new)
@@ -101,6 +107,7 @@ impl Filter {
             expr: Err(why),
             lifted: Some(Vec::new()),
             reads: [false; 3],
+            direct: None,
         })
     }
 
@@ -113,6 +120,25 @@ impl Filter {
     /// records with that route. Anything else, or a failure, is an error, never a panic: the
     /// tree is at most MAX_EXPRESSION_DEPTH deep and has no loop.
     pub fn apply(&self, t: &Trigger, route: Route) -> Filtered {
+        self.direct(t, route)
+            .unwrap_or_else(|| self.interpret(t, route))
+    }
+
+    /// The outcome without the interpreter, where the filter's shape and the trigger's values
+    /// allow it: a pass or a drop, never an error (the interpreter says what went wrong).
+    fn direct(&self, t: &Trigger, route: Route) -> Option<Filtered> {
+        let lifted = self.lifted.as_deref()?;
+        match self.direct.as_ref()?.eval(t, lifted)? {
+            V::Bool(true) => Some(Filtered::Pass(route)),
+            V::Bool(false) => Some(Filtered::Drop),
+            V::Str(DROP) => Some(Filtered::Drop),
+            V::Str(s) => Route::parse(s).map(Filtered::Pass),
+            _ => None,
+        }
+    }
+
+    /// The outcome by CEL's interpreter.
+    fn interpret(&self, t: &Trigger, route: Route) -> Filtered {
         let expr = match &self.expr {
             Ok(e) => e,
             Err(why) => return Filtered::Error(format!("does not compile: {why}")),
@@ -130,29 +156,15 @@ impl Filter {
         match &self.lifted {
             Some(lifted) => {
                 for l in lifted {
-                    let mut at = Some(&t.payload);
-                    let mut value = None;
-                    for (i, key) in l.path.iter().enumerate() {
-                        let v = at.and_then(|m| m.get(key));
-                        if i + 1 == l.path.len() {
-                            value = v;
-                        }
-                        at = v.and_then(Value::as_object);
-                    }
                     match &l.has {
                         // has(payload…x.f): the object must be there; it may lack `f`.
                         Some(f) => {
-                            let object = if l.path.is_empty() {
-                                Some(&t.payload)
-                            } else {
-                                at
-                            };
-                            if let Some(o) = object {
+                            if let Some(o) = object_at(&t.payload, &l.path) {
                                 ctx.add_variable_from_value(l.var.as_str(), o.contains_key(f));
                             }
                         }
                         None => {
-                            if let Some(v) = value {
+                            if let Some(v) = value_at(&t.payload, &l.path) {
                                 match ::cel::to_value(v) {
                                     Ok(v) => ctx.add_variable_from_value(l.var.as_str(), v),
                                     Err(e) => {
@@ -328,6 +340,197 @@ mod tests {
             mistyped.apply(&trigger("x", json!({})), Route::Inbox),
             Filtered::Error(_)
         ));
+    }
+
+    /// Filters in the direct shapes are evaluated without the interpreter.
+    #[test]
+    fn common_filters_are_evaluated_directly() {
+        let t = |r: &str, payload| Trigger {
+            project: Some("web".into()),
+            ..trigger(r, payload)
+        };
+        for (src, payload, want) in [
+            (
+                "payload.repository.private == false && ref.startsWith('issue.')",
+                json!({"repository": {"private": false}}),
+                Filtered::Pass(Route::Silent),
+            ),
+            (
+                "payload.n >= 10 || land in ['brain', 'team']",
+                json!({"n": 9}),
+                Filtered::Drop,
+            ),
+            (
+                "!has(payload.a.b) ? 'inbox' : (project.endsWith('b') ? 'drop' : 'silent')",
+                json!({"a": {"b": 1}}),
+                Filtered::Drop,
+            ),
+            (
+                "payload.x == null",
+                json!({"x": null}),
+                Filtered::Pass(Route::Silent),
+            ),
+        ] {
+            let f = Filter::compile(src).expect(src);
+            assert_eq!(
+                f.direct(&t("issue.opened", payload.clone()), Route::Silent),
+                Some(want.clone()),
+                "{src}"
+            );
+            assert_eq!(
+                f.interpret(&t("issue.opened", payload), Route::Silent),
+                want,
+                "{src}"
+            );
+        }
+        // What the direct form does not model goes to the interpreter, which says why.
+        let f = Filter::compile("payload.a == 1").expect("compiles");
+        assert_eq!(f.direct(&t("x", json!({})), Route::Inbox), None);
+        assert_eq!(f.direct(&t("x", json!({"a": [1]})), Route::Inbox), None);
+        assert!(
+            matches!(f.apply(&t("x", json!({})), Route::Inbox), Filtered::Error(e) if e.contains("payload.a"))
+        );
+        for interpreted in [
+            "size(payload.s) > 1",
+            "payload.n + 1 > 2",
+            "payload['a'] == 1",
+        ] {
+            assert!(
+                Filter::compile(interpreted)
+                    .expect(interpreted)
+                    .direct
+                    .is_none(),
+                "{interpreted}"
+            );
+        }
+    }
+
+    mod agreement {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Operands: the trigger's variables, payload paths and literals of every kind, at the
+        /// edges of CEL's integer kinds among them.
+        fn operand() -> impl Strategy<Value = String> {
+            prop::sample::select(vec![
+                "ref",
+                "land",
+                "project",
+                "payload.a",
+                "payload.a.b",
+                "payload.n",
+                "payload.s",
+                "1",
+                "-1",
+                "0",
+                "0u",
+                "7u",
+                "2.5",
+                "-0.5",
+                "1.0",
+                "'issue.'",
+                "'issue.opened'",
+                "''",
+                "'inbox'",
+                "'silent'",
+                "'drop'",
+                "'web'",
+                "true",
+                "false",
+                "null",
+                "18446744073709551615u",
+                "9223372036854775807",
+                "-9223372036854775807",
+            ])
+            .prop_map(str::to_owned)
+        }
+
+        fn filter() -> impl Strategy<Value = String> {
+            let leaf = prop_oneof![
+                operand(),
+                Just("has(payload.a)".to_owned()),
+                Just("has(payload.a.b)".to_owned()),
+                (
+                    operand(),
+                    operand(),
+                    prop::sample::select(vec!["==", "!=", "<", "<=", ">", ">="])
+                )
+                    .prop_map(|(a, b, op)| format!("{a} {op} {b}")),
+                (
+                    operand(),
+                    operand(),
+                    prop::sample::select(vec!["startsWith", "endsWith", "contains"])
+                )
+                    .prop_map(|(a, b, f)| format!("{a}.{f}({b})")),
+                (operand(), operand(), operand())
+                    .prop_map(|(a, b, c)| format!("{a} in [{b}, {c}]")),
+            ];
+            leaf.prop_recursive(4, 24, 3, |inner| {
+                prop_oneof![
+                    inner.clone().prop_map(|a| format!("!({a})")),
+                    (inner.clone(), inner.clone()).prop_map(|(a, b)| format!("({a}) && ({b})")),
+                    (inner.clone(), inner.clone()).prop_map(|(a, b)| format!("({a}) || ({b})")),
+                    (inner.clone(), inner.clone(), inner)
+                        .prop_map(|(a, b, c)| format!("({a}) ? ({b}) : ({c})")),
+                ]
+            })
+        }
+
+        fn leaf() -> impl Strategy<Value = serde_json::Value> {
+            prop_oneof![
+                Just(json!(null)),
+                any::<bool>().prop_map(|b| json!(b)),
+                prop::sample::select(vec![0i64, 1, -1, 7, 10, i64::MAX, i64::MIN])
+                    .prop_map(|n| json!(n)),
+                Just(json!(u64::MAX)),
+                prop::sample::select(vec![1.0f64, 2.5, -0.5, 1e300]).prop_map(|f| json!(f)),
+                prop::sample::select(vec!["", "issue.", "issue.opened", "inbox", "drop", "web"])
+                    .prop_map(|s| json!(s)),
+                Just(json!([1])),
+            ]
+        }
+
+        fn payload() -> impl Strategy<Value = serde_json::Value> {
+            let field = prop_oneof![
+                Just(None),
+                leaf().prop_map(Some),
+                leaf().prop_map(|b| Some(json!({ "b": b }))),
+                Just(Some(json!({}))),
+            ];
+            (field.clone(), field.clone(), field).prop_map(|(a, n, s)| {
+                let mut m = serde_json::Map::new();
+                for (k, v) in [("a", a), ("n", n), ("s", s)] {
+                    if let Some(v) = v {
+                        m.insert(k.to_owned(), v);
+                    }
+                }
+                serde_json::Value::Object(m)
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 1500, ..ProptestConfig::default() })]
+            /// Wherever the direct evaluation answers, the interpreter answers the same.
+            #[test]
+            fn direct_evaluation_agrees_with_the_interpreter(
+                src in filter(),
+                cases in prop::collection::vec(
+                    (payload(), prop::sample::select(vec!["issue.opened", "pr.opened", ""]), any::<bool>()),
+                    8,
+                ),
+            ) {
+                let Ok(f) = Filter::compile(&src) else { return Ok(()) };
+                for (payload, r, project) in cases {
+                    let t = Trigger {
+                        project: project.then(|| "web".to_owned()),
+                        ..trigger(r, payload)
+                    };
+                    if let Some(d) = f.direct(&t, Route::Silent) {
+                        prop_assert_eq!(&d, &f.interpret(&t, Route::Silent), "{} on {:?}", src, t.payload);
+                    }
+                }
+            }
+        }
     }
 
     #[test]
