@@ -145,6 +145,28 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
             cpu["noop_us_per_call"]["client"].as_f64() > Some(0.0),
             "{cpu}"
         );
+        // The filter phase, at full load and at a steady rate: filtered and unfiltered phases
+        // both recorded, with the server's decision time and CPU per call read for each.
+        for load in ["C=4", "1000/s"] {
+            let r = results
+                .iter()
+                .find(|r| r["store"] == store && r["phase"] == "filter" && r["load"] == load)
+                .unwrap_or_else(|| panic!("no {store} filter phase at {load} in {report}"));
+            for k in [
+                "plain_per_s",
+                "filtered_per_s",
+                "plain_decision_us",
+                "filtered_decision_us",
+                "plain_server_cpu_us",
+                "filtered_server_cpu_us",
+            ] {
+                assert!(r[k].as_f64() > Some(0.0), "{store} {load} {k}: {r}");
+            }
+            for kind in ["no filter", "filtered"] {
+                let phase = find(store, &format!("recorded, {load}, {kind}"));
+                assert_eq!(phase["errors"], 0, "{store} {load} {kind}: {phase}");
+            }
+        }
         // Reached by paging 2,000 records down, a page of 100 is still full.
         for page in ["ListRecords first page", "ListRecords deep page"] {
             let r = find(store, page);

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
+use crate::cpu;
 use crate::load::{closed, open, Load, Phase, Population};
 use crate::pb::policy_service_client::PolicyServiceClient;
 use crate::pb::{ActivateSenseRequest, Route as PbRoute};
@@ -13,10 +14,12 @@ use crate::server::Server;
 /// The filter measured: a typical one, over the benchmark triggers' payload and ref.
 pub const TYPICAL: &str = "payload.repository.private == false && ref.startsWith(\"issue.\")";
 
-/// One recorded phase and the server's mean decision time over it, in microseconds.
+/// One recorded phase, the server's mean decision time over it and the server's CPU time per
+/// call (everything it does for a call, not only the decision), in microseconds.
 pub struct Measured {
     pub phase: Phase,
     pub decision_us: f64,
+    pub server_cpu_us: f64,
 }
 
 /// How a measured phase loads the server.
@@ -36,16 +39,19 @@ async fn measured(
     pop: Population,
 ) -> Measured {
     let before = server.scrape().await;
+    let cpu0 = cpu::sample(server.pid());
     let phase = match pace {
         Pace::Closed(c) => closed(chs, duration, c, pop, Load::Recorded).await,
         Pace::Open(rate) => open(chs, duration, pop, Load::Recorded, rate).await,
     };
+    let cpu1 = cpu::sample(server.pid());
     let after = server.scrape().await;
     let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
     let n = d("hcp_sense_decision_duration_seconds_count");
     Measured {
-        phase,
         decision_us: d("hcp_sense_decision_duration_seconds_sum") * 1e6 / n.max(1.0),
+        server_cpu_us: cpu0.per_call(&cpu1, phase.calls).server,
+        phase,
     }
 }
 
@@ -65,22 +71,23 @@ pub async fn activate_all(ch: &Channel, pop: Population, filter: &str) -> anyhow
     Ok(())
 }
 
-/// Recorded phases at `pace`, unfiltered (A) and filtered (B) in the order A B B A A B …
-/// (`rounds` of each), after one unmeasured phase: records pile up as the phases go, and each
-/// kind meets early and late phases alike.
+/// The order of the measured phases, unfiltered (A) and filtered (B): A B B A B A A B, so each
+/// kind's phases sit at the same mean position, and a rate that drifts as records pile up
+/// weighs on both alike.
+const ORDER: [bool; 8] = [false, true, true, false, true, false, false, true];
+
+/// Recorded phases at `pace` in the order ORDER, after one unmeasured phase; four of each kind.
 pub async fn recorded_rates(
     server: &Server,
     chs: &[Channel],
     duration: Duration,
     pace: Pace,
     pop: Population,
-    rounds: usize,
 ) -> anyhow::Result<(Vec<Measured>, Vec<Measured>)> {
     activate_all(&chs[0], pop, "").await?;
     measured(server, chs, duration, pace, pop).await;
     let (mut plain, mut filtered) = (Vec::new(), Vec::new());
-    for i in 0..rounds * 2 {
-        let filter = matches!(i % 4, 1 | 2);
+    for filter in ORDER {
         activate_all(&chs[0], pop, if filter { TYPICAL } else { "" }).await?;
         let m = measured(server, chs, duration, pace, pop).await;
         if filter {

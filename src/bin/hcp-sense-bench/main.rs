@@ -268,7 +268,7 @@ async fn run(o: &Options) -> anyhow::Result<()> {
 }
 
 /// An activation filter's cost on each store, at the sweep's first concurrency: recorded
-/// phases with every activation unfiltered and filtered alternately (3 rounds each), the
+/// phases with every activation unfiltered and filtered alternately (four of each), the
 /// recorded rate and the server's own decision time of each.
 async fn filter_phase(o: &Options) -> anyhow::Result<()> {
     let c = o.first();
@@ -286,7 +286,7 @@ async fn filter_phase(o: &Options) -> anyhow::Result<()> {
             (filter::Pace::Open(1000.0), "1000/s".to_owned()),
         ] {
             let (plain, filtered) =
-                filter::recorded_rates(&server, &chs, o.duration(), pace, pop, 3).await?;
+                filter::recorded_rates(&server, &chs, o.duration(), pace, pop).await?;
             for (p, f) in plain.iter().zip(&filtered) {
                 row(
                     kind,
@@ -309,15 +309,21 @@ async fn filter_phase(o: &Options) -> anyhow::Result<()> {
                 mean(&plain, |m| m.decision_us),
                 mean(&filtered, |m| m.decision_us),
             );
+            let (ca, cb) = (
+                mean(&plain, |m| m.server_cpu_us),
+                mean(&filtered, |m| m.server_cpu_us),
+            );
             println!(
-                "{kind:<9} filter `{}` at {label}: decision {da:.2} us unfiltered, {db_:.2} us filtered (+{:.2} us); recorded {a:.0}/s unfiltered, {b:.0}/s filtered: {:+.1}% (means of 3, A B B A A B)",
+                "{kind:<9} filter `{}` at {label}: decision {da:.2} us unfiltered, {db_:.2} us filtered ({:+.2} us); server CPU per call {ca:.1} us unfiltered, {cb:.1} us filtered ({:+.1} us); recorded {a:.0}/s unfiltered, {b:.0}/s filtered: {:+.1}% (means of 4, A B B A B A A B)",
                 filter::TYPICAL,
                 db_ - da,
+                cb - ca,
                 (b / a - 1.0) * 100.0
             );
             result(json!({
                 "store": kind, "phase": "filter", "load": label, "filter": filter::TYPICAL,
                 "plain_decision_us": da, "filtered_decision_us": db_, "extra_decision_us": db_ - da,
+                "plain_server_cpu_us": ca, "filtered_server_cpu_us": cb,
                 "plain_per_s": a, "filtered_per_s": b, "change": b / a - 1.0,
             }));
         }
