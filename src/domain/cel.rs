@@ -1,7 +1,7 @@
 //! CEL as the service runs it, for ingress mappings and activation filters alike: one standard environment, expressions checked for size, depth, names and loops before they are kept.
 use std::sync::{Arc, LazyLock};
 
-use cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use cel::common::ast::{operators, EntryExpr, Expr, IdedExpr, LiteralValue};
 use cel::{Context, Value};
 
 /// Longest expression, in bytes.
@@ -10,6 +10,15 @@ pub const MAX_EXPRESSION_BYTES: usize = 1024;
 pub const MAX_EXPRESSION_DEPTH: usize = 24;
 /// Most terms in one expression. With no loops, an evaluation visits each term at most once.
 pub const MAX_EXPRESSION_NODES: usize = 256;
+
+/// Most bytes one evaluation may build by concatenation (`+` of strings, bytes or lists),
+/// reckoned with every variable read as VARIABLE_BYTES. Each `+` copies both sides into a new
+/// value, so a chain of them over the payload copies quadratically more than it reads: with no
+/// loop, this is what keeps an evaluation's cost in proportion to its input.
+pub const MAX_BUILT_BYTES: usize = 1 << 20;
+/// What a variable (a trigger's payload, a request's body) is reckoned to hold when
+/// MAX_BUILT_BYTES is checked: the default bound of a payload.
+pub const VARIABLE_BYTES: usize = 64 << 10;
 
 /// The named functions this build provides (CEL's standard library without regular
 /// expressions and time): a call of any other is refused when the expression is kept, rather
@@ -87,6 +96,19 @@ pub fn check(src: &str, variables: &[&str], what: &str) -> Result<IdedExpr, Stri
             "has {nodes} terms; an expression has at most {MAX_EXPRESSION_NODES}"
         ));
     }
+    let mut built = Built::default();
+    bytes_of(&root, &mut built);
+    if let Some(id) = built.over {
+        let at = info
+            .offset_for(id)
+            .map(|(start, _)| position(src, start as usize))
+            .unwrap_or_default();
+        return Err(format!(
+            "may build {} bytes by concatenation (`+`){at}, counting each variable read as \
+             {VARIABLE_BYTES} bytes; an evaluation builds at most {MAX_BUILT_BYTES}",
+            built.bytes
+        ));
+    }
     if let Some(v) = root
         .references()
         .variables()
@@ -145,6 +167,67 @@ fn position(src: &str, offset: usize) -> String {
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     format!(" at line {line}, column {column}")
+}
+
+/// The bytes an expression's concatenations may build, and the first `+` that passed
+/// MAX_BUILT_BYTES.
+#[derive(Default)]
+struct Built {
+    bytes: usize,
+    over: Option<u64>,
+}
+
+/// An upper bound of the bytes `e`'s value holds, adding what each concatenation in it builds
+/// to `built`. Only `+` makes a value larger than its operands; a conditional holds one of its
+/// branches, an index, a field or a conversion at most its operand; every other call yields a
+/// bool or a number.
+fn bytes_of(e: &IdedExpr, built: &mut Built) -> usize {
+    let sum = |xs: &mut dyn Iterator<Item = &IdedExpr>, built: &mut Built| {
+        xs.fold(0usize, |n, x| n.saturating_add(bytes_of(x, built)))
+    };
+    match &e.expr {
+        Expr::Literal(LiteralValue::String(s)) => s.len(),
+        Expr::Literal(LiteralValue::Bytes(b)) => b.len(),
+        Expr::Literal(_) => 8,
+        Expr::Ident(_) => VARIABLE_BYTES,
+        Expr::Select(s) if s.test => 8,
+        Expr::Select(s) => bytes_of(&s.operand, built),
+        Expr::List(l) => sum(&mut l.elements.iter(), built),
+        Expr::Map(m) => sum(
+            &mut m
+                .entries
+                .iter()
+                .filter_map(|en| match &en.expr {
+                    EntryExpr::MapEntry(me) => Some([&me.key, &me.value]),
+                    EntryExpr::StructField(_) => None,
+                })
+                .flatten(),
+            built,
+        ),
+        Expr::Call(c) => {
+            let args: Vec<usize> = c
+                .target
+                .iter()
+                .map(|t| &**t)
+                .chain(c.args.iter())
+                .map(|x| bytes_of(x, built))
+                .collect();
+            match (c.func_name.as_str(), args.as_slice()) {
+                (operators::ADD, _) => {
+                    let n = args.iter().fold(0usize, |n, a| n.saturating_add(*a));
+                    built.bytes = built.bytes.saturating_add(n);
+                    if built.bytes > MAX_BUILT_BYTES && built.over.is_none() {
+                        built.over = Some(e.id);
+                    }
+                    n
+                }
+                (operators::CONDITIONAL, [_, a, b]) => (*a).max(*b),
+                (operators::INDEX | "string" | "bytes" | "dyn", [a, ..]) => *a,
+                _ => 8,
+            }
+        }
+        Expr::Comprehension(_) | Expr::Struct(_) | Expr::Unspecified => 8,
+    }
 }
 
 /// The first node an expression may not use (its id and why), counting nodes as it goes.

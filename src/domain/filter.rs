@@ -1,5 +1,6 @@
 //! Activation filters: a CEL expression over a trigger's `ref`, `land`, `project` and `payload`, kept with an activation and evaluated after the policy checks pass.
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 
 use ::cel::common::ast::IdedExpr;
 use ::cel::Value as Cel;
@@ -42,6 +43,13 @@ impl std::fmt::Debug for Filter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("Filter").field(&self.source).finish()
     }
+}
+
+/// Filters compiled by this process and still held by a policy view, by text.
+static COMPILED: LazyLock<Mutex<HashMap<String, Weak<Filter>>>> = LazyLock::new(Default::default);
+
+fn compiled() -> std::sync::MutexGuard<'static, HashMap<String, Weak<Filter>>> {
+    COMPILED.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What a filter made of one trigger.
@@ -100,6 +108,29 @@ impl Filter {
         .map(Arc::new)
     }
 
+    /// The compiled filter of `source`: the one this process already holds for the same text,
+    /// or a new one. Principals whose activations share a text share one compiled filter, so
+    /// a decision reads one copy that stays in the CPU's caches, and a reload after another
+    /// replica's change finds the filters it had compiled.
+    pub fn shared(source: &str) -> Result<Arc<Filter>, String> {
+        let held =
+            |compiled: &HashMap<String, Weak<Filter>>| compiled.get(source).and_then(Weak::upgrade);
+        if let Some(f) = held(&compiled()) {
+            return Ok(f);
+        }
+        // Compiled without the lock held: compiling takes a thread of its own.
+        let f = Filter::compile(source)?;
+        let mut compiled = compiled();
+        if let Some(f) = held(&compiled) {
+            return Ok(f);
+        }
+        if compiled.len() >= 1024 && compiled.len().is_power_of_two() {
+            compiled.retain(|_, w| w.strong_count() > 0);
+        }
+        compiled.insert(source.to_owned(), Arc::downgrade(&f));
+        Ok(f)
+    }
+
     /// A stored filter that does not compile: every evaluation is an error saying why.
     pub fn unusable(source: &str, why: String) -> Arc<Filter> {
         Arc::new(Filter {
@@ -127,8 +158,7 @@ impl Filter {
     /// The outcome without the interpreter, where the filter's shape and the trigger's values
     /// allow it: a pass or a drop, never an error (the interpreter says what went wrong).
     fn direct(&self, t: &Trigger, route: Route) -> Option<Filtered> {
-        let lifted = self.lifted.as_deref()?;
-        match self.direct.as_ref()?.eval(t, lifted)? {
+        match self.direct.as_ref()?.eval(t)? {
             V::Bool(true) => Some(Filtered::Pass(route)),
             V::Bool(false) => Some(Filtered::Drop),
             V::Str(DROP) => Some(Filtered::Drop),
@@ -340,6 +370,24 @@ mod tests {
             mistyped.apply(&trigger("x", json!({})), Route::Inbox),
             Filtered::Error(_)
         ));
+    }
+
+    /// Activations with the same text hold one compiled filter while any holds it.
+    #[test]
+    fn a_filter_text_is_compiled_once_while_held() {
+        let src = "payload.shared_once == true";
+        let a = Filter::shared(src).expect("compiles");
+        let b = Filter::shared(src).expect("compiles");
+        assert!(Arc::ptr_eq(&a, &b));
+        let weak = Arc::downgrade(&a);
+        drop((a, b));
+        assert!(
+            weak.upgrade().is_none(),
+            "the cache does not keep a filter alive"
+        );
+        let c = Filter::shared(src).expect("compiles again");
+        assert_eq!(c.source(), src);
+        assert!(Filter::shared("payload.x.exists(v, v)").is_err());
     }
 
     /// Filters in the direct shapes are evaluated without the interpreter.
@@ -566,6 +614,35 @@ mod tests {
         assert!(Filter::compile(&terms)
             .expect_err("too many terms")
             .contains("terms"));
+        // Concatenation is bounded by what it may build, each variable read counted as
+        // VARIABLE_BYTES: exactly MAX_BUILT_BYTES is kept, one byte more is refused.
+        assert_eq!(cel::MAX_BUILT_BYTES, 16 * cel::VARIABLE_BYTES);
+        let eight = "size((payload.a + payload.b) + (payload.c + payload.d)) > 0";
+        let at_bound = format!("{eight} && {eight}");
+        assert!(Filter::compile(&at_bound).is_ok(), "{at_bound}");
+        let e = Filter::compile(&format!("{at_bound} && size('x' + '') > 0"))
+            .expect_err("one byte over");
+        assert!(
+            e.contains(&format!("may build {} bytes", cel::MAX_BUILT_BYTES + 1))
+                && e.contains("line 1, column"),
+            "{e}"
+        );
+        let chain = |n: usize| {
+            let parts: Vec<String> = (0..n).map(|i| format!("payload.f{i}")).collect();
+            format!("size({}) > 0", parts.join(" + "))
+        };
+        assert!(Filter::compile(&chain(5)).is_ok());
+        assert!(Filter::compile(&chain(6))
+            .expect_err("six payload values concatenated")
+            .contains("concatenation"));
+        let long_chain = format!(
+            "size({}payload.s{}) > 0",
+            "(".repeat(20),
+            " + payload.s)".repeat(20)
+        );
+        assert!(Filter::compile(&long_chain)
+            .expect_err("a long chain of concatenations")
+            .contains("concatenation"));
         for constant in ["true", "false", "'silent'", "'drop'"] {
             assert!(Filter::compile(constant).is_ok(), "{constant}");
         }

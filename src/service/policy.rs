@@ -109,7 +109,7 @@ impl Service {
         let compiled = if filter.is_empty() {
             None
         } else {
-            Some(Filter::compile(filter).map_err(|e| Error::invalid("filter", e))?)
+            Some(Filter::shared(filter).map_err(|e| Error::invalid("filter", e))?)
         };
         let _turn = self.policy.writer.lock().await;
         let view = self.view_with_pack(pack_id)?;

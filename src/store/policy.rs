@@ -89,15 +89,7 @@ impl Filters {
         if let Some(f) = self.0.get(source) {
             return Some(f.clone());
         }
-        // A reload (another replica's change to the pack) finds the filters it had compiled.
-        let mut compiled = COMPILED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(f) = compiled.get(source).and_then(std::sync::Weak::upgrade) {
-            self.0.insert(source.to_owned(), f.clone());
-            return Some(f);
-        }
-        let f = Filter::compile(source).unwrap_or_else(|why| {
+        let f = Filter::shared(source).unwrap_or_else(|why| {
             tracing::warn!(
                 filter = source,
                 why,
@@ -105,19 +97,10 @@ impl Filters {
             );
             Filter::unusable(source, why)
         });
-        if compiled.len() >= 1024 && compiled.len().is_power_of_two() {
-            compiled.retain(|_, w| w.strong_count() > 0);
-        }
-        compiled.insert(source.to_owned(), Arc::downgrade(&f));
         self.0.insert(source.to_owned(), f.clone());
         Some(f)
     }
 }
-
-/// Filters compiled by this process and still held by a policy view, by text.
-static COMPILED: std::sync::LazyLock<
-    std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<Filter>>>,
-> = std::sync::LazyLock::new(Default::default);
 
 /// A listing over a two-column key `(a, b)`: filtered by either when given, in key order,
 /// after the position `after`.

@@ -283,6 +283,8 @@ async fn filters_are_checked_at_activation_and_nothing_is_written_when_refused(k
     let long = format!("ref == '{}'", "x".repeat(1100));
     let deep = format!("{}true{}", "(".repeat(300), ")".repeat(300));
     let many = format!("size([{}1]) > 0", "1,".repeat(299));
+    // Six payload values joined by `+` may build more than an evaluation is allowed.
+    let joined = "size(payload.a + payload.b + payload.c + payload.d + payload.e + payload.f) > 0";
     for (filter, says) in [
         ("ref ==", "line 1, column"),
         ("payload.labels.exists(l, l == 'bug')", "comprehension"),
@@ -294,6 +296,7 @@ async fn filters_are_checked_at_activation_and_nothing_is_written_when_refused(k
         (long.as_str(), "bytes"),
         (deep.as_str(), ""),
         (many.as_str(), "terms"),
+        (joined, "concatenation"),
     ] {
         let s = activate_filtered(&mut app, "alice", Route::Inbox, filter)
             .await

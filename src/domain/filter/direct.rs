@@ -14,28 +14,66 @@ use serde_json::{Map, Value};
 use super::super::cel::Lifted;
 use super::super::decide::Trigger;
 
-/// A filter in the shapes this module evaluates.
+/// A filter in the shapes this module evaluates, laid out flat: its nodes in one buffer, each
+/// after the nodes it reads (the last is the root), and every string they name end to end in
+/// another. A decision on a cold cache touches a few lines of two allocations, not a tree of
+/// boxes and strings scattered over the heap.
 #[derive(Debug)]
-pub(super) enum Direct {
-    Lit(Lit),
-    Ref,
-    Land,
-    Project,
-    /// The value at a lifted payload path.
-    Path(usize),
-    /// A lifted `has(...)`.
-    Has(usize),
-    Not(Box<Direct>),
-    And(Box<[Direct; 2]>),
-    Or(Box<[Direct; 2]>),
-    Cond(Box<[Direct; 3]>),
-    Cmp(Cmp, Box<[Direct; 2]>),
-    Text(Text, Box<[Direct; 2]>),
-    In(Box<Direct>, Vec<Lit>),
+pub(super) struct Direct {
+    nodes: Vec<Node>,
+    text: String,
+}
+
+/// A node's index in `Direct::nodes`: a filter has at most MAX_EXPRESSION_NODES terms.
+type At = u16;
+
+/// A string of `Direct::text`.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: u32,
+    len: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Cmp {
+enum Node {
+    Null,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Double(f64),
+    Str(Span),
+    Ref,
+    Land,
+    Project,
+    /// One key of a payload path; read only by the `Path` or `Has` that follows its keys.
+    Key(Span),
+    /// The value at the payload path of the `len` keys from `first` (a lifted path).
+    Path {
+        first: At,
+        len: At,
+    },
+    /// Whether the object at that path holds `field` (a lifted `has(...)`).
+    Has {
+        first: At,
+        len: At,
+        field: Span,
+    },
+    Not(At),
+    And(At, At),
+    Or(At, At),
+    Cond(At, At, At),
+    Cmp(Cmp, At, At),
+    Text(Text, At, At),
+    /// `x in [...]`: the `len` literal nodes from `first`.
+    In {
+        x: At,
+        first: At,
+        len: At,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Cmp {
     Eq,
     Ne,
     Lt,
@@ -45,21 +83,10 @@ pub(super) enum Cmp {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Text {
+enum Text {
     StartsWith,
     EndsWith,
     Contains,
-}
-
-/// A literal of the kinds a JSON payload holds.
-#[derive(Debug)]
-pub(super) enum Lit {
-    Null,
-    Bool(bool),
-    Int(i64),
-    UInt(u64),
-    Double(f64),
-    Str(String),
 }
 
 /// A value during an evaluation, borrowed from the filter or the trigger. Numbers keep the
@@ -77,88 +104,188 @@ pub(super) enum V<'a> {
 impl Direct {
     /// The direct form of a (lifted) filter, or `None` when it uses anything else.
     pub(super) fn lower(e: &IdedExpr, lifted: &[Lifted]) -> Option<Direct> {
-        Some(match &e.expr {
-            Expr::Literal(_) => Direct::Lit(Lit::of(e)?),
+        let mut d = Direct {
+            nodes: Vec::new(),
+            text: String::new(),
+        };
+        d.lower_at(e, lifted)?;
+        d.nodes.shrink_to_fit();
+        d.text.shrink_to_fit();
+        Some(d)
+    }
+
+    fn push(&mut self, n: Node) -> Option<At> {
+        let at = At::try_from(self.nodes.len()).ok()?;
+        self.nodes.push(n);
+        Some(at)
+    }
+
+    fn span(&mut self, s: &str) -> Option<Span> {
+        let span = Span {
+            start: u32::try_from(self.text.len()).ok()?,
+            len: u32::try_from(s.len()).ok()?,
+        };
+        self.text.push_str(s);
+        Some(span)
+    }
+
+    /// The keys of `path`, pushed: (first, len).
+    fn keys(&mut self, path: &[String]) -> Option<(At, At)> {
+        let first = At::try_from(self.nodes.len()).ok()?;
+        for k in path {
+            let span = self.span(k)?;
+            self.push(Node::Key(span))?;
+        }
+        Some((first, At::try_from(path.len()).ok()?))
+    }
+
+    fn lower_at(&mut self, e: &IdedExpr, lifted: &[Lifted]) -> Option<At> {
+        let node = match &e.expr {
+            Expr::Literal(_) => self.literal(e)?,
             Expr::Ident(name) => match name.as_str() {
-                "ref" => Direct::Ref,
-                "land" => Direct::Land,
-                "project" => Direct::Project,
+                "ref" => Node::Ref,
+                "land" => Node::Land,
+                "project" => Node::Project,
                 other => {
-                    let i = lifted.iter().position(|l| l.var == other)?;
-                    match lifted[i].has {
-                        Some(_) => Direct::Has(i),
-                        None => Direct::Path(i),
+                    let l = lifted.iter().find(|l| l.var == other)?;
+                    let (first, len) = self.keys(&l.path)?;
+                    match &l.has {
+                        Some(f) => Node::Has {
+                            first,
+                            len,
+                            field: self.span(f)?,
+                        },
+                        None => Node::Path { first, len },
                     }
                 }
             },
             Expr::Call(c) => {
-                let lower = |x: &IdedExpr| Direct::lower(x, lifted);
-                let two = || Some(Box::new([lower(&c.args[0])?, lower(&c.args[1])?]));
-                match (c.func_name.as_str(), &c.target, c.args.len()) {
-                    (operators::LOGICAL_NOT, None, 1) => Direct::Not(Box::new(lower(&c.args[0])?)),
-                    (operators::LOGICAL_AND, None, 2) => Direct::And(two()?),
-                    (operators::LOGICAL_OR, None, 2) => Direct::Or(two()?),
-                    (operators::CONDITIONAL, None, 3) => Direct::Cond(Box::new([
-                        lower(&c.args[0])?,
-                        lower(&c.args[1])?,
-                        lower(&c.args[2])?,
-                    ])),
-                    (operators::EQUALS, None, 2) => Direct::Cmp(Cmp::Eq, two()?),
-                    (operators::NOT_EQUALS, None, 2) => Direct::Cmp(Cmp::Ne, two()?),
-                    (operators::LESS, None, 2) => Direct::Cmp(Cmp::Lt, two()?),
-                    (operators::LESS_EQUALS, None, 2) => Direct::Cmp(Cmp::Le, two()?),
-                    (operators::GREATER, None, 2) => Direct::Cmp(Cmp::Gt, two()?),
-                    (operators::GREATER_EQUALS, None, 2) => Direct::Cmp(Cmp::Ge, two()?),
-                    (operators::IN, None, 2) => match &c.args[1].expr {
-                        Expr::List(l) if l.optional_indices.is_empty() => Direct::In(
-                            Box::new(lower(&c.args[0])?),
-                            l.elements.iter().map(Lit::of).collect::<Option<_>>()?,
-                        ),
+                let (f, target, args) = (c.func_name.as_str(), &c.target, c.args.as_slice());
+                match (f, target, args) {
+                    (operators::LOGICAL_NOT, None, [a]) => Node::Not(self.lower_at(a, lifted)?),
+                    (operators::CONDITIONAL, None, [a, b, c]) => Node::Cond(
+                        self.lower_at(a, lifted)?,
+                        self.lower_at(b, lifted)?,
+                        self.lower_at(c, lifted)?,
+                    ),
+                    (operators::IN, None, [x, list]) => match &list.expr {
+                        Expr::List(l) if l.optional_indices.is_empty() => {
+                            let x = self.lower_at(x, lifted)?;
+                            let first = At::try_from(self.nodes.len()).ok()?;
+                            for el in &l.elements {
+                                let lit = self.literal(el)?;
+                                self.push(lit)?;
+                            }
+                            let len = At::try_from(l.elements.len()).ok()?;
+                            Node::In { x, first, len }
+                        }
                         _ => return None,
                     },
-                    (f, Some(target), 1) => {
+                    (f, Some(target), [a]) => {
                         let op = match f {
                             "startsWith" => Text::StartsWith,
                             "endsWith" => Text::EndsWith,
                             "contains" => Text::Contains,
                             _ => return None,
                         };
-                        Direct::Text(op, Box::new([lower(target)?, lower(&c.args[0])?]))
+                        Node::Text(
+                            op,
+                            self.lower_at(target, lifted)?,
+                            self.lower_at(a, lifted)?,
+                        )
+                    }
+                    (f, None, [a, b]) => {
+                        let two: fn(At, At) -> Node = match f {
+                            operators::LOGICAL_AND => Node::And,
+                            operators::LOGICAL_OR => Node::Or,
+                            operators::EQUALS => |a, b| Node::Cmp(Cmp::Eq, a, b),
+                            operators::NOT_EQUALS => |a, b| Node::Cmp(Cmp::Ne, a, b),
+                            operators::LESS => |a, b| Node::Cmp(Cmp::Lt, a, b),
+                            operators::LESS_EQUALS => |a, b| Node::Cmp(Cmp::Le, a, b),
+                            operators::GREATER => |a, b| Node::Cmp(Cmp::Gt, a, b),
+                            operators::GREATER_EQUALS => |a, b| Node::Cmp(Cmp::Ge, a, b),
+                            _ => return None,
+                        };
+                        two(self.lower_at(a, lifted)?, self.lower_at(b, lifted)?)
                     }
                     _ => return None,
                 }
             }
             _ => return None,
+        };
+        self.push(node)
+    }
+
+    /// A literal node, when it is of a kind this module models.
+    fn literal(&mut self, e: &IdedExpr) -> Option<Node> {
+        if !matches!(e.expr, Expr::Literal(_)) {
+            return None;
+        }
+        Some(match Cel::resolve(e, &super::super::cel::context()).ok()? {
+            Cel::Null => Node::Null,
+            Cel::Bool(b) => Node::Bool(b),
+            Cel::Int(i) => Node::Int(i),
+            Cel::UInt(u) => Node::UInt(u),
+            Cel::Float(f) => Node::Double(f),
+            Cel::String(s) => Node::Str(self.span(s.as_str())?),
+            _ => return None,
         })
     }
 
     /// The filter's value for `t`, or `None` where the interpreter must say.
-    pub(super) fn eval<'a>(&'a self, t: &'a Trigger, lifted: &[Lifted]) -> Option<V<'a>> {
-        Some(match self {
-            Direct::Lit(l) => l.val(),
-            Direct::Ref => V::Str(&t.r#ref),
-            Direct::Land => V::Str(&t.land),
-            Direct::Project => V::Str(t.project.as_deref().unwrap_or("")),
-            Direct::Path(i) => V::of(value_at(&t.payload, &lifted[*i].path)?)?,
-            Direct::Has(i) => {
-                let l = &lifted[*i];
-                V::Bool(object_at(&t.payload, &l.path)?.contains_key(l.has.as_deref()?))
+    pub(super) fn eval<'a>(&'a self, t: &'a Trigger) -> Option<V<'a>> {
+        self.eval_at(At::try_from(self.nodes.len().checked_sub(1)?).ok()?, t)
+    }
+
+    fn str(&self, s: Span) -> Option<&str> {
+        let start = s.start as usize;
+        self.text.get(start..start + s.len as usize)
+    }
+
+    /// The object at the path of the `len` keys from `first`: the payload itself for none.
+    fn object<'a>(&self, t: &'a Trigger, first: At, len: At) -> Option<&'a Map<String, Value>> {
+        let keys = self
+            .nodes
+            .get(first as usize..first as usize + len as usize)?;
+        keys.iter().try_fold(&t.payload, |at, k| match k {
+            Node::Key(s) => at.get(self.str(*s)?).and_then(Value::as_object),
+            _ => None,
+        })
+    }
+
+    fn eval_at<'a>(&'a self, at: At, t: &'a Trigger) -> Option<V<'a>> {
+        Some(match *self.nodes.get(at as usize)? {
+            Node::Null => V::Null,
+            Node::Bool(b) => V::Bool(b),
+            Node::Int(i) => V::Int(i),
+            Node::UInt(u) => V::UInt(u),
+            Node::Double(f) => V::Double(f),
+            Node::Str(s) => V::Str(self.str(s)?),
+            Node::Key(_) => return None,
+            Node::Ref => V::Str(&t.r#ref),
+            Node::Land => V::Str(&t.land),
+            Node::Project => V::Str(t.project.as_deref().unwrap_or("")),
+            Node::Path { first, len } => {
+                let last = len.checked_sub(1)?;
+                let Node::Key(key) = *self.nodes.get((first + last) as usize)? else {
+                    return None;
+                };
+                V::of(self.object(t, first, last)?.get(self.str(key)?)?)?
             }
-            Direct::Not(x) => V::Bool(!x.eval(t, lifted)?.bool()?),
+            Node::Has { first, len, field } => {
+                V::Bool(self.object(t, first, len)?.contains_key(self.str(field)?))
+            }
+            Node::Not(x) => V::Bool(!self.eval_at(x, t)?.bool()?),
             // CEL's `&&` and `||` forgive an error on one side that the other side decides;
             // here an error on either side is left to the interpreter, which knows that.
-            Direct::And(x) => {
-                V::Bool(x[0].eval(t, lifted)?.bool()? && x[1].eval(t, lifted)?.bool()?)
-            }
-            Direct::Or(x) => {
-                V::Bool(x[0].eval(t, lifted)?.bool()? || x[1].eval(t, lifted)?.bool()?)
-            }
-            Direct::Cond(x) => match x[0].eval(t, lifted)?.bool()? {
-                true => x[1].eval(t, lifted)?,
-                false => x[2].eval(t, lifted)?,
+            Node::And(a, b) => V::Bool(self.eval_at(a, t)?.bool()? && self.eval_at(b, t)?.bool()?),
+            Node::Or(a, b) => V::Bool(self.eval_at(a, t)?.bool()? || self.eval_at(b, t)?.bool()?),
+            Node::Cond(c, a, b) => match self.eval_at(c, t)?.bool()? {
+                true => self.eval_at(a, t)?,
+                false => self.eval_at(b, t)?,
             },
-            Direct::Cmp(op, x) => {
-                let (l, r) = (x[0].eval(t, lifted)?, x[1].eval(t, lifted)?);
+            Node::Cmp(op, a, b) => {
+                let (l, r) = (self.eval_at(a, t)?, self.eval_at(b, t)?);
                 V::Bool(match op {
                     Cmp::Eq => l.equals(r),
                     Cmp::Ne => !l.equals(r),
@@ -168,8 +295,8 @@ impl Direct {
                     Cmp::Ge => l.order(r)? != Ordering::Less,
                 })
             }
-            Direct::Text(op, x) => {
-                let (V::Str(s), V::Str(a)) = (x[0].eval(t, lifted)?, x[1].eval(t, lifted)?) else {
+            Node::Text(op, a, b) => {
+                let (V::Str(s), V::Str(a)) = (self.eval_at(a, t)?, self.eval_at(b, t)?) else {
                     return None;
                 };
                 V::Bool(match op {
@@ -178,40 +305,15 @@ impl Direct {
                     Text::Contains => s.contains(a),
                 })
             }
-            Direct::In(x, list) => {
-                let v = x.eval(t, lifted)?;
-                V::Bool(list.iter().any(|l| l.val().equals(v)))
+            Node::In { x, first, len } => {
+                let v = self.eval_at(x, t)?;
+                let mut found = false;
+                for i in first..first + len {
+                    found |= self.eval_at(i, t)?.equals(v);
+                }
+                V::Bool(found)
             }
         })
-    }
-}
-
-impl Lit {
-    /// A literal node's value, when it is of a kind this module models.
-    fn of(e: &IdedExpr) -> Option<Lit> {
-        if !matches!(e.expr, Expr::Literal(_)) {
-            return None;
-        }
-        Some(match Cel::resolve(e, &super::super::cel::context()).ok()? {
-            Cel::Null => Lit::Null,
-            Cel::Bool(b) => Lit::Bool(b),
-            Cel::Int(i) => Lit::Int(i),
-            Cel::UInt(u) => Lit::UInt(u),
-            Cel::Float(f) => Lit::Double(f),
-            Cel::String(s) => Lit::Str(s.as_str().to_owned()),
-            _ => return None,
-        })
-    }
-
-    fn val(&self) -> V<'_> {
-        match self {
-            Lit::Null => V::Null,
-            Lit::Bool(b) => V::Bool(*b),
-            Lit::Int(i) => V::Int(*i),
-            Lit::UInt(u) => V::UInt(*u),
-            Lit::Double(f) => V::Double(*f),
-            Lit::Str(s) => V::Str(s),
-        }
     }
 }
 
