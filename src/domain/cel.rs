@@ -1,7 +1,7 @@
 //! CEL as the service runs it, for ingress mappings and activation filters alike: one standard environment, expressions checked for size, depth, names and loops before they are kept.
 use std::sync::{Arc, LazyLock};
 
-use cel::common::ast::{operators, EntryExpr, Expr, IdedExpr, LiteralValue};
+use cel::common::ast::{operators, EntryExpr, Expr, IdedExpr, LiteralValue, MapExpr};
 use cel::{Context, Value};
 
 /// Longest expression, in bytes.
@@ -193,17 +193,7 @@ fn bytes_of(e: &IdedExpr, built: &mut Built) -> usize {
         Expr::Select(s) if s.test => 8,
         Expr::Select(s) => bytes_of(&s.operand, built),
         Expr::List(l) => sum(&mut l.elements.iter(), built),
-        Expr::Map(m) => sum(
-            &mut m
-                .entries
-                .iter()
-                .filter_map(|en| match &en.expr {
-                    EntryExpr::MapEntry(me) => Some([&me.key, &me.value]),
-                    EntryExpr::StructField(_) => None,
-                })
-                .flatten(),
-            built,
-        ),
+        Expr::Map(m) => sum(&mut entries(m), built),
         Expr::Call(c) => {
             let args: Vec<usize> = c
                 .target
@@ -256,12 +246,20 @@ fn unsupported(e: &IdedExpr, nodes: &mut usize, depth: usize, what: &str) -> Opt
         Expr::Call(c) => each(&mut c.target.iter().map(|t| &**t).chain(c.args.iter())),
         Expr::Select(s) => each(&mut std::iter::once(&*s.operand)),
         Expr::List(l) => each(&mut l.elements.iter()),
-        Expr::Map(m) => each(&mut m.entries.iter().filter_map(|en| match &en.expr {
-            EntryExpr::MapEntry(me) => Some([&me.key, &me.value]),
-            EntryExpr::StructField(_) => None,
-        }).flatten()),
+        Expr::Map(m) => each(&mut entries(m)),
         Expr::Unspecified | Expr::Ident(_) | Expr::Literal(_) => None,
     }
+}
+
+/// The keys and values of a map literal.
+fn entries(m: &MapExpr) -> impl Iterator<Item = &IdedExpr> {
+    m.entries
+        .iter()
+        .filter_map(|en| match &en.expr {
+            EntryExpr::MapEntry(me) => Some([&me.key, &me.value]),
+            EntryExpr::StructField(_) => None,
+        })
+        .flatten()
 }
 
 /// A read of a JSON variable's field path lifted out of an expression: the expression reads the
