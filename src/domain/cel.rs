@@ -11,14 +11,18 @@ pub const MAX_EXPRESSION_DEPTH: usize = 24;
 /// Most terms in one expression. With no loops, an evaluation visits each term at most once.
 pub const MAX_EXPRESSION_NODES: usize = 256;
 
-/// Most bytes one evaluation may build by concatenation (`+` of strings, bytes or lists),
-/// reckoned with every variable read as VARIABLE_BYTES. Each `+` copies both sides into a new
-/// value, so a chain of them over the payload copies quadratically more than it reads: with no
-/// loop, this is what keeps an evaluation's cost in proportion to its input.
+/// Most bytes one evaluation may build by concatenation (`+` of strings, bytes or lists) and
+/// list and map literals, reckoned with every variable read as VARIABLE_BYTES. Each `+` copies
+/// both sides into a new value, so a chain of them over the payload copies quadratically more
+/// than it reads, and a literal copies every value it holds: with no loop, this is what keeps
+/// an evaluation's cost in proportion to its input.
 pub const MAX_BUILT_BYTES: usize = 1 << 20;
 /// What a variable (a trigger's payload, a request's body) is reckoned to hold when
 /// MAX_BUILT_BYTES is checked: the default bound of a payload.
 pub const VARIABLE_BYTES: usize = 64 << 10;
+/// The longest text `string()` makes of a number: a double as Rust writes it out in full
+/// (`string(5e-324)` is 326 characters).
+const NUMBER_TEXT_BYTES: usize = 330;
 
 /// The named functions this build provides (CEL's standard library without regular
 /// expressions and time): a call of any other is refused when the expression is kept, rather
@@ -104,8 +108,9 @@ pub fn check(src: &str, variables: &[&str], what: &str) -> Result<IdedExpr, Stri
             .map(|(start, _)| position(src, start as usize))
             .unwrap_or_default();
         return Err(format!(
-            "may build {} bytes by concatenation (`+`){at}, counting each variable read as \
-             {VARIABLE_BYTES} bytes; an evaluation builds at most {MAX_BUILT_BYTES}",
+            "may build {} bytes by concatenation (`+`) and list or map literals{at}, counting \
+             each variable read as {VARIABLE_BYTES} bytes; an evaluation builds at most \
+             {MAX_BUILT_BYTES}",
             built.bytes
         ));
     }
@@ -169,17 +174,29 @@ fn position(src: &str, offset: usize) -> String {
     format!(" at line {line}, column {column}")
 }
 
-/// The bytes an expression's concatenations may build, and the first `+` that passed
-/// MAX_BUILT_BYTES.
+/// The bytes an expression's concatenations and literals may build, and the first node that
+/// passed MAX_BUILT_BYTES.
 #[derive(Default)]
 struct Built {
     bytes: usize,
     over: Option<u64>,
 }
 
-/// An upper bound of the bytes `e`'s value holds, adding what each concatenation in it builds
-/// to `built`. Only `+` makes a value larger than its operands; a conditional holds one of its
-/// branches, an index, a field or a conversion at most its operand; every other call yields a
+impl Built {
+    /// Node `id` builds a value of `n` bytes: counted, and `n` returned.
+    fn build(&mut self, id: u64, n: usize) -> usize {
+        self.bytes = self.bytes.saturating_add(n);
+        if self.bytes > MAX_BUILT_BYTES && self.over.is_none() {
+            self.over = Some(id);
+        }
+        n
+    }
+}
+
+/// An upper bound of the bytes `e`'s value holds, adding what each concatenation and literal in
+/// it builds to `built`. Only `+` makes a value larger than its operands, and a list or map
+/// literal copies the values it holds; a conditional holds one of its branches, an index, a
+/// field or a conversion at most its operand (or a number's text); every other call yields a
 /// bool or a number.
 fn bytes_of(e: &IdedExpr, built: &mut Built) -> usize {
     let sum = |xs: &mut dyn Iterator<Item = &IdedExpr>, built: &mut Built| {
@@ -192,8 +209,14 @@ fn bytes_of(e: &IdedExpr, built: &mut Built) -> usize {
         Expr::Ident(_) => VARIABLE_BYTES,
         Expr::Select(s) if s.test => 8,
         Expr::Select(s) => bytes_of(&s.operand, built),
-        Expr::List(l) => sum(&mut l.elements.iter(), built),
-        Expr::Map(m) => sum(&mut entries(m), built),
+        Expr::List(l) => {
+            let n = sum(&mut l.elements.iter(), built);
+            built.build(e.id, n)
+        }
+        Expr::Map(m) => {
+            let n = sum(&mut entries(m), built);
+            built.build(e.id, n)
+        }
         Expr::Call(c) => {
             let args: Vec<usize> = c
                 .target
@@ -205,14 +228,11 @@ fn bytes_of(e: &IdedExpr, built: &mut Built) -> usize {
             match (c.func_name.as_str(), args.as_slice()) {
                 (operators::ADD, _) => {
                     let n = args.iter().fold(0usize, |n, a| n.saturating_add(*a));
-                    built.bytes = built.bytes.saturating_add(n);
-                    if built.bytes > MAX_BUILT_BYTES && built.over.is_none() {
-                        built.over = Some(e.id);
-                    }
-                    n
+                    built.build(e.id, n)
                 }
                 (operators::CONDITIONAL, [_, a, b]) => (*a).max(*b),
-                (operators::INDEX | "string" | "bytes" | "dyn", [a, ..]) => *a,
+                ("string", [a, ..]) => (*a).max(NUMBER_TEXT_BYTES),
+                (operators::INDEX | "bytes" | "dyn", [a, ..]) => *a,
                 _ => 8,
             }
         }

@@ -635,6 +635,19 @@ mod tests {
         assert!(Filter::compile(&chain(6))
             .expect_err("six payload values concatenated")
             .contains("concatenation"));
+        // A list or map literal copies what it holds: sixteen copies of the payload are the
+        // bound, seventeen are over it.
+        let list = |n: usize| format!("size([{}]) > 0", vec!["payload"; n].join(", "));
+        assert!(Filter::compile(&list(16)).is_ok());
+        assert!(Filter::compile(&list(17))
+            .expect_err("seventeen copies of the payload")
+            .contains(&format!("may build {} bytes", 17 * cel::VARIABLE_BYTES)));
+        let map = |n: usize| {
+            let entries: Vec<String> = (0..n).map(|i| format!("'k{i}': payload")).collect();
+            format!("size({{{}}}) > 0", entries.join(", "))
+        };
+        assert!(Filter::compile(&map(15)).is_ok());
+        assert!(Filter::compile(&map(17)).is_err());
         let long_chain = format!(
             "size({}payload.s{}) > 0",
             "(".repeat(20),
