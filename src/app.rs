@@ -308,8 +308,14 @@ impl App {
             builder = builder.tls_config(tls)?;
         }
         let l = self.limits;
+        let windows = crate::grpc::flow::Windows::for_streams(l.max_concurrent_streams);
         let serve = builder
             .max_concurrent_streams(l.max_concurrent_streams)
+            // Chosen with h2's DATA-frame budget (grpc/flow.rs); a fixed window, so the
+            // budget that follows from it stays put.
+            .initial_stream_window_size(windows.stream)
+            .initial_connection_window_size(windows.connection)
+            .http2_adaptive_window(Some(false))
             // A backstop: CallLayer answers UNAVAILABLE before this fires.
             .timeout(l.request_timeout)
             .http2_keepalive_interval(l.keepalive_interval)
@@ -346,7 +352,7 @@ impl App {
                 .max_decoding_message_size(max),
             )
             .add_service(
-                IngestServiceServer::new(Ingest::new(self.service.clone()))
+                IngestServiceServer::new(Ingest::new(self.service.clone(), l.conns.idle_timeout))
                     .max_decoding_message_size(max),
             )
             .add_service(

@@ -455,6 +455,13 @@ impl Config {
             );
         }
         self.tls.files()?;
+        let most = crate::grpc::flow::MAX_CONCURRENT_STREAMS;
+        if !(1..=most).contains(&self.max_concurrent_streams) {
+            anyhow::bail!(
+                "--max-concurrent-streams must be from 1 to {most}, not {}: the HTTP/2 windows that keep a producer inside h2's frame budget shrink with every stream allowed",
+                self.max_concurrent_streams
+            );
+        }
         if self.watch_max_behind == 0 {
             anyhow::bail!("--watch-max-behind must be at least 1");
         }

@@ -3,6 +3,7 @@ use std::pin::Pin;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -33,13 +34,17 @@ pub struct Ingest {
     pub service: Service,
     /// Shared by every DeliverTriggers stream (STREAM_TRIGGERS_IN_FLIGHT permits).
     pub in_flight: Arc<Semaphore>,
+    /// A DeliverTriggers stream that sends nothing for this long is ended (--idle-timeout-secs):
+    /// an open stream is a call in flight, which keeps its connection from closing when idle.
+    pub idle: Duration,
 }
 
 impl Ingest {
-    pub fn new(service: Service) -> Ingest {
+    pub fn new(service: Service, idle: Duration) -> Ingest {
         Ingest {
             service,
             in_flight: Arc::new(Semaphore::new(STREAM_TRIGGERS_IN_FLIGHT)),
+            idle,
         }
     }
 }
@@ -196,12 +201,23 @@ impl IngestService for Ingest {
         let mut inbound = req.into_inner();
         let service = self.service.clone();
         let in_flight = self.in_flight.clone();
+        let idle = self.idle;
         let (tx, mut pending) = mpsc::channel(STREAM_WINDOW);
         tokio::spawn(async move {
             let mut index: u64 = 0;
             // The last trigger in flight for each (pack, trigger id), and whether it is done.
             let mut keyed: HashMap<(String, String), watch::Receiver<bool>> = HashMap::new();
-            while let Some(item) = inbound.next().await {
+            loop {
+                let Ok(item) = tokio::time::timeout(idle, inbound.next()).await else {
+                    // Answered after the outcomes of every trigger before it, like any end.
+                    let idle = Error::Unavailable(format!(
+                        "no trigger for {} s: the stream is closed as idle; open a new one",
+                        idle.as_secs()
+                    ));
+                    let _ = tx.send((index, Err(Status::from(idle)))).await;
+                    break;
+                };
+                let Some(item) = item else { break };
                 let expired =
                     expires.is_some_and(|at| crate::store::now_micros() / 1_000_000 >= at);
                 let item = if expired {

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod calls;
 pub mod codec;
 pub mod conn;
+pub mod flow;
 pub mod convert;
 pub mod guard;
 pub mod ingest;

@@ -430,3 +430,116 @@ async fn a_payload_nested_past_protobufs_limit_is_invalid_argument_naming_it() {
     assert_eq!(app.count("records").await, 0);
     app.stop().await;
 }
+
+/// Runs tests/python/stream_producer.py against `addr`: `channels` grpcio channels, each one
+/// DeliverTriggers stream of `count` small triggers; panics unless every trigger is answered
+/// once, in order, recorded. Returns what the script reports.
+fn grpcio_stream_producer(
+    addr: std::net::SocketAddr,
+    channels: usize,
+    count: usize,
+    tag: &str,
+) -> String {
+    let out = std::process::Command::new("python3")
+        .args([
+            "tests/python/stream_producer.py",
+            &addr.to_string(),
+            "proto",
+            &channels.to_string(),
+            &count.to_string(),
+            tag,
+        ])
+        .current_dir(crate::helpers::repo_path(""))
+        .output()
+        .expect("python3 with grpcio (see .ci/run)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the producer failed:\n{text}");
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_6_a_fast_producer_of_small_triggers_is_slowed_by_flow_control_never_sent_goaway() {
+    // grpcio writes each 43-byte trigger as one DATA frame. The server writes records far
+    // slower than Python sends them, so most of each stream waits unread in HTTP/2's windows:
+    // the producer must be held there, never disconnected (h2's GOAWAY too_many_data_frames).
+    let mut app = spawn_app_with(StoreKind::Sqlite, |_| {}).await;
+    ready_alice(&mut app).await;
+    let addr = app.addr;
+    let one = tokio::task::spawn_blocking(move || grpcio_stream_producer(addr, 1, 20_000, ""))
+        .await
+        .expect("producer");
+    assert!(one.contains("\"request_bytes\": 43"), "{one}");
+    assert!(one.contains("\"answered\": 20000"), "{one}");
+    let eight = tokio::task::spawn_blocking(move || grpcio_stream_producer(addr, 8, 20_000, "b"))
+        .await
+        .expect("producers");
+    assert!(eight.contains("\"answered\": 160000"), "{eight}");
+    assert_eq!(app.count("records").await, 180_000);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_delivertriggers_stream_is_ended_unavailable_after_the_idle_timeout() {
+    use tokio_stream::StreamExt;
+    let idle = Duration::from_secs(1);
+    let mut app = spawn_app_with(StoreKind::Sqlite, |c| c.idle_timeout = idle).await;
+    ready_alice(&mut app).await;
+    let open = |app: &TestApp| {
+        let (tx, rx) = tokio::sync::mpsc::channel::<pb::DeliverTriggersRequest>(4);
+        let mut client = app.ingest.clone();
+        let answers = async move {
+            client
+                .deliver_triggers(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+                .expect("stream opens")
+                .into_inner()
+        };
+        (tx, answers)
+    };
+    let item = |id: &str| {
+        let mut t = opened("alice");
+        t.trigger_id = id.into();
+        pb::DeliverTriggersRequest { trigger: Some(t) }
+    };
+    // A producer that sends every 400 ms is not idle, however long it goes on.
+    let (tx, answers) = open(&app);
+    let busy = tokio::spawn(async move {
+        for i in 0..7 {
+            tx.send(item(&format!("busy-{i}"))).await.expect("send");
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        drop(tx);
+    });
+    let mut answers = answers.await;
+    let mut n = 0;
+    while let Some(a) = answers.next().await {
+        assert!(a.is_ok(), "answer {n}: {a:?}");
+        n += 1;
+    }
+    assert_eq!(n, 7);
+    busy.await.expect("producer");
+    // One trigger, then silence: answered, then the stream ends UNAVAILABLE after the timeout.
+    let (tx, answers) = open(&app);
+    tx.send(item("quiet-0")).await.expect("send");
+    let mut answers = answers.await;
+    let first = answers.next().await.expect("an answer").expect("outcome");
+    assert_eq!(first.index, 0);
+    let since = Instant::now();
+    let end = answers.next().await.expect("the stream ends with a status");
+    let took = since.elapsed();
+    let e = end.expect_err("idle");
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("idle"), "{e:?}");
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_secs(5),
+        "ended after {took:?}"
+    );
+    assert!(answers.next().await.is_none());
+    drop(tx);
+    assert_eq!(app.count("records").await, 8);
+    app.stop().await;
+}
