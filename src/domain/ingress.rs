@@ -40,6 +40,21 @@ impl IngressKind {
         }
     }
 
+    /// The headers a request of this kind carries under its signature, or `None` when the
+    /// kind is not signed (a NATS message is authenticated by its connection, headers and
+    /// all). A signed route's mapping reads no other header: one the signature does not cover
+    /// could be changed in a replay of a captured request and make it another trigger.
+    pub fn signed_headers(self) -> Option<&'static [&'static str]> {
+        match self {
+            IngressKind::StandardWebhooks | IngressKind::CloudEvents => {
+                Some(&["webhook-id", "webhook-timestamp"])
+            }
+            // GitHub signs the body alone: X-GitHub-Event and X-GitHub-Delivery are not covered.
+            IngressKind::Github => Some(&[]),
+            IngressKind::Nats => None,
+        }
+    }
+
     pub fn parse(s: &str) -> Option<IngressKind> {
         match s {
             "standard_webhooks" => Some(IngressKind::StandardWebhooks),
@@ -163,15 +178,27 @@ fn standard_webhooks_key(secret: &str) -> Option<Vec<u8>> {
     STANDARD.decode(secret.strip_prefix("whsec_")?).ok()
 }
 
-/// A mapping, compiled: one program per given field.
+/// A mapping, compiled: one program per given field, with whether it reads `event`.
 pub struct Compiled {
-    fields: Vec<(&'static str, IdedExpr)>,
+    fields: Vec<(&'static str, IdedExpr, bool)>,
+}
+
+impl Compiled {
+    /// The first given field whose expression reads the event's attributes.
+    pub fn reading_event(&self) -> Option<&'static str> {
+        self.fields.iter().find(|f| f.2).map(|f| f.0)
+    }
+
+    /// Whether the mapping gives `field`.
+    pub fn gives(&self, field: &str) -> bool {
+        self.fields.iter().any(|f| f.0 == field)
+    }
 }
 
 impl std::fmt::Debug for Compiled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
-            .entries(self.fields.iter().map(|(n, _)| n))
+            .entries(self.fields.iter().map(|(n, _, _)| n))
             .finish()
     }
 }
@@ -219,8 +246,12 @@ fn compile_here(
         if src.trim().is_empty() {
             continue;
         }
-        match compile_one(src, variables) {
-            Ok(p) => out.push((name, p)),
+        match compile_one(src, variables).and_then(|p| {
+            check_header_reads(kind, &p)?;
+            let event = p.references().variables().contains(&"event");
+            Ok((p, event))
+        }) {
+            Ok((p, event)) => out.push((name, p, event)),
             Err(e) => bad.push((format!("mapping.{name}"), e)),
         }
     }
@@ -261,6 +292,79 @@ fn compile_here(
         Ok(Compiled { fields: out })
     } else {
         Err(bad)
+    }
+}
+
+/// Refuses a signed route's expression that reads a header its kind does not sign, or reads
+/// `headers` other than by a literal name (`headers[body.name]`, `size(headers)`): what a
+/// mapping makes of a request must come from what its signature covers.
+fn check_header_reads(kind: IngressKind, e: &IdedExpr) -> Result<(), String> {
+    let Some(signed) = kind.signed_headers() else {
+        return Ok(());
+    };
+    let covered = if signed.is_empty() {
+        format!("a {} request's signature covers its body alone", kind.as_str())
+    } else {
+        format!(
+            "a {} request's signature covers its body and {} alone",
+            kind.as_str(),
+            signed
+                .iter()
+                .map(|h| format!("`{h}`"))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        )
+    };
+    let mut names = Vec::new();
+    if !header_names(e, &mut names) {
+        return Err(format!(
+            "reads `headers` other than by a literal name ({covered}): a replayed request could choose what it yields"
+        ));
+    }
+    match names.into_iter().find(|n| !signed.contains(&n.as_str())) {
+        Some(n) => Err(format!(
+            "reads header `{}`, which the signature does not cover ({covered}): a replay of a \
+             captured request could change it and become another trigger; map it from `body`",
+            n.escape_debug()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Collects the header names `e` reads as `headers['name']`, `headers.name` or
+/// `has(headers.name)`, lower-cased as the request's are; false when it reads `headers` any
+/// other way.
+fn header_names(e: &IdedExpr, out: &mut Vec<String>) -> bool {
+    use ::cel::common::ast::{operators, EntryExpr, Expr, LiteralValue};
+    let is_headers = |x: &IdedExpr| matches!(&x.expr, Expr::Ident(i) if i == "headers");
+    match &e.expr {
+        Expr::Ident(i) => i != "headers",
+        Expr::Select(s) if is_headers(&s.operand) => {
+            out.push(s.field.to_ascii_lowercase());
+            true
+        }
+        Expr::Select(s) => header_names(&s.operand, out),
+        Expr::Call(c) if c.func_name == operators::INDEX && c.args.len() == 2 && is_headers(&c.args[0]) => {
+            match &c.args[1].expr {
+                Expr::Literal(LiteralValue::String(name)) => {
+                    out.push(name.to_ascii_lowercase());
+                    true
+                }
+                _ => false,
+            }
+        }
+        Expr::Call(c) => c
+            .target
+            .iter()
+            .map(|t| &**t)
+            .chain(c.args.iter())
+            .all(|x| header_names(x, out)),
+        Expr::List(l) => l.elements.iter().all(|x| header_names(x, out)),
+        Expr::Map(m) => m.entries.iter().all(|en| match &en.expr {
+            EntryExpr::MapEntry(me) => header_names(&me.key, out) && header_names(&me.value, out),
+            EntryExpr::StructField(f) => header_names(&f.value, out),
+        }),
+        Expr::Comprehension(_) | Expr::Struct(_) | Expr::Literal(_) | Expr::Unspecified => true,
     }
 }
 
@@ -326,7 +430,7 @@ pub fn evaluate(
         ::cel::to_value(body).map_err(|e| ("body".to_owned(), format!("cannot be read: {e}")))?,
     );
     let mut out = Mapped::default();
-    for (name, program) in &c.fields {
+    for (name, program, _) in &c.fields {
         let field = format!("mapping.{name}");
         let v = Cel::resolve(program, &ctx)
             .map_err(|e| (field.clone(), format!("failed on this request: {e}")))?;
@@ -369,6 +473,9 @@ fn to_cel_headers(headers: &BTreeMap<String, String>) -> Cel {
 pub struct CloudEvent {
     pub attributes: BTreeMap<String, String>,
     pub data: Value,
+    /// Structured mode: the attributes came in the body. In binary mode they came in `ce-`
+    /// headers, which a signature over the body does not cover.
+    pub structured: bool,
 }
 
 impl CloudEvent {
@@ -438,6 +545,14 @@ pub fn cloud_event(
         } else {
             serde_json::from_slice(body).map_err(|e| bad("data", &format!("is not JSON: {e}")))?
         };
+        // The mode is what the signed body says, not only the unsigned Content-Type: a
+        // structured event re-sent as binary mode would be read as other data.
+        if data.get("specversion").is_some() {
+            return Err(bad(
+                "content-type",
+                "the body is a structured-mode CloudEvent: send it as application/cloudevents+json",
+            ));
+        }
         (attributes, data)
     };
     for required in ["specversion", "id", "source", "type"] {
@@ -459,7 +574,11 @@ pub fn cloud_event(
             "must be a JSON object (it becomes the trigger's payload)",
         ));
     }
-    Ok(CloudEvent { attributes, data })
+    Ok(CloudEvent {
+        attributes,
+        data,
+        structured,
+    })
 }
 
 /// Why a request's signature was refused (answered 401; nothing is counted as a trigger).
@@ -480,7 +599,9 @@ pub fn verify(
         // Not an HTTP route: its messages come over the NATS connection alone.
         IngressKind::Nats => Err(Unsigned("a NATS route takes no HTTP request".into())),
         IngressKind::StandardWebhooks | IngressKind::CloudEvents => {
-            let id = header("webhook-id").ok_or_else(|| Unsigned("no webhook-id header".into()))?;
+            let id = header("webhook-id")
+                .filter(|id| !id.is_empty())
+                .ok_or_else(|| Unsigned("no webhook-id header".into()))?;
             let ts = header("webhook-timestamp")
                 .ok_or_else(|| Unsigned("no webhook-timestamp header".into()))?;
             let sigs = header("webhook-signature")
@@ -534,7 +655,7 @@ pub fn verify(
                 };
                 mac.update(body);
                 if mac.verify_slice(&given).is_ok() {
-                    return Ok(header("x-github-delivery").unwrap_or_default().to_owned());
+                    return Ok(github_delivery_id(body));
                 }
             }
             Err(Unsigned(
@@ -542,6 +663,14 @@ pub fn verify(
             ))
         }
     }
+}
+
+/// A GitHub request's default trigger id: a digest of its body. GitHub signs the body alone,
+/// so its X-GitHub-Delivery header could be changed in a replay; the body cannot, and a
+/// redelivery (GitHub sends the same body again) is the first record.
+pub fn github_delivery_id(body: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("sha256:{}", hex::encode(Sha256::digest(body)))
 }
 
 #[cfg(test)]
@@ -650,25 +779,135 @@ mod tests {
     }
 
     #[test]
-    fn mappings_yield_strings_from_headers_and_body() {
+    fn mappings_yield_strings_from_signed_headers_and_body() {
         let c = compile(
-            IngressKind::Github,
+            IngressKind::StandardWebhooks,
             &Mapping {
-                r#ref: "headers['x-github-event'] + '.' + body.action".into(),
+                r#ref: "'issue.' + body.action".into(),
                 binding_id: "body.installation.id".into(),
+                trigger_id: "headers['webhook-id'] + ':' + headers['webhook-timestamp']".into(),
                 ..Default::default()
             },
             false,
         )
         .expect("compiles");
-        let headers = BTreeMap::from([("x-github-event".to_owned(), "issues".to_owned())]);
+        let headers = BTreeMap::from([
+            ("webhook-id".to_owned(), "msg_1".to_owned()),
+            ("webhook-timestamp".to_owned(), "1000".to_owned()),
+        ]);
         let body = serde_json::json!({"action": "opened", "installation": {"id": 42}});
         let m = evaluate(&c, &headers, &body, None).expect("evaluates");
-        assert_eq!(m.r#ref.as_deref(), Some("issues.opened"));
+        assert_eq!(m.r#ref.as_deref(), Some("issue.opened"));
         assert_eq!(m.binding_id.as_deref(), Some("42"));
+        assert_eq!(m.trigger_id.as_deref(), Some("msg_1:1000"));
         let e =
             evaluate(&c, &headers, &serde_json::json!({"action": 1}), None).expect_err("refused");
         assert_eq!(e.0, "mapping.ref");
+    }
+
+    #[test]
+    fn a_signed_routes_mapping_reads_no_header_its_signature_does_not_cover() {
+        let with = |kind, expr: &str| {
+            compile(
+                kind,
+                &Mapping {
+                    r#ref: "'issue.opened'".into(),
+                    principal: expr.into(),
+                    ..Default::default()
+                },
+                false,
+            )
+        };
+        use IngressKind::{CloudEvents, Github, Nats, StandardWebhooks};
+        for (kind, expr) in [
+            (Github, "headers['x-github-event']"),
+            (Github, "headers['x-github-delivery']"),
+            (Github, "body.user + headers['X-GitHub-Event']"),
+            (StandardWebhooks, "headers['x-user']"),
+            (StandardWebhooks, "has(headers.user) ? 'a' : 'b'"),
+            (StandardWebhooks, "headers.user"),
+            (CloudEvents, "headers['ce-subject']"),
+            (CloudEvents, "headers['content-type']"),
+        ] {
+            let e = with(kind, expr).expect_err(expr);
+            assert_eq!(e[0].0, "mapping.principal", "{expr}: {e:?}");
+            assert!(
+                e[0].1.contains("does not cover") && e[0].1.contains("map it from `body`"),
+                "{expr}: {e:?}"
+            );
+        }
+        for (kind, expr) in [
+            (StandardWebhooks, "headers[body.which]"),
+            (StandardWebhooks, "string(size(headers))"),
+            (StandardWebhooks, "headers['webhook-id'] in headers ? 'a' : 'b'"),
+            (Github, "'x' in headers ? 'a' : 'b'"),
+        ] {
+            let e = with(kind, expr).expect_err(expr);
+            assert!(e[0].1.contains("literal name"), "{expr}: {e:?}");
+        }
+        for (kind, expr) in [
+            (StandardWebhooks, "body.user + headers['webhook-id']"),
+            (StandardWebhooks, "headers['Webhook-Timestamp']"),
+            (CloudEvents, "headers['webhook-id']"),
+            (CloudEvents, "event.subject"),
+            (Github, "body.sender.login"),
+            // A NATS message is authenticated by its connection, headers and all.
+            (Nats, "headers['x-user']"),
+            (Nats, "headers[body.which]"),
+        ] {
+            assert!(with(kind, expr).is_ok(), "{kind:?} {expr}");
+        }
+    }
+
+    #[test]
+    fn a_cloudevents_mode_is_what_its_signed_body_says() {
+        let binary = BTreeMap::from([
+            ("ce-specversion".to_owned(), "1.0".to_owned()),
+            ("ce-id".to_owned(), "e1".to_owned()),
+            ("ce-source".to_owned(), "/s".to_owned()),
+            ("ce-type".to_owned(), "t".to_owned()),
+            ("content-type".to_owned(), "application/json".to_owned()),
+        ]);
+        let e = cloud_event(&binary, br#"{"area": "north"}"#).expect("binary");
+        assert!(!e.structured);
+        let envelope = br#"{"specversion": "1.0", "id": "e1", "source": "/s", "type": "t", "data": {}}"#;
+        let refused = cloud_event(&binary, envelope).expect_err("a structured body as binary");
+        assert_eq!(refused.0, "content-type");
+        let structured = BTreeMap::from([(
+            "content-type".to_owned(),
+            "application/cloudevents+json".to_owned(),
+        )]);
+        assert!(cloud_event(&structured, envelope).expect("structured").structured);
+        assert!(cloud_event(&structured, br#"{"area": "north"}"#).is_err());
+    }
+
+    #[test]
+    fn a_github_requests_trigger_id_is_its_bodys_digest_and_a_webhook_id_is_never_empty() {
+        let mut mac = HmacSha256::new_from_slice(b"0123456789abcdef").expect("key");
+        mac.update(b"{}");
+        let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+        let secrets = ["0123456789abcdef".to_owned()];
+        let mut headers = BTreeMap::from([
+            ("x-hub-signature-256".to_owned(), sig),
+            ("x-github-delivery".to_owned(), "d-1".to_owned()),
+        ]);
+        let id = verify(IngressKind::Github, &secrets, &headers, b"{}", 0).expect("signed");
+        assert_eq!(
+            id,
+            "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+        headers.insert("x-github-delivery".into(), "d-2".into());
+        assert_eq!(verify(IngressKind::Github, &secrets, &headers, b"{}", 0), Ok(id));
+        let secret = format!("whsec_{}", STANDARD.encode([7u8; 32]));
+        let mut mac = HmacSha256::new_from_slice(&[7u8; 32]).expect("key");
+        mac.update(b".1000.{}");
+        let sig = STANDARD.encode(mac.finalize().into_bytes());
+        let headers = BTreeMap::from([
+            ("webhook-id".to_owned(), String::new()),
+            ("webhook-timestamp".to_owned(), "1000".to_owned()),
+            ("webhook-signature".to_owned(), format!("v1,{sig}")),
+        ]);
+        assert!(verify(IngressKind::StandardWebhooks, &[secret], &headers, b"{}", 1000).is_err());
     }
 
     #[test]

@@ -7,8 +7,8 @@ use serde_json::Value;
 use super::{valid_pack_id, Service};
 use crate::domain::decide::{Outcome, RawTrigger};
 use crate::domain::ingress::{
-    check_route_id, check_secret, cloud_event, compile, evaluate, verify, Compiled, IngressKind,
-    Mapped, Mapping, Route, MAX_SECRETS,
+    check_route_id, check_secret, cloud_event, compile, evaluate, verify, Compiled,
+    IngressKind, Mapped, Mapping, Route, MAX_SECRETS,
 };
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, PolicyView};
@@ -77,6 +77,36 @@ impl Mappings {
         );
         Ok(c)
     }
+}
+
+/// Refuses a binary-mode CloudEvent on a signed route whose trigger would take its ref,
+/// principal or any mapped field from the event's attributes: in binary mode they are `ce-`
+/// headers, which the signature (over the body) does not cover, so a replay could change
+/// them. Structured mode signs them; a mapping from `body` (the data) needs none of them.
+fn unsigned_attributes(route: &Route, compiled: &Compiled) -> Result<()> {
+    let why = "in binary mode the event's attributes are ce- headers, which the signature does \
+               not cover; send the event in structured mode (application/cloudevents+json), or \
+               map the field from `body`";
+    if let Some(field) = compiled.reading_event() {
+        return Err(Error::invalid(
+            format!("mapping.{field}"),
+            format!("reads `event`: {why}"),
+        ));
+    }
+    if !compiled.gives("ref") {
+        return Err(Error::invalid(
+            "ce-type",
+            format!("would be the ref (the route maps none): {why}"),
+        ));
+    }
+    let named = compiled.gives("principal") || compiled.gives("binding_id");
+    if !named && !route.fan_out {
+        return Err(Error::invalid(
+            "ce-subject",
+            format!("would be the principal (the route maps none): {why}"),
+        ));
+    }
+    Ok(())
 }
 
 /// One trigger a request became, and what became of it.
@@ -269,8 +299,18 @@ impl Service {
             }
         };
         let compiled = self.mappings.compiled(route)?;
+        let signed = route.kind.signed_headers().is_some();
+        let unsigned_event = signed && event.as_ref().is_some_and(|e| !e.structured);
+        if unsigned_event {
+            unsigned_attributes(route, &compiled)?;
+        }
         let mut mapped = evaluate(&compiled, headers, &payload, event.as_ref())
             .map_err(|(f, d)| invalid(vec![(f, d)]))?;
+        if unsigned_event {
+            // The event's id is an unsigned header here; the signed delivery id is what
+            // makes a replay the first record.
+            mapped.trigger_id.get_or_insert_with(|| delivery_id.clone());
+        }
         if let Some(e) = &event {
             // What a CloudEvent names itself, where the mapping does not say otherwise.
             let ty = e.attr("type");
@@ -319,6 +359,12 @@ impl Service {
         }
         let view = self.view();
         let trigger_id = mapped.trigger_id.clone().unwrap_or(delivery_id);
+        if signed && trigger_id.is_empty() {
+            return Err(Error::invalid(
+                "mapping.trigger_id",
+                "yielded an empty trigger id: a signed request's trigger id is what makes its replay the first record",
+            ));
+        }
         let principals = self.principals_of(&view, route, &mapped)?;
         let fanned = route.fan_out;
         let kind = route.kind.as_str();

@@ -218,8 +218,8 @@ async fn reqwest_text(url: &str) -> String {
 }
 
 /// GitHub-style webhooks: X-Hub-Signature-256 checked, the installation id mapped to the
-/// principal through the pack's Bindings (the vendor push mapping), X-GitHub-Delivery the
-/// trigger id, X-GitHub-Event with the action mapped to the ref by the example route.
+/// principal through the pack's Bindings (the vendor push mapping), the body's digest the
+/// trigger id (GitHub signs the body alone), the ref mapped from the body by the example route.
 async fn github_webhooks_reach_the_principal_of_their_binding(kind: StoreKind) {
     let app = app_with_ingress(kind, None).await;
     let ch = app.channel.clone();
@@ -272,10 +272,11 @@ async fn github_webhooks_reach_the_principal_of_their_binding(kind: StoreKind) {
         .expect("put the example route");
     let u = url(&app, "github-issues");
     let hook = |delivery: &str, event: &str, installation: i64| {
+        let object = if event == "issues" { "issue" } else { event };
         json!({
             "url": u, "sign": "github", "secret": GITHUB_SECRET,
             "headers": {"x-github-event": event, "x-github-delivery": delivery},
-            "body": json!({"action": "opened", "installation": {"id": installation}, "issue": {"number": 1}}).to_string(),
+            "body": json!({"action": "opened", "installation": {"id": installation}, object: {"number": 1}}).to_string(),
         })
     };
     let mut forged = hook("d-forged", "issues", 42);
@@ -298,6 +299,13 @@ async fn github_webhooks_reach_the_principal_of_their_binding(kind: StoreKind) {
     );
     assert_eq!(t(1)["principal"], "bob");
     assert_eq!(t(2)["duplicate"], true);
+    assert!(
+        t(0)["trigger_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("sha256:") && id.len() == 71),
+        "the body's digest: {}",
+        t(0)
+    );
     assert_eq!(answers[3].1["violations"][0]["field"], "mapping.binding_id");
     assert_eq!(
         t(4)["drop_reason"],
@@ -625,6 +633,33 @@ async fn cloudevents_in_both_modes_become_triggers(kind: StoreKind) {
         }
         json!({"url": u, "sign": "cloudevents", "secret": SECRET_NEW, "msg_id": msg, "mode": mode, "event": ev, "data": data})
     };
+    // A route that reads the event's own ref and subject: structured mode, where the
+    // signature covers them. In binary mode they are unsigned ce- headers: refused.
+    let mut by_body = weather_route("events-by-body", &[SECRET_NEW]);
+    if let Some(r) = by_body.route.as_mut() {
+        r.kind = IngressKind::Cloudevents as i32;
+    }
+    ingress(&app)
+        .put_ingress_route(by_body)
+        .await
+        .expect("put a CloudEvents route mapped from the data");
+    let mut by_event = weather_route("events-by-event", &[SECRET_NEW]);
+    if let Some(r) = by_event.route.as_mut() {
+        r.kind = IngressKind::Cloudevents as i32;
+        if let Some(m) = r.mapping.as_mut() {
+            m.principal = "event.subject".into();
+        }
+    }
+    ingress(&app)
+        .put_ingress_route(by_event)
+        .await
+        .expect("put a CloudEvents route mapping the subject");
+    let to = |ev: Value, route: &str| {
+        let mut ev = ev;
+        ev["url"] = json!(url(&app, route));
+        ev
+    };
+    let mine = json!({"level": "warning", "user": "alice", "area": "east"});
     let answers = send(json!([
         event("binary", "m1", "e1", json!({}), json!({"area": "north"})),
         event(
@@ -637,12 +672,12 @@ async fn cloudevents_in_both_modes_become_triggers(kind: StoreKind) {
         event(
             "structured",
             "m3",
-            "e1",
+            "e2",
             json!({}),
-            json!({"area": "north"})
+            json!({"area": "south"})
         ),
         event(
-            "binary",
+            "structured",
             "m4",
             "e4",
             json!({"subject": null}),
@@ -662,26 +697,48 @@ async fn cloudevents_in_both_modes_become_triggers(kind: StoreKind) {
             json!({}),
             json!(["not", "an", "object"])
         ),
+        to(event("binary", "m7", "e7", json!({}), mine.clone()), "events-by-body"),
+        to(event("binary", "m8", "e8", json!({}), mine.clone()), "events-by-event"),
+        to(event("structured", "m9", "e9", json!({}), mine.clone()), "events-by-event"),
     ]))
     .await;
     let status: Vec<u16> = answers.iter().map(|a| a.0).collect();
-    assert_eq!(status, vec![202, 202, 202, 400, 202, 400], "{answers:#?}");
+    assert_eq!(
+        status,
+        vec![400, 202, 202, 400, 202, 400, 202, 400, 202],
+        "{answers:#?}"
+    );
     let t = |i: usize| answers[i].1["triggers"][0].clone();
-    assert_eq!(t(0)["trigger_id"], "/sensors/7#e1");
-    assert_eq!(t(0)["disposition"], "recorded_inbox");
+    let field = |i: usize| answers[i].1["violations"][0]["field"].clone();
+    assert_eq!(field(0), "ce-type", "{:?}", answers[0]);
+    assert!(
+        answers[0].1["violations"][0]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("structured mode")),
+        "{:?}",
+        answers[0]
+    );
+    assert_eq!(t(1)["trigger_id"], "/sensors/7#e2");
     assert_eq!(t(1)["disposition"], "recorded_inbox");
     assert_eq!(
         t(2)["duplicate"],
         true,
         "the same source and id is the same event"
     );
-    assert_eq!(answers[3].1["violations"][0]["field"], "subject");
+    assert_eq!(field(3), "subject");
     assert_eq!(
         t(4)["drop_reason"],
         "undeclared_ref",
         "`hail` is not declared: dropped, counted"
     );
-    assert_eq!(answers[5].1["violations"][0]["field"], "data");
+    assert_eq!(field(5), "data");
+    assert_eq!(
+        (t(6)["trigger_id"].clone(), t(6)["disposition"].clone()),
+        (json!("m7"), json!("recorded_inbox")),
+        "binary mode mapped from the data: the signed webhook-id is the trigger id"
+    );
+    assert_eq!(field(7), "mapping.principal");
+    assert_eq!(t(8)["principal"], "alice");
     let listed = alice_records(&app).await;
     let areas: Vec<String> = listed
         .iter()
@@ -695,9 +752,9 @@ async fn cloudevents_in_both_modes_become_triggers(kind: StoreKind) {
             )
         })
         .collect();
-    assert_eq!(listed.len(), 2, "{areas:?}");
+    assert_eq!(listed.len(), 3, "{areas:?}");
     assert!(
-        areas[0].contains("north") && areas[1].contains("south"),
+        areas[0].contains("south") && areas[1].contains("east") && areas[2].contains("east"),
         "data is the payload: {areas:?}"
     );
 }
@@ -862,3 +919,135 @@ async fn a_silent_store_answers_webhooks_503_and_their_retry_records_once_postgr
         .expect("n");
     assert_eq!(n, 1, "recorded exactly once");
 }
+
+/// The principal a replay tries to move a record to.
+async fn grant_bob_weather(app: &TestApp) {
+    pb::policy_service_client::PolicyServiceClient::new(app.channel.clone())
+        .grant_sense_enable(pb::GrantSenseEnableRequest {
+            principal: "bob".into(),
+            pack_id: "weather".into(),
+        })
+        .await
+        .expect("grant bob");
+}
+
+/// A captured signed request, replayed within the tolerance with any header changed — the
+/// ones the mapping or the kind reads (`ce-*`, X-GitHub-Event, X-GitHub-Delivery, a header
+/// named like a field), its content type (switching CloudEvents modes) — is its first record
+/// or refused: never a new record, never one for another principal.
+async fn a_replayed_signed_request_is_its_first_record_or_refused(kind: StoreKind) {
+    let app = app_with_ingress(kind, None).await;
+    set_up_weather(&app.channel).await;
+    grant_bob_weather(&app).await;
+    let put = |route: pb::PutIngressRouteRequest| {
+        let mut c = ingress(&app);
+        async move { c.put_ingress_route(route).await.expect("put route") }
+    };
+    put(weather_route("sw", &[SECRET_NEW])).await;
+    let mut gh = weather_route("gh", &[GITHUB_SECRET]);
+    let mut ce = weather_route("ce", &[SECRET_NEW]);
+    let mut ce_default = weather_route("ce-default", &[SECRET_NEW]);
+    if let (Some(g), Some(c), Some(d)) = (gh.route.as_mut(), ce.route.as_mut(), ce_default.route.as_mut()) {
+        g.kind = IngressKind::Github as i32;
+        c.kind = IngressKind::Cloudevents as i32;
+        d.kind = IngressKind::Cloudevents as i32;
+        d.mapping = None;
+    }
+    put(gh).await;
+    put(ce).await;
+    put(ce_default).await;
+    let body = json!({"level": "warning", "user": "alice", "area": "north"});
+    let event = |mode: &str, msg: &str, route: &str| {
+        json!({"url": url(&app, route), "sign": "cloudevents", "secret": SECRET_NEW, "msg_id": msg, "mode": mode,
+               "event": {"type": "storm.warning", "source": "/s", "subject": "alice", "id": msg, "specversion": "1.0"},
+               "data": body})
+    };
+    // The originals: one signed request of each kind, each recorded for alice.
+    let originals = json!([
+        standard(&url(&app, "sw"), SECRET_NEW, "sw-1", body.clone()),
+        {"url": url(&app, "gh"), "sign": "github", "secret": GITHUB_SECRET, "body": body.to_string(),
+         "headers": {"x-github-event": "issues", "x-github-delivery": "d-1"}},
+        event("binary", "ce-1", "ce"),
+        event("structured", "ce-2", "ce-default"),
+    ]);
+    let changes = [
+        json!({"x-user": "bob", "user": "bob", "hcp-principal": "bob", "ce-subject": "bob"}),
+        json!({"ce-id": "fresh", "ce-source": "/other", "ce-type": "storm.watch", "x-github-delivery": "d-2"}),
+        json!({"x-github-event": "pull_request", "content-type": "text/plain"}),
+        json!({"content-type": "application/cloudevents+json"}),
+        json!({"content-type": "application/json", "ce-specversion": "1.0", "ce-id": "x", "ce-source": "/x", "ce-type": "storm.warning", "ce-subject": "bob"}),
+        json!({"ce-subject": null, "ce-type": null, "x-github-event": null}),
+    ];
+    let mut plan = originals.as_array().cloned().unwrap_or_default();
+    for change in &changes {
+        for i in 0..4 {
+            plan.push(json!({"replay": i, "set_headers": change}));
+        }
+    }
+    let answers = send(Value::Array(plan)).await;
+    let first: Vec<Value> = answers[..4]
+        .iter()
+        .map(|(status, b)| {
+            assert_eq!(*status, 202, "an original: {b}");
+            let t = &b["triggers"][0];
+            assert_eq!(
+                (t["principal"].clone(), t["disposition"].clone()),
+                (json!("alice"), json!("recorded_inbox")),
+                "{b}"
+            );
+            t["record_id"].clone()
+        })
+        .collect();
+    for (n, (status, b)) in answers[4..].iter().enumerate() {
+        let (route, change) = (n % 4, &changes[n / 4]);
+        match status {
+            202 => {
+                let t = &b["triggers"][0];
+                assert_eq!(b["triggers"].as_array().map(Vec::len), Some(1), "{b}");
+                assert_eq!(
+                    (t["record_id"].clone(), t["duplicate"].clone(), t["principal"].clone()),
+                    (first[route].clone(), json!(true), json!("alice")),
+                    "replay of request {route} with {change}: not its first record: {b}"
+                );
+            }
+            400 | 401 | 409 => {}
+            other => panic!("replay of request {route} with {change}: {other} {b}"),
+        }
+    }
+    let count = |who: &str| {
+        let mut records = app.records.clone();
+        let who = who.to_owned();
+        async move {
+            records
+                .list_records(pb::ListRecordsRequest {
+                    principal: who,
+                    page_size: 100,
+                    ..Default::default()
+                })
+                .await
+                .expect("list")
+                .into_inner()
+                .records
+                .len()
+        }
+    };
+    assert_eq!(count("alice").await, 4, "one record per original");
+    assert_eq!(count("bob").await, 0, "a replay never records for another principal");
+    // A mapping that would read what the signature does not cover is refused when put.
+    let mut reads_event_header = weather_route("gh-event", &[GITHUB_SECRET]);
+    if let Some(r) = reads_event_header.route.as_mut() {
+        r.kind = IngressKind::Github as i32;
+        if let Some(m) = r.mapping.as_mut() {
+            m.r#ref = "'storm.' + headers['x-github-event']".into();
+        }
+    }
+    let e = ingress(&app)
+        .put_ingress_route(reads_event_header)
+        .await
+        .expect_err("an unsigned header");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let v = crate::helpers::violations(&e);
+    assert_eq!(v[0].0, "route.mapping.ref", "{v:?}");
+    assert!(v[0].1.contains("x-github-event") && v[0].1.contains("does not cover"), "{v:?}");
+}
+on_both_stores!(s7_6_a_replayed_signed_request_is_its_first_record_or_refused => a_replayed_signed_request_is_its_first_record_or_refused);

@@ -10,7 +10,10 @@ A request: {"url": ..., "sign": "standard" | "github" | "none", "secret": ...,
 "msg_id": ..., "ts_offset": seconds added to now, "body": text,
 "headers": {...}, "tamper": true to change the body after signing}; for
 "sign": "cloudevents" also "mode" ("binary" or "structured"), "event" (its
-attributes) and "data" (its data), which replace "body".
+attributes) and "data" (its data), which replace "body". {"replay": i,
+"set_headers": {...}} sends the i-th request of the plan again, byte for byte
+as it was signed, with those headers changed (a null value removes one): what
+an attacker who captured it can do.
 """
 import datetime
 import hashlib
@@ -34,7 +37,16 @@ def standard_sign(req, headers, body):
     headers["webhook-signature"] = Webhook(req["secret"]).sign(req["msg_id"], at, body)
 
 
-def send(req):
+def send(req, sent):
+    if "replay" in req:
+        url, headers, body = sent[req["replay"]]
+        headers = dict(headers)
+        for k, v in req.get("set_headers", {}).items():
+            headers = {h: x for h, x in headers.items() if h.lower() != k.lower()}
+            if v is not None:
+                headers[k] = v
+        sent.append((url, headers, body))
+        return post(url, headers, body)
     body = req.get("body", "{}")
     headers = {"content-type": "application/json"}
     headers.update(req.get("headers", {}))
@@ -55,7 +67,12 @@ def send(req):
         headers["x-hub-signature-256"] = "sha256=" + digest
     if req.get("tamper"):
         body = body + " "
-    r = urllib.request.Request(req["url"], data=body.encode(), headers=headers, method="POST")
+    sent.append((req["url"], headers, body))
+    return post(req["url"], headers, body)
+
+
+def post(url, headers, body):
+    r = urllib.request.Request(url, data=body.encode(), headers=headers, method="POST")
     try:
         with urllib.request.urlopen(r, timeout=30) as resp:
             status, text = resp.status, resp.read().decode()
@@ -70,7 +87,8 @@ def send(req):
 
 def main():
     plan = json.load(sys.stdin)
-    print(json.dumps([send(req) for req in plan]))
+    sent = []
+    print(json.dumps([send(req, sent) for req in plan]))
 
 
 if __name__ == "__main__":
