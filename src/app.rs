@@ -43,7 +43,8 @@ pub struct App {
     /// The NATS server NATS routes consume from, when one is configured.
     nats_url: Option<String>,
     /// How long a socket of the HTTP listeners may move no byte before it is closed.
-    http_idle: Duration,
+    /// The HTTP listeners' limits; the ingress listener's body is a trigger's payload.
+    http: crate::http::HttpLimits,
     service: Service,
     shutdown_grace: Duration,
     bench_baseline: bool,
@@ -165,7 +166,16 @@ impl App {
             metrics_addr,
             ingress_listener,
             nats_url: config.nats_url.clone(),
-            http_idle: config.http_idle_timeout,
+            http: crate::http::HttpLimits {
+                caps: crate::sockets::Caps {
+                    total: crate::http::MAX_CONNECTIONS,
+                    per_peer: config.http_max_connections_per_peer,
+                },
+                idle: config.http_idle_timeout,
+                header_timeout: config.http_header_timeout,
+                body_timeout: config.http_body_timeout,
+                max_body_bytes: config.max_payload_bytes,
+            },
             service: Service::start(
                 store,
                 Limits {
@@ -199,6 +209,7 @@ impl App {
                 request_timeout: config.request_timeout,
                 conns: ConnLimits {
                     max_connections: effective_max_connections(config.max_connections),
+                    max_per_peer: config.max_connections_per_peer,
                     first_request_timeout: config.first_request_timeout,
                     idle_timeout: config.idle_timeout,
                 },
@@ -281,10 +292,14 @@ impl App {
         });
         let mut on_stop = stop_rx.clone();
         let stop_health = health.clone();
-        tokio::spawn(serve_http(
+        tokio::spawn(crate::http::serve(
             self.metrics_listener,
             http_routes(self.service.clone(), ready_rx),
-            self.http_idle,
+            crate::http::HttpLimits {
+                // Scrapes and probes carry no body.
+                max_body_bytes: 64 << 10,
+                ..self.http
+            },
             stop_rx.clone(),
         ));
         let ingress_addr = self
@@ -292,10 +307,10 @@ impl App {
             .as_ref()
             .and_then(|l| l.local_addr().ok());
         if let Some(l) = self.ingress_listener {
-            tokio::spawn(serve_http(
+            tokio::spawn(crate::http::serve(
                 l,
                 crate::webhooks::routes(self.service.clone(), self.service.max_payload_bytes()),
-                self.http_idle,
+                self.http,
                 stop_rx.clone(),
             ));
         }
@@ -466,23 +481,6 @@ async fn follow_readiness(
 
 /// An HTTP listener (metrics and health, or ingress), until shutdown; its sockets are capped
 /// and closed when idle (`crate::http`).
-async fn serve_http(
-    listener: TcpListener,
-    routes: axum::Router,
-    idle: Duration,
-    mut stop: watch::Receiver<bool>,
-) {
-    let listener = crate::http::Guarded::new(listener, crate::http::MAX_CONNECTIONS, idle);
-    let served = axum::serve(listener, routes)
-        .with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|s| *s).await;
-        })
-        .await;
-    if let Err(e) = served {
-        tracing::error!(error = %e, "HTTP server failed");
-    }
-}
-
 /// The last drop counts, then the store closed, by `deadline`. The final writes normally take
 /// milliseconds; a store that does not answer gets no more than FINAL_WRITES of what is left
 /// of the grace period.

@@ -204,6 +204,32 @@ pub struct Config {
     #[arg(long = "http-idle-timeout-secs", env = "HCP_SENSE_HTTP_IDLE_TIMEOUT_SECS", value_name = "SECS", value_parser = secs, default_value = "60")]
     pub http_idle_timeout: Duration,
 
+    /// A request to the HTTP listeners must finish its headers this long after its socket was ready for them (after connecting, or after the previous answer).
+    #[arg(long = "http-header-timeout-secs", env = "HCP_SENSE_HTTP_HEADER_TIMEOUT_SECS", value_name = "SECS", value_parser = secs, default_value = "10")]
+    pub http_header_timeout: Duration,
+
+    /// A request to the HTTP listeners must finish its body this long after its headers; else it is answered 408 and its socket closed.
+    #[arg(long = "http-body-timeout-secs", env = "HCP_SENSE_HTTP_BODY_TIMEOUT_SECS", value_name = "SECS", value_parser = secs, default_value = "30")]
+    pub http_body_timeout: Duration,
+
+    /// Most sockets one peer (an IPv4 address, an IPv6 /64) may hold open on each HTTP listener; past it the peer's oldest socket not serving a request is closed to make room.
+    #[arg(
+        long = "http-max-connections-per-peer",
+        env = "HCP_SENSE_HTTP_MAX_CONNECTIONS_PER_PEER",
+        value_name = "N",
+        default_value_t = 256
+    )]
+    pub http_max_connections_per_peer: usize,
+
+    /// Most gRPC connections one peer (an IPv4 address, an IPv6 /64) may hold open; past it the peer's oldest connection with no call in flight is closed to make room.
+    #[arg(
+        long = "max-connections-per-peer",
+        env = "HCP_SENSE_MAX_CONNECTIONS_PER_PEER",
+        value_name = "N",
+        default_value_t = 1024
+    )]
+    pub max_connections_per_peer: usize,
+
     /// Seconds between HTTP/2 PINGs on each connection, to find peers that vanished; 0 for none.
     #[arg(long = "http2-keepalive-interval-secs", env = "HCP_SENSE_HTTP2_KEEPALIVE_INTERVAL_SECS", value_name = "SECS", value_parser = secs, default_value = "30")]
     pub http2_keepalive_interval: Option<Duration>,

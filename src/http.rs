@@ -1,83 +1,215 @@
-//! The HTTP listeners' sockets (ingress, metrics): at most a fixed number open at once, each closed once it carries no bytes for IDLE.
+//! The HTTP listeners (ingress, metrics): HTTP/1.1 whose every request must finish its headers and its body within deadlines, on sockets capped per peer and in total that shed the slowest first.
 //!
-//! The ingress listener faces webhook senders, often the internet: a client that opens
-//! sockets and never sends (or never finishes) a request, or leaves keep-alive connections
-//! idle, must not hold file descriptors and memory for ever.
+//! The ingress listener faces webhook senders, often the internet. A client that opens
+//! sockets and never sends (or never finishes) a request, drips a byte every few seconds
+//! (which an idle timer alone never closes), or leaves keep-alive connections idle, must not
+//! hold file descriptors and memory for ever, nor keep real senders out: headers have
+//! `header_timeout` from the first byte a request may start with, the body `body_timeout`
+//! from the end of the headers, a socket that moves no byte for `idle` is closed, and at a
+//! socket cap the oldest socket not serving a request is shed (crate::sockets).
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
-/// Most sockets open at once on one HTTP listener; further clients wait in the backlog.
+use crate::sockets::{Admission, Caps, Slot, Sockets};
+
+/// Most sockets open at once on one HTTP listener.
 pub const MAX_CONNECTIONS: usize = 1024;
 
-/// A TCP listener whose sockets are capped in number and closed when idle.
-pub struct Guarded {
+/// Most bytes of a request's head (request line and headers); a larger one is answered 431.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+
+/// The limits of one HTTP listener.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpLimits {
+    pub caps: Caps,
+    /// A socket that moves no byte for this long is closed.
+    pub idle: Duration,
+    /// A request's headers must have arrived this long after the socket was ready for them.
+    pub header_timeout: Duration,
+    /// A request's body must have arrived this long after its headers.
+    pub body_timeout: Duration,
+    /// A larger body is answered 413.
+    pub max_body_bytes: usize,
+}
+
+/// Serves `routes` on `listener` until `stop` turns true; then each connection finishes the
+/// request it is serving and closes.
+pub async fn serve(
     listener: TcpListener,
-    slots: Arc<Semaphore>,
-    idle: Duration,
-}
-
-impl Guarded {
-    pub fn new(listener: TcpListener, max_connections: usize, idle: Duration) -> Guarded {
-        Guarded {
-            listener,
-            slots: Arc::new(Semaphore::new(max_connections.max(1))),
-            idle,
-        }
-    }
-}
-
-impl axum::serve::Listener for Guarded {
-    type Io = IdleIo;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (IdleIo, SocketAddr) {
-        loop {
-            // The semaphore is never closed.
-            let Ok(slot) = self.slots.clone().acquire_owned().await else {
+    routes: axum::Router,
+    limits: HttpLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let sockets = Sockets::new(limits.caps);
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let (stream, remote) = match accepted {
+            Ok(a) => {
+                backoff = Duration::from_millis(5);
+                a
+            }
+            Err(e) => {
+                // Out of file descriptors, say: wait rather than spin.
+                tracing::warn!(error = %e, "HTTP accept failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
-            };
-            match self.listener.accept().await {
-                Ok((stream, addr)) => {
-                    let _ = stream.set_nodelay(true);
-                    return (IdleIo::new(stream, slot, self.idle), addr);
+            }
+        };
+        let held = loop {
+            match sockets.admit(remote.ip()) {
+                Admission::In { held, shed } => {
+                    if let Some(peer) = shed {
+                        tracing::debug!(%peer, "HTTP socket shed to make room");
+                    }
+                    break Some(held);
                 }
-                Err(e) => {
-                    // Out of file descriptors, say: wait rather than spin.
-                    tracing::warn!(error = %e, "HTTP accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                Admission::PeerBusy => break None,
+                // Every socket is serving a request: the next to close makes room.
+                Admission::Full => {
+                    let closed = sockets.closed.notified();
+                    tokio::select! {
+                        _ = closed => {}
+                        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
                 }
             }
-        }
+        };
+        let Some(held) = held else {
+            tracing::debug!(%remote, "HTTP socket refused: every socket of its peer is serving a request");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let routes = routes.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let slot = held.slot.clone();
+            connection(stream, slot, routes, limits, stop).await;
+            drop(held);
+        });
     }
+}
 
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+/// One socket's HTTP/1.1 connection, closed when it is shed.
+async fn connection(
+    stream: TcpStream,
+    slot: Arc<Slot>,
+    routes: axum::Router,
+    limits: HttpLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let io = TokioIo::new(IdleIo::new(stream, limits.idle));
+    let request_slot = slot.clone();
+    let service = hyper::service::service_fn(move |req| {
+        request(req, routes.clone(), request_slot.clone(), limits)
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .keep_alive(true)
+        .serve_connection(io, service);
+    tokio::pin!(conn);
+    let shed = slot.shed.notified();
+    let stopping = stop.wait_for(|s| *s);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "HTTP connection ended");
+            }
+            return;
+        }
+        // Dropping the connection closes the socket.
+        _ = shed => return,
+        _ = stopping => {}
     }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
+}
+
+/// One request: its body read within `body_timeout` and `max_body_bytes`, then routed.
+async fn request(
+    req: Request<Incoming>,
+    mut routes: axum::Router,
+    slot: Arc<Slot>,
+    limits: HttpLimits,
+) -> Result<Response<Body>, Infallible> {
+    let (parts, body) = req.into_parts();
+    let read = Limited::new(body, limits.max_body_bytes).collect();
+    let body = match tokio::time::timeout(limits.body_timeout, read).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return Ok(refusal(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("the body is larger than {} bytes", limits.max_body_bytes),
+            ))
+        }
+        Ok(Err(_)) => {
+            return Ok(refusal(
+                StatusCode::BAD_REQUEST,
+                "the body could not be read",
+            ))
+        }
+        Err(_) => {
+            return Ok(refusal(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!(
+                    "the body did not arrive within {} s of the headers",
+                    limits.body_timeout.as_secs_f64()
+                ),
+            ))
+        }
+    };
+    // Only now is the socket serving a request: a slow body could still be shed.
+    let _busy = slot.begin();
+    let req = Request::from_parts(parts, Body::from(body));
+    tower::Service::call(&mut routes, req).await
+}
+
+/// An answer before routing, with `Connection: close`: the socket has misbehaved.
+fn refusal(status: StatusCode, why: &str) -> Response<Body> {
+    let mut r = Response::new(Body::from(serde_json::json!({ "error": why }).to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 /// A socket that fails (and so is closed) after `idle` without a byte read or written.
 pub struct IdleIo {
     stream: TcpStream,
-    _slot: OwnedSemaphorePermit,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
 }
 
 impl IdleIo {
-    fn new(stream: TcpStream, slot: OwnedSemaphorePermit, idle: Duration) -> IdleIo {
+    fn new(stream: TcpStream, idle: Duration) -> IdleIo {
         IdleIo {
             stream,
-            _slot: slot,
             idle,
             deadline: Box::pin(tokio::time::sleep(idle)),
         }

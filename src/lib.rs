@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod nats;
 pub mod pipe;
 pub mod service;
+pub mod sockets;
 pub mod store;
 pub mod telemetry;
 pub mod webhooks;

@@ -303,7 +303,10 @@ fn check_header_reads(kind: IngressKind, e: &IdedExpr) -> Result<(), String> {
         return Ok(());
     };
     let covered = if signed.is_empty() {
-        format!("a {} request's signature covers its body alone", kind.as_str())
+        format!(
+            "a {} request's signature covers its body alone",
+            kind.as_str()
+        )
     } else {
         format!(
             "a {} request's signature covers its body and {} alone",
@@ -344,7 +347,9 @@ fn header_names(e: &IdedExpr, out: &mut Vec<String>) -> bool {
             true
         }
         Expr::Select(s) => header_names(&s.operand, out),
-        Expr::Call(c) if c.func_name == operators::INDEX && c.args.len() == 2 && is_headers(&c.args[0]) => {
+        Expr::Call(c)
+            if c.func_name == operators::INDEX && c.args.len() == 2 && is_headers(&c.args[0]) =>
+        {
             match &c.args[1].expr {
                 Expr::Literal(LiteralValue::String(name)) => {
                     out.push(name.to_ascii_lowercase());
@@ -839,7 +844,10 @@ mod tests {
         for (kind, expr) in [
             (StandardWebhooks, "headers[body.which]"),
             (StandardWebhooks, "string(size(headers))"),
-            (StandardWebhooks, "headers['webhook-id'] in headers ? 'a' : 'b'"),
+            (
+                StandardWebhooks,
+                "headers['webhook-id'] in headers ? 'a' : 'b'",
+            ),
             (Github, "'x' in headers ? 'a' : 'b'"),
         ] {
             let e = with(kind, expr).expect_err(expr);
@@ -870,14 +878,19 @@ mod tests {
         ]);
         let e = cloud_event(&binary, br#"{"area": "north"}"#).expect("binary");
         assert!(!e.structured);
-        let envelope = br#"{"specversion": "1.0", "id": "e1", "source": "/s", "type": "t", "data": {}}"#;
+        let envelope =
+            br#"{"specversion": "1.0", "id": "e1", "source": "/s", "type": "t", "data": {}}"#;
         let refused = cloud_event(&binary, envelope).expect_err("a structured body as binary");
         assert_eq!(refused.0, "content-type");
         let structured = BTreeMap::from([(
             "content-type".to_owned(),
             "application/cloudevents+json".to_owned(),
         )]);
-        assert!(cloud_event(&structured, envelope).expect("structured").structured);
+        assert!(
+            cloud_event(&structured, envelope)
+                .expect("structured")
+                .structured
+        );
         assert!(cloud_event(&structured, br#"{"area": "north"}"#).is_err());
     }
 
@@ -897,7 +910,10 @@ mod tests {
             "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
         headers.insert("x-github-delivery".into(), "d-2".into());
-        assert_eq!(verify(IngressKind::Github, &secrets, &headers, b"{}", 0), Ok(id));
+        assert_eq!(
+            verify(IngressKind::Github, &secrets, &headers, b"{}", 0),
+            Ok(id)
+        );
         let secret = format!("whsec_{}", STANDARD.encode([7u8; 32]));
         let mut mac = HmacSha256::new_from_slice(&[7u8; 32]).expect("key");
         mac.update(b".1000.{}");
@@ -907,7 +923,14 @@ mod tests {
             ("webhook-timestamp".to_owned(), "1000".to_owned()),
             ("webhook-signature".to_owned(), format!("v1,{sig}")),
         ]);
-        assert!(verify(IngressKind::StandardWebhooks, &[secret], &headers, b"{}", 1000).is_err());
+        assert!(verify(
+            IngressKind::StandardWebhooks,
+            &[secret],
+            &headers,
+            b"{}",
+            1000
+        )
+        .is_err());
     }
 
     #[test]

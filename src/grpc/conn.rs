@@ -7,23 +7,28 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
+use crate::sockets::{Admission, Busy, Caps, Held, Slot, Sockets};
+
 /// Limits on client connections.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {
-    /// Most connections open at once; further clients wait in the listen backlog.
+    /// Most connections open at once; past it the oldest with no call in flight is closed.
     pub max_connections: usize,
+    /// Most connections one peer may hold; past it its oldest with no call in flight is closed.
+    pub max_per_peer: usize,
     /// A connection must start its first call (after TLS and the HTTP/2 preface) within this.
     pub first_request_timeout: Duration,
     /// A connection with no call in flight for this long is closed.
@@ -34,39 +39,42 @@ pub struct ConnLimits {
 #[derive(Debug)]
 pub struct ConnState {
     opened: Instant,
-    /// Calls whose response has not finished.
-    in_flight: AtomicUsize,
+    /// The connection's place among the listener's: calls in flight, and whether one started.
+    slot: Arc<Slot>,
     /// Milliseconds after `opened` when the last call finished.
     last_done_ms: AtomicU64,
-    started: AtomicBool,
     /// Open health Watch streams on this connection.
     pub(crate) watches: AtomicUsize,
 }
 
 impl ConnState {
-    fn new() -> ConnState {
+    fn new(slot: Arc<Slot>) -> ConnState {
         ConnState {
             opened: Instant::now(),
-            in_flight: AtomicUsize::new(0),
+            slot,
             last_done_ms: AtomicU64::new(0),
-            started: AtomicBool::new(false),
             watches: AtomicUsize::new(0),
         }
     }
 
     /// A call starts; the connection is busy until the returned guard is dropped.
     pub fn begin(self: &Arc<Self>) -> InFlight {
-        self.started.store(true, Ordering::Relaxed);
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(self.clone())
+        InFlight {
+            state: self.clone(),
+            _busy: self.slot.begin(),
+        }
+    }
+
+    fn started(&self) -> bool {
+        self.slot.served.load(Ordering::Relaxed)
     }
 
     /// When the connection may be closed, if nothing starts meanwhile.
     fn close_at(&self, limits: &ConnLimits) -> Option<Instant> {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
+        if self.slot.busy.load(Ordering::Acquire) > 0 {
             return None;
         }
-        if !self.started.load(Ordering::Relaxed) {
+        if !self.started() {
             return Some(self.opened + limits.first_request_timeout);
         }
         let done = Duration::from_millis(self.last_done_ms.load(Ordering::Relaxed));
@@ -76,13 +84,15 @@ impl ConnState {
 
 /// A call in flight on a connection.
 #[derive(Debug)]
-pub struct InFlight(Arc<ConnState>);
+pub struct InFlight {
+    state: Arc<ConnState>,
+    _busy: Busy,
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let ms = u64::try_from(self.0.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.0.last_done_ms.fetch_max(ms, Ordering::Relaxed);
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let ms = u64::try_from(self.state.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.state.last_done_ms.fetch_max(ms, Ordering::Relaxed);
     }
 }
 
@@ -114,7 +124,9 @@ pub struct Conn {
     info: ConnInfo,
     limits: ConnLimits,
     timer: Pin<Box<Sleep>>,
-    _slot: OwnedSemaphorePermit,
+    /// Ready once the connection is shed to make room for another.
+    shed: Pin<Box<OwnedNotified>>,
+    _held: Held,
 }
 
 impl Connected for Conn {
@@ -127,6 +139,13 @@ impl Connected for Conn {
 impl Conn {
     /// Polls the timer: `Ready(Err)` once the connection should close.
     fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if self.shed.as_mut().poll(cx).is_ready() {
+            tracing::debug!(remote = ?self.info.remote, "connection shed to make room");
+            return Poll::Ready(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "shed to make room for another connection",
+            ));
+        }
         loop {
             if self.timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
@@ -134,7 +153,7 @@ impl Conn {
             let now = Instant::now();
             match self.info.state.close_at(&self.limits) {
                 Some(at) if at <= now => {
-                    let why = if self.info.state.started.load(Ordering::Relaxed) {
+                    let why = if self.info.state.started() {
                         "idle connection closed"
                     } else {
                         "no request within the first-request timeout"
@@ -220,60 +239,77 @@ pub fn effective_max_connections(configured: usize) -> usize {
 /// Longest pause after an accept error (out of file descriptors, for one).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 
-/// Accepts connections until the returned stream is dropped. At the cap it stops accepting
-/// (clients wait in the backlog); after an accept error it pauses, doubling up to a second,
-/// instead of retrying at once.
+/// Accepts connections until the returned stream is dropped. At a cap it sheds (crate::sockets):
+/// the oldest connection with no call in flight is closed to make room; with every one busy it
+/// waits for one to close; a peer whose every connection is busy is refused another. After an
+/// accept error it pauses, doubling up to a second, instead of retrying at once.
 pub fn incoming(
     listener: TcpListener,
     limits: ConnLimits,
 ) -> ReceiverStream<Result<Conn, io::Error>> {
     let (tx, rx) = mpsc::channel(1);
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let sockets = Sockets::new(Caps {
+        total: limits.max_connections,
+        per_peer: limits.max_per_peer,
+    });
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(5);
         loop {
-            let slot = tokio::select! {
-                _ = tx.closed() => return,
-                s = slots.clone().acquire_owned() => match s {
-                    Ok(s) => s,
-                    Err(_) => return,
-                },
-            };
             let accepted = tokio::select! {
                 _ = tx.closed() => return,
                 a = listener.accept() => a,
             };
-            match accepted {
-                Ok((io, remote)) => {
+            let (io, remote) = match accepted {
+                Ok(a) => {
                     backoff = Duration::from_millis(5);
-                    // Without TCP_NODELAY a multi-frame answer waits for a delayed ACK (~40 ms).
-                    let _ = io.set_nodelay(true);
-                    let state = Arc::new(ConnState::new());
-                    let first = Instant::now() + limits.first_request_timeout;
-                    let conn = Conn {
-                        io,
-                        info: ConnInfo {
-                            remote: Some(remote),
-                            peer: format!("peer:{}", remote.ip()).into(),
-                            state,
-                        },
-                        limits,
-                        timer: Box::pin(tokio::time::sleep_until(first.into())),
-                        _slot: slot,
-                    };
-                    if tx.send(Ok(conn)).await.is_err() {
-                        return;
-                    }
+                    a
                 }
                 Err(e) => {
-                    drop(slot);
                     tracing::warn!(error = %e, pause_ms = backoff.as_millis() as u64, "accepting a connection failed; pausing");
                     tokio::select! {
                         _ = tx.closed() => return,
                         _ = tokio::time::sleep(backoff) => {}
                     }
                     backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
+                    continue;
                 }
+            };
+            let held = loop {
+                match sockets.admit(remote.ip()) {
+                    Admission::In { held, .. } => break Some(held),
+                    Admission::PeerBusy => break None,
+                    Admission::Full => {
+                        let closed = sockets.closed.notified();
+                        tokio::select! {
+                            _ = tx.closed() => return,
+                            _ = closed => {}
+                            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                        }
+                    }
+                }
+            };
+            let Some(held) = held else {
+                tracing::debug!(%remote, "connection refused: every connection of its peer has a call in flight");
+                continue;
+            };
+            // Without TCP_NODELAY a multi-frame answer waits for a delayed ACK (~40 ms).
+            let _ = io.set_nodelay(true);
+            let state = Arc::new(ConnState::new(held.slot.clone()));
+            let first = Instant::now() + limits.first_request_timeout;
+            let conn = Conn {
+                io,
+                info: ConnInfo {
+                    remote: Some(remote),
+                    peer: format!("peer:{}", remote.ip()).into(),
+                    state,
+                },
+                limits,
+                timer: Box::pin(tokio::time::sleep_until(first.into())),
+                shed: Box::pin(held.slot.shed.clone().notified_owned()),
+                _held: held,
+            };
+            if tx.send(Ok(conn)).await.is_err() {
+                return;
             }
         }
     });

@@ -44,8 +44,9 @@ impl Windows {
     /// frames.
     pub fn for_streams(max_concurrent_streams: u32) -> Windows {
         let streams = u64::from(max_concurrent_streams.clamp(1, MAX_CONCURRENT_STREAMS));
-        let per_byte = |w: u64| 2 * w * (FRAME_OVERHEAD_THRESHOLD - SMALLEST_MESSAGE_FRAME)
-            / SMALLEST_MESSAGE_FRAME;
+        let per_byte = |w: u64| {
+            2 * w * (FRAME_OVERHEAD_THRESHOLD - SMALLEST_MESSAGE_FRAME) / SMALLEST_MESSAGE_FRAME
+        };
         let mut stream = u64::from(STREAM_WINDOW);
         if per_byte(streams * stream) > MAX_WINDOW {
             // Solve per_byte(streams × stream) ≤ MAX_WINDOW for stream.

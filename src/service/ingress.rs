@@ -7,8 +7,8 @@ use serde_json::Value;
 use super::{valid_pack_id, Service};
 use crate::domain::decide::{Outcome, RawTrigger};
 use crate::domain::ingress::{
-    check_route_id, check_secret, cloud_event, compile, evaluate, verify, Compiled,
-    IngressKind, Mapped, Mapping, Route, MAX_SECRETS,
+    check_route_id, check_secret, cloud_event, compile, evaluate, verify, Compiled, IngressKind,
+    Mapped, Mapping, Route, MAX_SECRETS,
 };
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, PolicyView};

@@ -69,7 +69,7 @@ async fn send(plan: Value) -> Vec<(u16, Value)> {
         .collect()
 }
 
-fn weather_route(route_id: &str, secrets: &[&str]) -> pb::PutIngressRouteRequest {
+pub fn weather_route(route_id: &str, secrets: &[&str]) -> pb::PutIngressRouteRequest {
     pb::PutIngressRouteRequest {
         route: Some(IngressRoute {
             route_id: route_id.into(),
@@ -697,9 +697,18 @@ async fn cloudevents_in_both_modes_become_triggers(kind: StoreKind) {
             json!({}),
             json!(["not", "an", "object"])
         ),
-        to(event("binary", "m7", "e7", json!({}), mine.clone()), "events-by-body"),
-        to(event("binary", "m8", "e8", json!({}), mine.clone()), "events-by-event"),
-        to(event("structured", "m9", "e9", json!({}), mine.clone()), "events-by-event"),
+        to(
+            event("binary", "m7", "e7", json!({}), mine.clone()),
+            "events-by-body"
+        ),
+        to(
+            event("binary", "m8", "e8", json!({}), mine.clone()),
+            "events-by-event"
+        ),
+        to(
+            event("structured", "m9", "e9", json!({}), mine.clone()),
+            "events-by-event"
+        ),
     ]))
     .await;
     let status: Vec<u16> = answers.iter().map(|a| a.0).collect();
@@ -947,7 +956,11 @@ async fn a_replayed_signed_request_is_its_first_record_or_refused(kind: StoreKin
     let mut gh = weather_route("gh", &[GITHUB_SECRET]);
     let mut ce = weather_route("ce", &[SECRET_NEW]);
     let mut ce_default = weather_route("ce-default", &[SECRET_NEW]);
-    if let (Some(g), Some(c), Some(d)) = (gh.route.as_mut(), ce.route.as_mut(), ce_default.route.as_mut()) {
+    if let (Some(g), Some(c), Some(d)) = (
+        gh.route.as_mut(),
+        ce.route.as_mut(),
+        ce_default.route.as_mut(),
+    ) {
         g.kind = IngressKind::Github as i32;
         c.kind = IngressKind::Cloudevents as i32;
         d.kind = IngressKind::Cloudevents as i32;
@@ -1005,7 +1018,11 @@ async fn a_replayed_signed_request_is_its_first_record_or_refused(kind: StoreKin
                 let t = &b["triggers"][0];
                 assert_eq!(b["triggers"].as_array().map(Vec::len), Some(1), "{b}");
                 assert_eq!(
-                    (t["record_id"].clone(), t["duplicate"].clone(), t["principal"].clone()),
+                    (
+                        t["record_id"].clone(),
+                        t["duplicate"].clone(),
+                        t["principal"].clone()
+                    ),
                     (first[route].clone(), json!(true), json!("alice")),
                     "replay of request {route} with {change}: not its first record: {b}"
                 );
@@ -1032,7 +1049,11 @@ async fn a_replayed_signed_request_is_its_first_record_or_refused(kind: StoreKin
         }
     };
     assert_eq!(count("alice").await, 4, "one record per original");
-    assert_eq!(count("bob").await, 0, "a replay never records for another principal");
+    assert_eq!(
+        count("bob").await,
+        0,
+        "a replay never records for another principal"
+    );
     // A mapping that would read what the signature does not cover is refused when put.
     let mut reads_event_header = weather_route("gh-event", &[GITHUB_SECRET]);
     if let Some(r) = reads_event_header.route.as_mut() {
@@ -1048,6 +1069,9 @@ async fn a_replayed_signed_request_is_its_first_record_or_refused(kind: StoreKin
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     let v = crate::helpers::violations(&e);
     assert_eq!(v[0].0, "route.mapping.ref", "{v:?}");
-    assert!(v[0].1.contains("x-github-event") && v[0].1.contains("does not cover"), "{v:?}");
+    assert!(
+        v[0].1.contains("x-github-event") && v[0].1.contains("does not cover"),
+        "{v:?}"
+    );
 }
 on_both_stores!(s7_6_a_replayed_signed_request_is_its_first_record_or_refused => a_replayed_signed_request_is_its_first_record_or_refused);

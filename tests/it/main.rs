@@ -19,6 +19,7 @@ mod packs;
 mod position;
 mod security;
 mod sense;
+mod slowloris;
 mod support;
 mod telemetry;
 mod trace;
