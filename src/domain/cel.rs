@@ -2,6 +2,7 @@
 use std::sync::{Arc, LazyLock};
 
 use cel::common::ast::{operators, EntryExpr, Expr, IdedExpr, LiteralValue, MapExpr};
+use cel::objects::{Key, Map};
 use cel::{Context, Value};
 
 /// Longest expression, in bytes.
@@ -12,14 +13,37 @@ pub const MAX_EXPRESSION_DEPTH: usize = 24;
 pub const MAX_EXPRESSION_NODES: usize = 256;
 
 /// Most bytes one evaluation may build by concatenation (`+` of strings, bytes or lists) and
-/// list and map literals, reckoned with every variable read as VARIABLE_BYTES. Each `+` copies
-/// both sides into a new value, so a chain of them over the payload copies quadratically more
-/// than it reads, and a literal copies every value it holds: with no loop, this is what keeps
-/// an evaluation's cost in proportion to its input.
+/// list and map literals, reckoned with every variable read at the most its value may hold
+/// (the size `check` is given for it). Each `+` copies both sides into a new value, so a chain
+/// of them over the payload copies quadratically more than it reads, and a literal copies
+/// every value it holds: with no loop, this is what keeps an evaluation's cost in proportion
+/// to its input.
 pub const MAX_BUILT_BYTES: usize = 1 << 20;
-/// What a variable (a trigger's payload, a request's body) is reckoned to hold when
-/// MAX_BUILT_BYTES is checked: the default bound of a payload.
+/// What a trigger's payload or a request's body is reckoned to hold when MAX_BUILT_BYTES is
+/// checked: the default bound of a payload.
 pub const VARIABLE_BYTES: usize = 64 << 10;
+/// Most bytes of headers an ingress request may carry: an HTTP request's head (request line
+/// and header lines) on the ingress listener, which answers a larger one 431, and a message's
+/// headers, name and value, on every ingress path. A mapping's `headers` (all of them, or one
+/// value) holds at most this, and so does its `event` (a binary-mode event's attributes are
+/// headers; a structured-mode event's are held to the same bound), so MAX_BUILT_BYTES counts a
+/// read of either at this. Webhook senders send a few hundred bytes to a few KiB of headers.
+pub const MAX_HEADER_BYTES: usize = 32 << 10;
+
+/// CEL's type identifiers, which an expression may name besides its variables
+/// (`type(payload.n) == double`).
+pub const TYPES: &[&str] = &[
+    "bool",
+    "bytes",
+    "double",
+    "int",
+    "list",
+    "map",
+    "null_type",
+    "string",
+    "type",
+    "uint",
+];
 /// The longest text `string()` makes of a number: a double as Rust writes it out in full
 /// (`string(5e-324)` is 326 characters).
 const NUMBER_TEXT_BYTES: usize = 330;
@@ -72,10 +96,11 @@ pub fn on_compile_thread<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, Str
 }
 
 /// Parses and checks one expression: at most MAX_EXPRESSION_BYTES, MAX_EXPRESSION_NODES terms
-/// and MAX_EXPRESSION_DEPTH levels, no comprehension and no message, and reading no name but
-/// `variables`. `what` names the kind of expression in messages ("a mapping", "a filter").
-/// Run it on `on_compile_thread`.
-pub fn check(src: &str, variables: &[&str], what: &str) -> Result<IdedExpr, String> {
+/// and MAX_EXPRESSION_DEPTH levels, no comprehension and no message, building at most
+/// MAX_BUILT_BYTES, and reading no name but `variables` and CEL's TYPES. Each variable comes
+/// with the most bytes its value may hold, which a read of it is counted at. `what` names the
+/// kind of expression in messages ("a mapping", "a filter"). Run it on `on_compile_thread`.
+pub fn check(src: &str, variables: &[(&str, usize)], what: &str) -> Result<IdedExpr, String> {
     if src.len() > MAX_EXPRESSION_BYTES {
         return Err(format!(
             "is {} bytes; an expression is at most {MAX_EXPRESSION_BYTES}",
@@ -100,34 +125,42 @@ pub fn check(src: &str, variables: &[&str], what: &str) -> Result<IdedExpr, Stri
             "has {nodes} terms; an expression has at most {MAX_EXPRESSION_NODES}"
         ));
     }
-    let mut built = Built::default();
+    if let Some(v) = root
+        .references()
+        .variables()
+        .into_iter()
+        .find(|v| !TYPES.contains(v) && !variables.iter().any(|(name, _)| name == v))
+    {
+        return Err(format!(
+            "reads `{}`; {what} reads only {} (and CEL's type names)",
+            v.escape_debug(),
+            variables
+                .iter()
+                .map(|(v, _)| format!("`{v}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let mut built = Built {
+        variables,
+        ..Built::default()
+    };
     bytes_of(&root, &mut built);
     if let Some(id) = built.over {
         let at = info
             .offset_for(id)
             .map(|(start, _)| position(src, start as usize))
             .unwrap_or_default();
+        let counted = variables
+            .iter()
+            .map(|(v, n)| format!("`{v}` as {n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         return Err(format!(
             "may build {} bytes by concatenation (`+`) and list or map literals{at}, counting \
-             each variable read as {VARIABLE_BYTES} bytes; an evaluation builds at most \
-             {MAX_BUILT_BYTES}",
+             each variable read at the most it holds ({counted} bytes); an evaluation builds \
+             at most {MAX_BUILT_BYTES}",
             built.bytes
-        ));
-    }
-    if let Some(v) = root
-        .references()
-        .variables()
-        .into_iter()
-        .find(|v| !variables.contains(v))
-    {
-        return Err(format!(
-            "reads `{}`; {what} reads only {}",
-            v.escape_debug(),
-            variables
-                .iter()
-                .map(|v| format!("`{v}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
         ));
     }
     if let Some(f) = root
@@ -145,13 +178,41 @@ pub fn check(src: &str, variables: &[&str], what: &str) -> Result<IdedExpr, Stri
     Ok(root)
 }
 
-/// The value of an expression that reads no variable — the same on every evaluation, so it is
-/// checked once, when the expression is kept — or `None` when it reads one.
+/// The value of an expression that reads no variable (it may name types) — the same on every
+/// evaluation, so it is checked once, when the expression is kept — or `None` when it reads one.
 pub fn constant(e: &IdedExpr) -> Option<Result<Value, String>> {
     e.references()
         .variables()
-        .is_empty()
+        .iter()
+        .all(|v| TYPES.contains(v))
         .then(|| Value::resolve(e, &context()).map_err(|e| e.to_string()))
+}
+
+/// A JSON value as CEL reads it: every number a double, as Kubernetes' CEL reads JSON, so a
+/// field has one type whatever its value (`9`, `-3` and `6.5` are all doubles, and
+/// `payload.n * 2.0` works on each). An integer past 2^53 in magnitude is the nearest double.
+pub fn json(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::Null,
+        J::Bool(b) => Value::Bool(*b),
+        // Always a number: serde_json's arbitrary_precision, which could fail this, is off.
+        J::Number(n) => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+        J::String(s) => Value::String(Arc::new(s.clone())),
+        J::Array(a) => Value::List(Arc::new(a.iter().map(json).collect())),
+        J::Object(o) => json_object(o),
+    }
+}
+
+/// A JSON object as CEL reads it (see `json`): a map with string keys.
+pub fn json_object(o: &serde_json::Map<String, serde_json::Value>) -> Value {
+    Value::Map(Map {
+        map: Arc::new(
+            o.iter()
+                .map(|(k, v)| (Key::String(Arc::new(k.clone())), json(v)))
+                .collect(),
+        ),
+    })
 }
 
 fn parse_message(e: &cel::ParseErrors) -> String {
@@ -175,14 +236,15 @@ fn position(src: &str, offset: usize) -> String {
 }
 
 /// The bytes an expression's concatenations and literals may build, and the first node that
-/// passed MAX_BUILT_BYTES.
+/// passed MAX_BUILT_BYTES; `variables` holds what a read of each variable is counted at.
 #[derive(Default)]
-struct Built {
+struct Built<'a> {
     bytes: usize,
     over: Option<u64>,
+    variables: &'a [(&'a str, usize)],
 }
 
-impl Built {
+impl Built<'_> {
     /// Node `id` builds a value of `n` bytes: counted, and `n` returned.
     fn build(&mut self, id: u64, n: usize) -> usize {
         self.bytes = self.bytes.saturating_add(n);
@@ -206,7 +268,12 @@ fn bytes_of(e: &IdedExpr, built: &mut Built) -> usize {
         Expr::Literal(LiteralValue::String(s)) => s.len(),
         Expr::Literal(LiteralValue::Bytes(b)) => b.len(),
         Expr::Literal(_) => 8,
-        Expr::Ident(_) => VARIABLE_BYTES,
+        // A variable holds at most its size; a type name is a small value.
+        Expr::Ident(name) => built
+            .variables
+            .iter()
+            .find(|(v, _)| v == name)
+            .map_or(8, |(_, n)| *n),
         Expr::Select(s) if s.test => 8,
         Expr::Select(s) => bytes_of(&s.operand, built),
         Expr::List(l) => {
@@ -376,4 +443,208 @@ pub fn lift_paths(e: &IdedExpr, name: &str) -> Option<(IdedExpr, Vec<Lifted>)> {
     lift(&mut rewritten, name, &mut out);
     let whole = rewritten.references().variables().contains(&name);
     (!whole).then_some((rewritten, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::ingress::{cloud_event, compile, evaluate, IngressKind, Mapping};
+
+    fn mapping(r: &str) -> Mapping {
+        Mapping {
+            r#ref: r.into(),
+            principal: "'alice'".into(),
+            ..Default::default()
+        }
+    }
+
+    /// Every type identifier is one the standard environment knows.
+    #[test]
+    fn the_type_names_are_cels() {
+        for t in TYPES {
+            let v = Value::resolve(&check(t, &[], "a test").expect(t), &context())
+                .unwrap_or_else(|e| panic!("{t}: {e}"));
+            let named = Value::resolve(
+                &check(&format!("type({t}) == type"), &[], "a test").expect(t),
+                &context(),
+            );
+            assert_eq!(named, Ok(Value::Bool(true)), "{t} is a type: {v:?}");
+        }
+    }
+
+    /// A read of `headers` or `event` is counted at MAX_HEADER_BYTES and one of `body` at
+    /// VARIABLE_BYTES: as many reads as fill MAX_BUILT_BYTES are kept, one byte more is not.
+    #[test]
+    fn a_mapping_counts_each_variable_at_the_most_it_holds() {
+        assert_eq!(MAX_BUILT_BYTES % MAX_HEADER_BYTES, 0);
+        let fits = MAX_BUILT_BYTES / MAX_HEADER_BYTES;
+        let list = |read: &str, n: usize, extra: &str| {
+            format!(
+                "size([{}]) > 0{extra} ? 'a' : 'b'",
+                vec![read; n].join(", ")
+            )
+        };
+        for (kind, read, fits) in [
+            // NATS: a signed kind's mapping reads no header its signature does not cover.
+            (IngressKind::Nats, "headers['x']", fits),
+            (IngressKind::Nats, "headers", fits),
+            (IngressKind::StandardWebhooks, "headers['webhook-id']", fits),
+            (IngressKind::CloudEvents, "event.subject", fits),
+            (IngressKind::Nats, "event", fits),
+            (
+                IngressKind::StandardWebhooks,
+                "body.a",
+                MAX_BUILT_BYTES / VARIABLE_BYTES,
+            ),
+        ] {
+            let at = list(read, fits, "");
+            assert!(compile(kind, &mapping(&at), false).is_ok(), "{at}");
+            let over = list(read, fits, " && size('x' + '') > 0");
+            let e = compile(kind, &mapping(&over), false).expect_err("one byte over");
+            assert!(
+                e[0].1
+                    .contains(&format!("may build {} bytes", MAX_BUILT_BYTES + 1)),
+                "{over}: {e:?}"
+            );
+            let more = list(read, fits + 1, "");
+            assert!(compile(kind, &mapping(&more), false).is_err(), "{more}");
+        }
+        // Two header values and the body, joined: what a mapping of a webhook does.
+        let joined = "headers['x-github-event'] + '.' + body.action + '.' + headers['x']";
+        assert!(compile(IngressKind::Nats, &mapping(joined), false).is_ok());
+    }
+
+    /// What the bound counts a header read at is what a request may hold: headers (or an
+    /// event's attributes) of MAX_HEADER_BYTES in all are evaluated, one byte more is refused
+    /// naming them.
+    #[test]
+    fn headers_and_event_attributes_are_held_to_max_header_bytes() {
+        let c = compile(
+            IngressKind::Nats,
+            &mapping("string(size(headers['x'] + event.ext))"),
+            false,
+        )
+        .expect("compiles");
+        let body = json!({});
+        let headers = |n: usize| BTreeMap::from([("x".to_owned(), "v".repeat(n - 1))]);
+        let m = evaluate(&c, &headers(MAX_HEADER_BYTES), &body, None);
+        assert!(
+            m.is_err_and(|(f, _)| f == "mapping.ref"),
+            "no event: the mapping fails"
+        );
+        let event = |n: usize| {
+            let mut h = BTreeMap::from([
+                ("ce-specversion".to_owned(), "1.0".to_owned()),
+                ("ce-id".to_owned(), "1".to_owned()),
+                ("ce-source".to_owned(), "s".to_owned()),
+                ("ce-type".to_owned(), "t".to_owned()),
+            ]);
+            let fixed: usize = h.iter().map(|(k, v)| k.len() - 3 + v.len()).sum();
+            h.insert("ce-ext".to_owned(), "e".repeat(n - fixed - 3));
+            cloud_event(&h, b"{}").expect("an event")
+        };
+        let at = event(MAX_HEADER_BYTES);
+        let mapped = evaluate(&c, &headers(MAX_HEADER_BYTES), &body, Some(&at)).expect("at");
+        assert_eq!(
+            mapped.r#ref,
+            Some((MAX_HEADER_BYTES - 1 + at.attr("ext").len()).to_string())
+        );
+        let (field, why) =
+            evaluate(&c, &headers(MAX_HEADER_BYTES + 1), &body, Some(&at)).expect_err("over");
+        assert_eq!(field, "headers");
+        assert!(
+            why.contains(&format!("hold {} bytes", MAX_HEADER_BYTES + 1)),
+            "{why}"
+        );
+        let over = event(MAX_HEADER_BYTES + 1);
+        let (field, _) =
+            evaluate(&c, &headers(10), &body, Some(&over)).expect_err("attributes over");
+        assert_eq!(field, "event");
+        // A route that maps nothing is held to the same bound.
+        let none = compile(IngressKind::CloudEvents, &Mapping::default(), false).expect("none");
+        assert!(evaluate(&none, &headers(MAX_HEADER_BYTES + 1), &body, Some(&at)).is_err());
+        assert!(evaluate(&none, &headers(MAX_HEADER_BYTES), &body, Some(&at)).is_ok());
+    }
+
+    /// A mapping reads JSON numbers as doubles, as filters do; one that is an integer of at
+    /// most 2^53 - 1 in magnitude yields its decimal text, any other is refused naming the
+    /// field.
+    #[test]
+    fn mapped_numbers_are_doubles_and_exact_integers_are_their_digits() {
+        let c = compile(
+            IngressKind::StandardWebhooks,
+            &Mapping {
+                r#ref: "'issue.opened'".into(),
+                binding_id: "body.id".into(),
+                ..Default::default()
+            },
+            false,
+        )
+        .expect("compiles");
+        let map = |id: serde_json::Value| {
+            evaluate(&c, &BTreeMap::new(), &json!({ "id": id }), None).map(|m| m.binding_id)
+        };
+        for (id, text) in [
+            (json!(42), "42"),
+            (json!(42.0), "42"),
+            (json!(-3), "-3"),
+            (json!(0), "0"),
+            (json!(-0.0), "0"),
+            (json!(9_007_199_254_740_991u64), "9007199254740991"),
+            (json!(-9_007_199_254_740_991i64), "-9007199254740991"),
+            (json!("gh-42"), "gh-42"),
+        ] {
+            assert_eq!(map(id.clone()), Ok(Some(text.to_owned())), "{id}");
+        }
+        for id in [
+            json!(9_007_199_254_740_992u64),
+            json!(9_007_199_254_740_993u64),
+            json!(u64::MAX),
+            json!(6.5),
+            json!(1e300),
+            json!(true),
+        ] {
+            let (field, why) = map(id.clone()).expect_err("refused");
+            assert_eq!(field, "mapping.binding_id", "{id}");
+            assert!(why.contains("on this request"), "{id}: {why}");
+        }
+        // The conversions say what they make of a double.
+        let conv = compile(
+            IngressKind::StandardWebhooks,
+            &Mapping {
+                r#ref: "string(body.n) + '.' + string(int(body.n)) + '.' + \
+                        (type(body.n) == double ? 'double' : 'other') + '.' + \
+                        (body.n == 6 ? 'six' : 'not')"
+                    .into(),
+                principal: "type(body.p) == string ? body.p : 'none'".into(),
+                ..Default::default()
+            },
+            false,
+        )
+        .expect("compiles");
+        let m =
+            evaluate(&conv, &BTreeMap::new(), &json!({"n": 6.5, "p": 1}), None).expect("evaluates");
+        assert_eq!(m.r#ref.as_deref(), Some("6.5.6.double.not"));
+        assert_eq!(m.principal.as_deref(), Some("none"));
+        let m = evaluate(&conv, &BTreeMap::new(), &json!({"n": 6, "p": "bob"}), None)
+            .expect("evaluates");
+        assert_eq!(m.r#ref.as_deref(), Some("6.6.double.six"));
+        assert_eq!(m.principal.as_deref(), Some("bob"));
+        // A constant double is checked when the route is put, by the same rule.
+        assert!(compile(
+            IngressKind::StandardWebhooks,
+            &mapping("string(42.0 + 0.5)"),
+            false
+        )
+        .is_ok());
+        for constant in ["6.5", "1e300"] {
+            let e = compile(IngressKind::StandardWebhooks, &mapping(constant), false)
+                .expect_err(constant);
+            assert!(e[0].1.starts_with("always"), "{constant}: {e:?}");
+        }
+    }
 }

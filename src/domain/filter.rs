@@ -12,8 +12,14 @@ use direct::{object_at, value_at, Direct, V};
 
 mod direct;
 
-/// The names a filter reads.
-const VARIABLES: &[&str] = &["ref", "land", "project", "payload"];
+/// The names a filter reads, each counted as the most a payload holds when what it may build is
+/// bounded (`ref`, `land` and `project` hold far less).
+const VARIABLES: &[(&str, usize)] = &[
+    ("ref", cel::VARIABLE_BYTES),
+    ("land", cel::VARIABLE_BYTES),
+    ("project", cel::VARIABLE_BYTES),
+    ("payload", cel::VARIABLE_BYTES),
+];
 /// What a filter's string may name besides a route: no record.
 const DROP: &str = "drop";
 
@@ -195,25 +201,14 @@ impl Filter {
                         }
                         None => {
                             if let Some(v) = value_at(&t.payload, &l.path) {
-                                match ::cel::to_value(v) {
-                                    Ok(v) => ctx.add_variable_from_value(l.var.as_str(), v),
-                                    Err(e) => {
-                                        return Filtered::Error(format!(
-                                            "{}: {e}",
-                                            l.text("payload")
-                                        ))
-                                    }
-                                }
+                                ctx.add_variable_from_value(l.var.as_str(), cel::json(v));
                             }
                         }
                     }
                     // Left unbound, the evaluation fails naming the variable; said as the path.
                 }
             }
-            None => match ::cel::to_value(&t.payload) {
-                Ok(v) => ctx.add_variable_from_value("payload", v),
-                Err(e) => return Filtered::Error(format!("payload: {e}")),
-            },
+            None => ctx.add_variable_from_value("payload", cel::json_object(&t.payload)),
         }
         match Cel::resolve(expr, &ctx) {
             Ok(v) => outcome(v, route).unwrap_or_else(Filtered::Error),
@@ -418,6 +413,11 @@ mod tests {
                 json!({"x": null}),
                 Filtered::Pass(Route::Silent),
             ),
+            (
+                "payload.n * 2.0 > 10.0",
+                json!({"n": 9}),
+                Filtered::Pass(Route::Silent),
+            ),
         ] {
             let f = Filter::compile(src).expect(src);
             assert_eq!(
@@ -440,7 +440,7 @@ mod tests {
         );
         for interpreted in [
             "size(payload.s) > 1",
-            "payload.n + 1 > 2",
+            "payload.n % 2 == 1",
             "payload['a'] == 1",
         ] {
             assert!(
@@ -450,6 +450,127 @@ mod tests {
                     .is_none(),
                 "{interpreted}"
             );
+        }
+    }
+
+    /// A payload's numbers are doubles whatever their value, in both evaluators: the same
+    /// filter decides 6.5, 9 and -3 alike, never failing on one kind of number and not another.
+    #[test]
+    fn json_numbers_are_doubles_in_both_evaluators() {
+        let both = |src: &str, payload: serde_json::Value| {
+            let f = Filter::compile(src).expect(src);
+            let t = trigger("x", payload.clone());
+            let interpreted = f.interpret(&t, Route::Inbox);
+            if let Some(d) = f.direct(&t, Route::Inbox) {
+                assert_eq!(d, interpreted, "{src} on {payload}");
+            }
+            interpreted
+        };
+        let pass = Filtered::Pass(Route::Inbox);
+        for (n, want) in [
+            (json!(6.5), &pass),
+            (json!(9), &pass),
+            (json!(-3), &Filtered::Drop),
+            (json!(5), &Filtered::Drop),
+            (json!(5.01), &pass),
+        ] {
+            assert_eq!(
+                &both("payload.n * 2.0 > 10.0", json!({ "n": n })),
+                want,
+                "{n}"
+            );
+        }
+        let arithmetic =
+            Filter::compile("payload.n * 2.0 > 10.0 && -payload.n / 2.0 < 0.0").expect("compiles");
+        assert!(arithmetic.direct.is_some(), "doubles' arithmetic is direct");
+        for n in [json!(9), json!(6.5)] {
+            assert_eq!(both("-payload.n + 3.0 < 0.0", json!({ "n": n })), pass);
+        }
+        // An int or uint literal equals a double of the same value and orders with it: CEL's
+        // numbers compare across kinds.
+        for (src, n) in [
+            ("payload.n == 9", json!(9)),
+            ("payload.n == 9", json!(9.0)),
+            ("payload.n == 9u", json!(9)),
+            ("payload.n in [1, 9]", json!(9)),
+            ("payload.n < 10 && payload.n > -4", json!(-3)),
+            ("payload.n != 9", json!(9.5)),
+            ("int(payload.n) == 9", json!(9)),
+            ("int(payload.n) == 9", json!(9.7)),
+            ("uint(payload.n) == 9u", json!(9)),
+            ("string(payload.n) == '6.5'", json!(6.5)),
+            ("payload.n == 1.0 * 9.0", json!(9)),
+        ] {
+            assert_eq!(both(src, json!({ "n": n })), pass, "{src} on {n}");
+        }
+        // Arithmetic does not mix kinds: a double and an int literal is an error, as in CEL.
+        for src in ["payload.n + 1 > 2.0", "payload.n * 2 > 10.0"] {
+            match both(src, json!({ "n": 9 })) {
+                Filtered::Error(e) => assert!(e.contains("failed"), "{src}: {e}"),
+                other => panic!("{src}: {other:?}"),
+            }
+        }
+        // Integers past 2^53 are the nearest double.
+        assert_eq!(
+            both(
+                "payload.n == 9007199254740992.0",
+                json!({ "n": 9_007_199_254_740_993u64 })
+            ),
+            pass
+        );
+        assert_eq!(both("payload.n > 1e19", json!({ "n": u64::MAX })), pass);
+        assert_eq!(
+            both(
+                "payload.a.b == 2.5 && payload['a'].b == 2.5",
+                json!({"a": {"b": 2.5}})
+            ),
+            pass
+        );
+        // Whole, the payload reads the same doubles.
+        assert_eq!(both("payload['n'] * 2.0 > 10.0", json!({ "n": 9 })), pass);
+    }
+
+    /// CEL's type identifiers name types, not variables, in both evaluators: the direct form
+    /// hands a filter naming one to the interpreter.
+    #[test]
+    fn type_identifiers_name_types() {
+        let payload = json!({
+            "s": "x", "n": 9, "f": 6.5, "b": true, "l": [1], "o": {"k": 1}, "z": null,
+        });
+        let every = "type(payload.s) == string && type(payload.n) == double \
+            && type(payload.f) == double && type(payload.b) == bool && type(payload.l) == list \
+            && type(payload.o) == map && type(payload.z) == null_type && type(1) == int \
+            && type(1u) == uint && type(b'a') == bytes && type(string) == type \
+            && type(payload.n) != int";
+        for t in cel::TYPES {
+            assert!(every.contains(&format!("== {t}")), "{t} is exercised");
+        }
+        let f = Filter::compile(every).expect("type identifiers are not variables");
+        assert!(f.direct.is_none());
+        assert_eq!(
+            f.apply(&trigger("x", payload.clone()), Route::Inbox),
+            Filtered::Pass(Route::Inbox)
+        );
+        let on_lifted =
+            Filter::compile("type(payload.s) == string ? 'silent' : 'drop'").expect("compiles");
+        assert!(on_lifted.lifted.is_some(), "payload paths are still lifted");
+        assert_eq!(
+            on_lifted.apply(&trigger("x", payload.clone()), Route::Inbox),
+            Filtered::Pass(Route::Silent)
+        );
+        assert_eq!(
+            on_lifted.apply(&trigger("x", json!({"s": 1})), Route::Inbox),
+            Filtered::Drop
+        );
+        // A filter of types alone reads nothing: it is evaluated when set.
+        assert!(Filter::compile("type(1) == int").is_ok());
+        assert!(Filter::compile("type(1) == int ? 'inbx' : 'drop'")
+            .expect_err("always `inbx`, checked when set")
+            .contains("always"));
+        // Names that are neither a variable nor a type are still refused.
+        for name in ["str", "integer", "google"] {
+            let e = Filter::compile(&format!("type(ref) == {name}")).expect_err(name);
+            assert!(e.contains(&format!("`{name}`")), "{name}: {e}");
         }
     }
 
@@ -471,11 +592,13 @@ mod tests {
                 "1",
                 "-1",
                 "0",
+                "9",
                 "0u",
                 "7u",
                 "2.5",
                 "-0.5",
                 "1.0",
+                "10.0",
                 "'issue.'",
                 "'issue.opened'",
                 "''",
@@ -493,17 +616,46 @@ mod tests {
             .prop_map(str::to_owned)
         }
 
+        /// Numbers: payload paths that mostly hold one, literals of each kind, and arithmetic
+        /// over them (which fails, as CEL's does, when it mixes kinds).
+        fn number() -> impl Strategy<Value = String> {
+            let atom = prop::sample::select(vec![
+                "payload.n",
+                "payload.n",
+                "payload.a.b",
+                "2.0",
+                "9.0",
+                "10.0",
+                "-3.0",
+                "0.0",
+                "6.5",
+                "9",
+                "-3",
+                "9u",
+            ])
+            .prop_map(str::to_owned);
+            atom.prop_recursive(3, 8, 2, |inner| {
+                prop_oneof![
+                    (
+                        inner.clone(),
+                        inner.clone(),
+                        prop::sample::select(vec!["+", "-", "*", "/"])
+                    )
+                        .prop_map(|(a, b, op)| format!("({a} {op} {b})")),
+                    inner.prop_map(|a| format!("-({a})")),
+                ]
+            })
+        }
+
         fn filter() -> impl Strategy<Value = String> {
+            let cmp = || prop::sample::select(vec!["==", "!=", "<", "<=", ">", ">="]);
             let leaf = prop_oneof![
                 operand(),
                 Just("has(payload.a)".to_owned()),
                 Just("has(payload.a.b)".to_owned()),
-                (
-                    operand(),
-                    operand(),
-                    prop::sample::select(vec!["==", "!=", "<", "<=", ">", ">="])
-                )
-                    .prop_map(|(a, b, op)| format!("{a} {op} {b}")),
+                (operand(), operand(), cmp()).prop_map(|(a, b, op)| format!("{a} {op} {b}")),
+                (number(), number(), cmp()).prop_map(|(a, b, op)| format!("{a} {op} {b}")),
+                (number(), operand(), cmp()).prop_map(|(a, b, op)| format!("{a} {op} {b}")),
                 (
                     operand(),
                     operand(),
@@ -512,6 +664,7 @@ mod tests {
                     .prop_map(|(a, b, f)| format!("{a}.{f}({b})")),
                 (operand(), operand(), operand())
                     .prop_map(|(a, b, c)| format!("{a} in [{b}, {c}]")),
+                (number(), operand(), operand()).prop_map(|(a, b, c)| format!("{a} in [{b}, {c}]")),
             ];
             leaf.prop_recursive(4, 24, 3, |inner| {
                 prop_oneof![
@@ -524,14 +677,35 @@ mod tests {
             })
         }
 
+        /// JSON numbers: integral, negative and fractional, at the edges of the integer kinds
+        /// and of a double's exact integers.
+        fn json_number() -> impl Strategy<Value = serde_json::Value> {
+            prop_oneof![
+                prop::sample::select(vec![
+                    0i64,
+                    1,
+                    -1,
+                    -3,
+                    7,
+                    9,
+                    10,
+                    1 << 53,
+                    (1 << 53) + 1,
+                    i64::MAX,
+                    i64::MIN
+                ])
+                .prop_map(|n| json!(n)),
+                Just(json!(u64::MAX)),
+                prop::sample::select(vec![1.0f64, 2.5, -0.5, 6.5, -0.0, 9.0, 4.5, 1e300])
+                    .prop_map(|f| json!(f)),
+            ]
+        }
+
         fn leaf() -> impl Strategy<Value = serde_json::Value> {
             prop_oneof![
                 Just(json!(null)),
                 any::<bool>().prop_map(|b| json!(b)),
-                prop::sample::select(vec![0i64, 1, -1, 7, 10, i64::MAX, i64::MIN])
-                    .prop_map(|n| json!(n)),
-                Just(json!(u64::MAX)),
-                prop::sample::select(vec![1.0f64, 2.5, -0.5, 1e300]).prop_map(|f| json!(f)),
+                json_number(),
                 prop::sample::select(vec!["", "issue.", "issue.opened", "inbox", "drop", "web"])
                     .prop_map(|s| json!(s)),
                 Just(json!([1])),
@@ -545,7 +719,9 @@ mod tests {
                 leaf().prop_map(|b| Some(json!({ "b": b }))),
                 Just(Some(json!({}))),
             ];
-            (field.clone(), field.clone(), field).prop_map(|(a, n, s)| {
+            // `n` mostly a number, for the arithmetic.
+            let n = prop_oneof![3 => json_number().prop_map(Some), 1 => field.clone()];
+            (field.clone(), n, field).prop_map(|(a, n, s)| {
                 let mut m = serde_json::Map::new();
                 for (k, v) in [("a", a), ("n", n), ("s", s)] {
                     if let Some(v) = v {
@@ -558,7 +734,9 @@ mod tests {
 
         proptest! {
             #![proptest_config(ProptestConfig { cases: 1500, ..ProptestConfig::default() })]
-            /// Wherever the direct evaluation answers, the interpreter answers the same.
+            /// Wherever the direct evaluation answers, the interpreter answers the same: over
+            /// payloads of integral, negative and fractional JSON numbers (all doubles to CEL)
+            /// beside literals of every kind and arithmetic on them.
             #[test]
             fn direct_evaluation_agrees_with_the_interpreter(
                 src in filter(),

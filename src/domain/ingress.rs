@@ -10,7 +10,7 @@ use base64::Engine as _;
 use super::cel;
 #[cfg(test)]
 use super::cel::MAX_EXPRESSION_DEPTH;
-pub use super::cel::{MAX_EXPRESSION_BYTES, MAX_EXPRESSION_NODES};
+pub use super::cel::{MAX_EXPRESSION_BYTES, MAX_EXPRESSION_NODES, MAX_HEADER_BYTES};
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -238,9 +238,14 @@ fn compile_here(
 ) -> Result<Compiled, Vec<(String, String)>> {
     let mut bad = Vec::new();
     let mut out = Vec::new();
-    let variables: &[&str] = match kind {
-        IngressKind::CloudEvents | IngressKind::Nats => &["headers", "body", "event"],
-        _ => &["headers", "body"],
+    // Each with the most its value holds: what a read of it may add to what is built.
+    let variables: &[(&str, usize)] = match kind {
+        IngressKind::CloudEvents | IngressKind::Nats => &[
+            ("headers", MAX_HEADER_BYTES),
+            ("body", cel::VARIABLE_BYTES),
+            ("event", MAX_HEADER_BYTES),
+        ],
+        _ => &[("headers", MAX_HEADER_BYTES), ("body", cel::VARIABLE_BYTES)],
     };
     for (name, src) in fields(m) {
         if src.trim().is_empty() {
@@ -373,7 +378,7 @@ fn header_names(e: &IdedExpr, out: &mut Vec<String>) -> bool {
     }
 }
 
-fn compile_one(src: &str, variables: &[&str]) -> Result<IdedExpr, String> {
+fn compile_one(src: &str, variables: &[(&str, usize)]) -> Result<IdedExpr, String> {
     let root = cel::check(src, variables, "a mapping")?;
     // An expression that reads nothing is the same for every request: its value is checked
     // now, so `1 + 'a'` or `true` is refused here rather than on every request.
@@ -387,12 +392,27 @@ fn compile_one(src: &str, variables: &[&str]) -> Result<IdedExpr, String> {
     Ok(root)
 }
 
-/// A mapped value as text: a string, or an integer as its decimal digits.
+/// The largest integer a double holds exactly, with every integer below it: a JSON number
+/// (read as a double) of at most this magnitude is the integer its text wrote.
+const MAX_EXACT_INTEGER: f64 = 9_007_199_254_740_991.0; // 2^53 - 1
+
+/// A mapped value as text: a string, or an integer as its decimal digits — an int, a uint, or
+/// a double that is an integer of at most 2^53 - 1 in magnitude (`body.installation.id`, 42 in
+/// the JSON, is "42"). Another double is refused: its text would not be the number sent.
 fn text_of(v: Cel) -> Result<String, String> {
     match v {
         Cel::String(s) => Ok(s.as_str().to_owned()),
         Cel::Int(i) => Ok(i.to_string()),
         Cel::UInt(u) => Ok(u.to_string()),
+        // In range, the cast is exact.
+        Cel::Float(f) if f.fract() == 0.0 && f.abs() <= MAX_EXACT_INTEGER => {
+            Ok((f as i64).to_string())
+        }
+        Cel::Float(f) => Err(format!(
+            "yields the number {f}, which is not an integer of at most 2^53 - 1 in magnitude \
+             (JSON numbers are read as doubles); a mapping field yields a string or such an \
+             integer — send a larger id as a string"
+        )),
         other => Err(format!(
             "yields a {:?}; a mapping field yields a string",
             other.type_of()
@@ -414,13 +434,27 @@ pub struct Mapped {
 
 /// Evaluates a compiled mapping over a request's headers (lower-case names) and JSON body.
 /// A failed evaluation, or a value that is not a string (or an integer, read as its
-/// decimal text), is a (field, description) for a 400 answer.
+/// decimal text), is a (field, description) for a 400 answer; so are headers, or an event's
+/// attributes, of more than MAX_HEADER_BYTES (names and values), which is what a mapping's
+/// bound on what it builds counts them at.
 pub fn evaluate(
     c: &Compiled,
     headers: &BTreeMap<String, String>,
     body: &Value,
     event: Option<&CloudEvent>,
 ) -> Result<Mapped, (String, String)> {
+    let held = |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| k.len() + v.len()).sum();
+    for (name, n) in [
+        ("headers", held(headers)),
+        ("event", event.map_or(0, |e| held(&e.attributes))),
+    ] {
+        if n > MAX_HEADER_BYTES {
+            return Err((
+                name.to_owned(),
+                format!("hold {n} bytes (names and values); at most {MAX_HEADER_BYTES}"),
+            ));
+        }
+    }
     if c.fields.is_empty() {
         // Nothing to evaluate (the kind's defaults apply): no context to build.
         return Ok(Mapped::default());
@@ -430,10 +464,7 @@ pub fn evaluate(
     if let Some(e) = event {
         ctx.add_variable_from_value("event", to_cel_headers(&e.attributes));
     }
-    ctx.add_variable_from_value(
-        "body",
-        ::cel::to_value(body).map_err(|e| ("body".to_owned(), format!("cannot be read: {e}")))?,
-    );
+    ctx.add_variable_from_value("body", cel::json(body));
     let mut out = Mapped::default();
     for (name, program, _) in &c.fields {
         let field = format!("mapping.{name}");

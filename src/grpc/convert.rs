@@ -310,12 +310,17 @@ pub fn binding(b: &Binding) -> pb::Binding {
     }
 }
 
+/// An activation as DeactivateSense, ActivateSense and ListActivations answer it: a disabled
+/// one routes nothing, so it has no route (ROUTE_UNSPECIFIED), as GetPackState says of it.
 pub fn activation(a: &ActivationRow) -> pb::SenseActivation {
     pb::SenseActivation {
         principal: a.principal.clone(),
         pack_id: a.pack_id.clone(),
         enabled: a.enabled,
-        route: route(a.route) as i32,
+        route: match a.enabled {
+            true => route(a.route),
+            false => pb::Route::Unspecified,
+        } as i32,
         update_time: Some(timestamp(a.update_time)),
         filter: a.filter.clone(),
     }

@@ -7,6 +7,7 @@ use hcp_sense::grpc::convert::struct_to_json;
 use hcp_sense::grpc::pb::{
     self, policy_service_client::PolicyServiceClient, BindingState, DropReason, ListRecordsRequest,
 };
+use prost::Message;
 use tonic::Code;
 
 use crate::helpers::{example, spawn_app_with, StoreKind, TestApp};
@@ -228,6 +229,210 @@ both_stores! {
         assert_eq!(sum("WHERE pack_id = '*'").await, 250);
         assert_eq!(sum("WHERE pack_id = 'invented-5'").await, 2);
         tokio::time::sleep(Duration::from_millis(10)).await;
+        app.stop().await;
+    }
+}
+
+/// A client codec that sends its bytes as they are — what no generated client would encode,
+/// such as a string field that is not UTF-8 — and decodes the answer as `U`.
+struct Raw<U>(std::marker::PhantomData<U>);
+
+impl<U> Default for Raw<U> {
+    fn default() -> Self {
+        Raw(std::marker::PhantomData)
+    }
+}
+
+struct RawBytes;
+
+impl tonic::codec::Encoder for RawBytes {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use prost::bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl<U: prost::Message + Default + Send + 'static> tonic::codec::Codec for Raw<U> {
+    type Encode = Vec<u8>;
+    type Decode = U;
+    type Encoder = RawBytes;
+    type Decoder = hcp_sense_api::codec::MessageDecoder<U>;
+
+    fn encoder(&mut self) -> RawBytes {
+        RawBytes
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic::codec::Codec::decoder(&mut hcp_sense_api::codec::Codec::<(), U>::default())
+    }
+}
+
+/// Stands for a string field's value in an encoded message, then is made invalid UTF-8.
+const MARK: &str = "zzzzzzzz";
+
+/// `msg` encoded, with the bytes of MARK replaced by bytes that are never UTF-8.
+fn not_utf8(msg: &impl prost::Message) -> Vec<u8> {
+    let mut bytes = msg.encode_to_vec();
+    let at = bytes
+        .windows(MARK.len())
+        .position(|w| w == MARK.as_bytes())
+        .expect("the mark is encoded");
+    bytes[at..at + MARK.len()].fill(0xff);
+    bytes
+}
+
+fn ingest_path(method: &str) -> http::uri::PathAndQuery {
+    http::uri::PathAndQuery::try_from(format!("/hcp.sense.v1.IngestService/{method}"))
+        .expect("path")
+}
+
+/// `opened("alice")` with MARK in `field`.
+fn marked(field: &str) -> pb::DeliverTriggerRequest {
+    let mut t = opened("alice");
+    match field {
+        "pack_id" => t.pack_id = MARK.into(),
+        "ref" => t.r#ref = MARK.into(),
+        "principal" => t.principal = MARK.into(),
+        "land" => t.land = MARK.into(),
+        "project" => t.project = MARK.into(),
+        "trigger_id" => t.trigger_id = MARK.into(),
+        _ => {
+            t.payload_source = Some(pb::deliver_trigger_request::PayloadSource::PayloadJson(
+                MARK.into(),
+            ))
+        }
+    }
+    t
+}
+
+/// INVALID_ARGUMENT naming `field` and saying why.
+fn names(e: &tonic::Status, field: &str) {
+    assert_eq!(e.code(), Code::InvalidArgument, "{field}: {e:?}");
+    let v = crate::helpers::violations(e);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].0, field, "{e:?}");
+    assert!(v[0].1.contains("UTF-8"), "{v:?}");
+    assert!(
+        e.message().starts_with(&format!("{field}: ")),
+        "{}",
+        e.message()
+    );
+}
+
+both_stores! {
+    async fn a_string_field_that_is_not_utf8_is_invalid_argument_naming_it(app) {
+        let mut app = app;
+        set_up(&app.channel, "", &["alice"]).await;
+        let mut grpc = tonic::client::Grpc::new(app.channel.clone());
+        let fields = ["pack_id", "ref", "principal", "land", "project", "trigger_id", "payload_json"];
+        for field in fields {
+            grpc.ready().await.expect("ready");
+            let e = grpc
+                .unary(tonic::Request::new(not_utf8(&marked(field))), ingest_path("DeliverTrigger"), Raw::<pb::DeliverTriggerResponse>::default())
+                .await
+                .expect_err(field);
+            names(&e, field);
+            grpc.ready().await.expect("ready");
+            let explain = pb::ExplainTriggerRequest { trigger: Some(marked(field)) };
+            let e = grpc
+                .unary(tonic::Request::new(not_utf8(&explain)), ingest_path("ExplainTrigger"), Raw::<pb::ExplainTriggerResponse>::default())
+                .await
+                .expect_err(field);
+            names(&e, &format!("trigger.{field}"));
+            // In a stream: the trigger before it is answered, then the stream ends naming the
+            // field as DeliverTrigger would; the one after it is never read.
+            let good = |id: &str| {
+                let mut t = opened("alice");
+                t.trigger_id = format!("{id}-{field}");
+                pb::DeliverTriggersRequest { trigger: Some(t) }.encode_to_vec()
+            };
+            let bad = not_utf8(&pb::DeliverTriggersRequest { trigger: Some(marked(field)) });
+            grpc.ready().await.expect("ready");
+            let mut answers = grpc
+                .streaming(
+                    tonic::Request::new(tokio_stream::iter(vec![good("before"), bad, good("after")])),
+                    ingest_path("DeliverTriggers"),
+                    Raw::<pb::DeliverTriggersResponse>::default(),
+                )
+                .await
+                .expect("the stream opens")
+                .into_inner();
+            let first = answers.message().await.expect("answered").expect("an answer");
+            assert_eq!(first.index, 0);
+            assert!(
+                matches!(&first.result, Some(pb::deliver_triggers_response::Result::Outcome(o)) if o.disposition == pb::Disposition::RecordedInbox as i32),
+                "{first:?}"
+            );
+            let e = answers.message().await.expect_err("the stream ends with the status");
+            names(&e, field);
+        }
+        // One record per stream, each the trigger before the broken one.
+        assert_eq!(app.count("records").await, fields.len() as i64);
+        let ids: Vec<String> = app
+            .records
+            .list_records(ListRecordsRequest { principal: "alice".into(), page_size: 100, ..Default::default() })
+            .await
+            .expect("records")
+            .into_inner()
+            .records
+            .into_iter()
+            .map(|r| r.trigger_id)
+            .collect();
+        assert!(ids.iter().all(|id| id.starts_with("before-")), "{ids:?}");
+        app.stop().await;
+    }
+
+    async fn a_disabled_activation_has_no_route_in_every_answer(app) {
+        let mut app = app;
+        set_up(&app.channel, "", &["alice"]).await;
+        let mut policy = PolicyServiceClient::new(app.channel.clone());
+        let state = |who: &str| pb::GetPackStateRequest { principal: who.into(), pack_id: "github".into() };
+        for (principal, asked) in [("alice", "alice"), ("", "bob")] {
+            for route in [pb::Route::Silent, pb::Route::Inbox] {
+                let on = policy
+                    .activate_sense(pb::ActivateSenseRequest { principal: principal.into(), pack_id: "github".into(), route: route as i32, filter: String::new() })
+                    .await
+                    .expect("activate")
+                    .into_inner()
+                    .activation
+                    .expect("activation");
+                assert!(on.enabled);
+                assert_eq!(on.route, route as i32);
+                let s = policy.get_pack_state(state(asked)).await.expect("state").into_inner().sense.expect("sense");
+                assert!(s.enabled && s.route == route as i32, "{s:?}");
+                let off = policy
+                    .deactivate_sense(pb::DeactivateSenseRequest { principal: principal.into(), pack_id: "github".into() })
+                    .await
+                    .expect("deactivate")
+                    .into_inner()
+                    .activation
+                    .expect("activation");
+                assert!(!off.enabled);
+                assert_eq!(off.route, pb::Route::Unspecified as i32, "after {route:?}: {off:?}");
+                let s = policy.get_pack_state(state(asked)).await.expect("state").into_inner().sense.expect("sense");
+                assert!(!s.enabled, "{s:?}");
+                assert_eq!(s.route, off.route, "GetPackState agrees with DeactivateSense");
+                let listed = policy
+                    .list_activations(pb::ListActivationsRequest { pack_id: "github".into(), principal: principal.into(), ..Default::default() })
+                    .await
+                    .expect("list")
+                    .into_inner()
+                    .activations;
+                let row = listed.iter().find(|a| a.principal == principal).expect("listed");
+                assert_eq!((row.enabled, row.route), (false, off.route), "{listed:?}");
+            }
+        }
+        // Switched off, a trigger is dropped as activation_off; on again it takes the route named.
+        let r = app.ingest.deliver_trigger(opened("alice")).await.expect("deliver").into_inner();
+        assert_eq!(r.drop_reason, DropReason::ActivationOff as i32);
         app.stop().await;
     }
 }

@@ -328,6 +328,77 @@ async fn filters_are_checked_at_activation_and_nothing_is_written_when_refused(k
 
 on_both_stores!(filters_are_checked_at_activation_and_nothing_is_written_when_refused => filters_are_checked_at_activation_and_nothing_is_written_when_refused);
 
+/// A payload's numbers are doubles whatever their value, so one filter decides 6.5, 9 and -3
+/// alike over gRPC, and CEL's type identifiers are types, not variables.
+async fn filters_read_every_json_number_as_a_double_and_name_types(kind: StoreKind) {
+    let mut app = spawn_app_with(kind, |_| {}).await;
+    ready(&mut app, "alice").await;
+    let decide = |n: serde_json::Value| {
+        with_payload(
+            trigger("github", "issue.opened", "alice", "user"),
+            json!({ "n": n, "s": "x" }),
+        )
+    };
+    for (filter, direct) in [
+        ("payload.n * 2.0 > 10.0", true),
+        (
+            "type(payload.s) == string && double(payload.n) * 2.0 > 10.0",
+            false,
+        ),
+    ] {
+        activate_filtered(&mut app, "alice", Route::Inbox, filter)
+            .await
+            .unwrap_or_else(|s| panic!("{filter}: {s:?}"));
+        for (n, want) in [
+            (json!(6.5), None),
+            (json!(9), None),
+            (json!(-3), Some(DropReason::Filtered)),
+            (json!(5), Some(DropReason::Filtered)),
+        ] {
+            let r = deliver(&mut app, decide(n.clone())).await;
+            let got = (r.disposition == Disposition::Dropped as i32)
+                .then(|| DropReason::try_from(r.drop_reason).expect("reason"));
+            assert_eq!(got, want, "{filter} on {n} ({direct})");
+        }
+    }
+    // Across kinds: equal by value; arithmetic that mixes them fails as CEL's does.
+    for (filter, n, want) in [
+        ("payload.n == 9", json!(9), None),
+        ("int(payload.n) == 9", json!(9.5), None),
+        (
+            "type(payload.n) == double && type(payload.n) != int",
+            json!(9),
+            None,
+        ),
+        (
+            "payload.n + 1 > 2.0",
+            json!(9),
+            Some(DropReason::FilterError),
+        ),
+    ] {
+        activate_filtered(&mut app, "alice", Route::Inbox, filter)
+            .await
+            .unwrap_or_else(|s| panic!("{filter}: {s:?}"));
+        let r = deliver(&mut app, decide(n.clone())).await;
+        let got = (r.disposition == Disposition::Dropped as i32)
+            .then(|| DropReason::try_from(r.drop_reason).expect("reason"));
+        assert_eq!(got, want, "{filter} on {n}");
+    }
+    // A name that is neither a variable nor a type is still refused.
+    let s = activate_filtered(&mut app, "alice", Route::Inbox, "type(ref) == str")
+        .await
+        .expect_err("unknown name");
+    assert!(
+        violations(&s)
+            .iter()
+            .any(|(f, d)| f == "filter" && d.contains("`str`")),
+        "{s:?}"
+    );
+    app.stop().await;
+}
+
+on_both_stores!(filters_read_every_json_number_as_a_double_and_name_types => filters_read_every_json_number_as_a_double_and_name_types);
+
 async fn filtered_triggers_are_dropped_counted_and_the_filter_is_kept(kind: StoreKind) {
     let mut app = spawn_app_with(kind, |_| {}).await;
     ready(&mut app, "alice").await;

@@ -1075,3 +1075,64 @@ async fn a_replayed_signed_request_is_its_first_record_or_refused(kind: StoreKin
     );
 }
 on_both_stores!(s7_6_a_replayed_signed_request_is_its_first_record_or_refused => a_replayed_signed_request_is_its_first_record_or_refused);
+
+/// A mapping's bound on what it builds counts a header read at MAX_HEADER_BYTES, and a request
+/// may carry no more: a mapping of 32 header reads is kept and one of 33 refused when the route
+/// is put; a signed request with 16 KiB of headers is recorded, one past 32 KiB becomes no
+/// record (400 naming `headers`, or 431 from the listener).
+async fn mappings_count_headers_at_what_a_request_may_carry(kind: StoreKind) {
+    use hcp_sense::domain::ingress::MAX_HEADER_BYTES;
+    let app = app_with_ingress(kind, None).await;
+    set_up_weather(&app.channel).await;
+    let reads = |n: usize| {
+        let mut r = weather_route("padded", &[SECRET_NEW]);
+        if let Some(m) = r.route.as_mut().and_then(|r| r.mapping.as_mut()) {
+            m.r#ref = format!(
+                "size([{}]) > 0 && body.level == 'warning' ? 'storm.warning' : 'none'",
+                vec!["headers['webhook-id']"; n].join(", ")
+            );
+        }
+        r
+    };
+    let fits = (1 << 20) / MAX_HEADER_BYTES;
+    let s = ingress(&app)
+        .put_ingress_route(reads(fits + 1))
+        .await
+        .expect_err("one header read too many");
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert!(
+        crate::helpers::violations(&s)
+            .iter()
+            .any(|(f, d)| f == "route.mapping.ref" && d.contains("may build")),
+        "{s:?}"
+    );
+    ingress(&app)
+        .put_ingress_route(reads(fits))
+        .await
+        .expect("as many header reads as fill the bound");
+    let u = url(&app, "padded");
+    let alert = json!({"level": "warning", "user": "alice"});
+    let padded = |id: &str, n: usize| {
+        let mut r = standard(&u, SECRET_NEW, id, alert.clone());
+        r["headers"] = json!({ "x-pad": "p".repeat(n) });
+        r
+    };
+    let answers = send(json!([
+        padded("msg_half", MAX_HEADER_BYTES / 2),
+        padded("msg_over", MAX_HEADER_BYTES + 1),
+    ]))
+    .await;
+    assert_eq!(answers[0].0, 202, "{:?}", answers[0]);
+    let (status, body) = &answers[1];
+    assert!(
+        *status == 431 || (*status == 400 && body["violations"][0]["field"] == "headers"),
+        "{status} {body}"
+    );
+    let ids: Vec<String> = alice_records(&app)
+        .await
+        .into_iter()
+        .map(|r| r.trigger_id)
+        .collect();
+    assert_eq!(ids, ["msg_half"]);
+}
+on_both_stores!(mappings_count_headers_at_what_a_request_may_carry => mappings_count_headers_at_what_a_request_may_carry);

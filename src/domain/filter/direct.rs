@@ -1,4 +1,4 @@
-//! The shapes most filters take, evaluated straight over the trigger without a CEL context: comparisons, `&&`, `||`, `!`, `?:`, `in` a list of literals, and `startsWith`, `endsWith`, `contains`, over `ref`, `land`, `project`, literals and lifted payload paths.
+//! The shapes most filters take, evaluated straight over the trigger without a CEL context: comparisons, `&&`, `||`, `!`, `?:`, `in` a list of literals, `startsWith`, `endsWith`, `contains`, and arithmetic on doubles, over `ref`, `land`, `project`, literals and lifted payload paths.
 //!
 //! An evaluation here allocates nothing and converts no value: it borrows the trigger's
 //! strings and the payload's JSON. It answers only where it answers as CEL's interpreter
@@ -64,6 +64,10 @@ enum Node {
     Cond(At, At, At),
     Cmp(Cmp, At, At),
     Text(Text, At, At),
+    /// `+`, `-`, `*`, `/` of two doubles (any other operands go to the interpreter).
+    Arith(Arith, At, At),
+    /// `-x` of a double.
+    Neg(At),
     /// `x in [...]`: the `len` literal nodes from `first`.
     In {
         x: At,
@@ -83,14 +87,22 @@ enum Cmp {
 }
 
 #[derive(Debug, Clone, Copy)]
+enum Arith {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+#[derive(Debug, Clone, Copy)]
 enum Text {
     StartsWith,
     EndsWith,
     Contains,
 }
 
-/// A value during an evaluation, borrowed from the filter or the trigger. Numbers keep the
-/// kinds CEL gives JSON's: a non-negative integer is a uint, a negative one an int.
+/// A value during an evaluation, borrowed from the filter or the trigger. A payload's number is
+/// a double, as CEL reads JSON; ints and uints come from literals.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum V<'a> {
     Null,
@@ -163,6 +175,7 @@ impl Direct {
                 let (f, target, args) = (c.func_name.as_str(), &c.target, c.args.as_slice());
                 match (f, target, args) {
                     (operators::LOGICAL_NOT, None, [a]) => Node::Not(self.lower_at(a, lifted)?),
+                    (operators::NEGATE, None, [a]) => Node::Neg(self.lower_at(a, lifted)?),
                     (operators::CONDITIONAL, None, [a, b, c]) => Node::Cond(
                         self.lower_at(a, lifted)?,
                         self.lower_at(b, lifted)?,
@@ -204,6 +217,10 @@ impl Direct {
                             operators::LESS_EQUALS => |a, b| Node::Cmp(Cmp::Le, a, b),
                             operators::GREATER => |a, b| Node::Cmp(Cmp::Gt, a, b),
                             operators::GREATER_EQUALS => |a, b| Node::Cmp(Cmp::Ge, a, b),
+                            operators::ADD => |a, b| Node::Arith(Arith::Add, a, b),
+                            operators::SUBSTRACT => |a, b| Node::Arith(Arith::Sub, a, b),
+                            operators::MULTIPLY => |a, b| Node::Arith(Arith::Mul, a, b),
+                            operators::DIVIDE => |a, b| Node::Arith(Arith::Div, a, b),
                             _ => return None,
                         };
                         two(self.lower_at(a, lifted)?, self.lower_at(b, lifted)?)
@@ -305,6 +322,24 @@ impl Direct {
                     Text::Contains => s.contains(a),
                 })
             }
+            // CEL's doubles are IEEE 754's, so their arithmetic never fails (`x / 0.0` is an
+            // infinity); ints overflow, and strings and lists concatenate: the interpreter's.
+            Node::Arith(op, a, b) => {
+                let (V::Double(a), V::Double(b)) = (self.eval_at(a, t)?, self.eval_at(b, t)?)
+                else {
+                    return None;
+                };
+                V::Double(match op {
+                    Arith::Add => a + b,
+                    Arith::Sub => a - b,
+                    Arith::Mul => a * b,
+                    Arith::Div => a / b,
+                })
+            }
+            Node::Neg(x) => match self.eval_at(x, t)? {
+                V::Double(x) => V::Double(-x),
+                _ => return None,
+            },
             Node::In { x, first, len } => {
                 let v = self.eval_at(x, t)?;
                 let mut found = false;
@@ -318,17 +353,13 @@ impl Direct {
 }
 
 impl<'a> V<'a> {
-    /// A JSON value as CEL converts it (`cel::to_value`), when it is not a list or an object.
+    /// A JSON value as CEL reads it (`cel::json`), when it is not a list or an object.
     fn of(v: &'a Value) -> Option<V<'a>> {
         Some(match v {
             Value::Null => V::Null,
             Value::Bool(b) => V::Bool(*b),
             Value::String(s) => V::Str(s),
-            Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-                (Some(u), _) => V::UInt(u),
-                (None, Some(i)) => V::Int(i),
-                (None, None) => V::Double(n.as_f64()?),
-            },
+            Value::Number(n) => V::Double(n.as_f64()?),
             Value::Array(_) | Value::Object(_) => return None,
         })
     }
