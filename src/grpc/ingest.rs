@@ -13,7 +13,6 @@ use super::pb::{
     self, deliver_trigger_request::PayloadSource, deliver_triggers_response,
     ingest_service_server::IngestService,
 };
-use crate::auth::Caller;
 use crate::domain::decide::{Decision, Outcome, RawTrigger};
 use crate::domain::explain::{Check, Verdict};
 use crate::error::Error;
@@ -188,11 +187,8 @@ impl IngestService for Ingest {
         // Under --rate-limit-per-sec each trigger after the first takes a token of its own, as
         // DeliverTrigger calls would; one refused is answered RESOURCE_EXHAUSTED in its place.
         let bucket = req.extensions().get::<CallerBucket>().cloned();
-        // A JWT's expiry ends the stream: it is not a credential for longer than the token.
-        let expires = match req.extensions().get::<Caller>() {
-            Some(Caller::Known(id)) => id.expires,
-            _ => None,
-        };
+        // The caller's credential expiring ends the stream too: the guard's timer does that
+        // for every stream (grpc/lifetime.rs).
         let mut inbound = req.into_inner();
         let service = self.service.clone();
         let in_flight = self.in_flight.clone();
@@ -201,16 +197,14 @@ impl IngestService for Ingest {
             let mut index: u64 = 0;
             // The last trigger in flight for each (pack, trigger id), and whether it is done.
             let mut keyed: HashMap<(String, String), watch::Receiver<bool>> = HashMap::new();
-            while let Some(item) = inbound.next().await {
-                let expired =
-                    expires.is_some_and(|at| crate::store::now_micros() / 1_000_000 >= at);
-                let item = if expired {
-                    Err(Status::from(Error::Unauthenticated(
-                        "credentials expired: open a new stream with fresh ones".into(),
-                    )))
-                } else {
-                    item
+            loop {
+                // Once the answers are gone (the caller left, or the stream was ended), the
+                // triggers are no longer read.
+                let item = tokio::select! {
+                    item = inbound.next() => item,
+                    () = tx.closed() => break,
                 };
+                let Some(item) = item else { break };
                 let next = match item {
                     Ok(_) if index > 0 && bucket.as_ref().is_some_and(|b| !b.allow()) => {
                         Ok(tokio::spawn(async {
@@ -252,7 +246,14 @@ impl IngestService for Ingest {
             }
         });
         let outcomes = async_stream(move |out| async move {
-            while let Some((index, next)) = pending.recv().await {
+            loop {
+                // An answer stream that is gone (the caller left, or its credential expired)
+                // lets go of the triggers, which stops their reading.
+                let next = tokio::select! {
+                    next = pending.recv() => next,
+                    () = out.closed() => break,
+                };
+                let Some((index, next)) = next else { break };
                 let item = match next {
                     Ok(task) => match task.await {
                         Ok(result) => Ok(pb::DeliverTriggersResponse {
