@@ -341,6 +341,7 @@ impl App {
                 self.auth.clone(),
                 l.rate_per_sec,
                 l.auth_failures_per_sec,
+                self.service.metrics.clone(),
             ))
             .add_service(health_service)
             .add_service(reflection_v1)

@@ -1,6 +1,8 @@
 //! Who is calling: static bearer tokens (stored as SHA-256 hashes) and JWTs, turned into an identity with a role; and which role may call which RPC.
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::RwLock;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
@@ -55,7 +57,18 @@ impl CredentialKind {
 }
 
 /// Seconds a JWT's `exp` and `nbf` are stretched by, for clocks a little apart.
-const JWT_LEEWAY_SECS: u64 = 5;
+pub const JWT_LEEWAY_SECS: u64 = 5;
+
+/// Verified JWTs remembered, so a caller's next calls cost a hash lookup, not a signature
+/// check: at most this many, each forgotten when it expires.
+pub const MAX_VERIFIED_JWTS: usize = 10_000;
+
+/// Now, in Unix seconds.
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
 
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,8 +80,9 @@ pub struct Identity {
     pub role: Role,
     /// The principal a reader reads as: a valid, non-empty id.
     pub principal: Option<String>,
-    /// When the credential stops being accepted, in Unix seconds (a JWT's `exp` plus the
-    /// leeway); `None` for tokens and certificates. A stream ends there.
+    /// When the credential stops being accepted, in Unix seconds: a JWT's `exp` plus the
+    /// leeway, a client certificate's notAfter; `None` for static tokens. A stream opened
+    /// with it ends there.
     pub expires: Option<i64>,
 }
 
@@ -115,6 +129,61 @@ pub enum Caller {
     Known(Identity),
     /// No credentials, or credentials that were refused.
     Refused(Refusal),
+}
+
+/// What a call's credentials come to before any signature is checked.
+#[derive(Debug)]
+pub enum Precheck {
+    /// Decided without a signature check: no credentials, a static token, a JWT verified
+    /// before, or credentials refused for what they are (malformed, no key for them, expired).
+    Decided(Caller),
+    /// A JWT whose signature must be checked, with `Authenticator::verify`.
+    Signature(Unverified),
+}
+
+/// A JWT that passed the cheap checks; only its signature and claims are left.
+#[derive(Debug)]
+pub struct Unverified {
+    token: String,
+    /// Its SHA-256, the key it is remembered by once verified.
+    hash: [u8; 32],
+    /// The configured keys that may have signed it (by algorithm and `kid`), never empty.
+    keys: Vec<usize>,
+}
+
+/// JWTs verified recently, by the SHA-256 of the token, until each expires.
+#[derive(Debug, Default)]
+struct Verified(RwLock<HashMap<[u8; 32], Identity>>);
+
+impl Verified {
+    fn get(&self, hash: &[u8; 32], now: i64) -> Option<Identity> {
+        let map = self.0.read().ok()?;
+        map.get(hash)
+            .filter(|id| id.expires.is_some_and(|at| now < at))
+            .cloned()
+    }
+
+    fn put(&self, hash: [u8; 32], id: &Identity, now: i64) {
+        if id.expires.is_none() {
+            return;
+        }
+        let Ok(mut map) = self.0.write() else {
+            return;
+        };
+        if map.len() >= MAX_VERIFIED_JWTS {
+            map.retain(|_, id| id.expires.is_some_and(|at| now < at));
+        }
+        if map.len() >= MAX_VERIFIED_JWTS {
+            // Still full of live tokens: a tenth go (whichever the map yields first), so a
+            // flood of new valid tokens pays this once per thousand, not once each. Those
+            // that come back are verified again.
+            let gone: Vec<[u8; 32]> = map.keys().take(MAX_VERIFIED_JWTS / 10).copied().collect();
+            for k in gone {
+                map.remove(&k);
+            }
+        }
+        map.insert(hash, id.clone());
+    }
 }
 
 /// Which part of a verified client certificate names the caller.
@@ -194,6 +263,7 @@ pub struct Authenticator {
     mtls: Option<(Role, CertIdentity)>,
     tokens: HashMap<[u8; 32], Identity>,
     jwt: Option<Jwt>,
+    verified: Verified,
 }
 
 impl Authenticator {
@@ -313,6 +383,7 @@ impl Authenticator {
             mtls: None,
             tokens,
             jwt,
+            verified: Verified::default(),
         })
     }
 
@@ -336,51 +407,122 @@ impl Authenticator {
             return Caller::Refused(Refusal::Missing);
         };
         match certificate_identity(der, by) {
-            Ok(name) => Caller::Known(Identity {
+            // TLS checked the dates at the handshake; a connection may outlive the certificate.
+            Ok((_, not_after)) if unix_now() >= not_after => Caller::Refused(Refusal::Refused(
+                "client certificate: expired since the connection opened".into(),
+            )),
+            Ok((name, not_after)) => Caller::Known(Identity {
                 kind: CredentialKind::Certificate,
                 subject: name.clone(),
                 role,
                 principal: Some(name),
-                expires: None,
+                expires: Some(not_after),
             }),
             Err(why) => Caller::Refused(Refusal::Refused(format!("client certificate: {why}"))),
         }
     }
 
-    /// What the `authorization` header value says about the caller.
+    /// What the `authorization` header value says about the caller, signature checked.
     pub fn check(&self, authorization: Option<&str>) -> Caller {
+        match self.precheck(authorization) {
+            Precheck::Decided(caller) => caller,
+            Precheck::Signature(jwt) => self.verify(jwt),
+        }
+    }
+
+    /// What the `authorization` header value says about the caller as far as it can be told
+    /// without checking a signature: static tokens and JWTs verified before are known by a
+    /// hash lookup, and a malformed JWT, one no configured key could have signed or one
+    /// already expired is refused.
+    pub fn precheck(&self, authorization: Option<&str>) -> Precheck {
+        let decided = Precheck::Decided;
         if !self.enabled {
-            return Caller::Open;
+            return decided(Caller::Open);
         }
         let Some(value) = authorization else {
-            return Caller::Refused(Refusal::Missing);
+            return decided(Caller::Refused(Refusal::Missing));
         };
-        let refused = |why: &str| Caller::Refused(Refusal::Refused(why.to_owned()));
+        let refused = |why: &str| decided(Caller::Refused(Refusal::Refused(why.to_owned())));
         let Some(token) = value.strip_prefix("Bearer ").map(str::trim) else {
             return refused("the authorization header must be `Bearer <token>`");
         };
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some(id) = self.tokens.get(&hash) {
-            return Caller::Known(id.clone());
+            return decided(Caller::Known(id.clone()));
         }
-        match &self.jwt {
-            Some(jwt) if token.matches('.').count() == 2 => match jwt.verify(token) {
-                Ok(id) => Caller::Known(id),
-                Err(why) => refused(&why),
-            },
-            _ => refused("unknown token"),
+        let Some(jwt) = self
+            .jwt
+            .as_ref()
+            .filter(|_| token.matches('.').count() == 2)
+        else {
+            return refused("unknown token");
+        };
+        let now = unix_now();
+        if let Some(id) = self.verified.get(&hash, now) {
+            return decided(Caller::Known(id));
+        }
+        match jwt.candidates(token, now) {
+            Ok(keys) => Precheck::Signature(Unverified {
+                token: token.to_owned(),
+                hash,
+                keys,
+            }),
+            Err(why) => refused(&why),
+        }
+    }
+
+    /// Checks a JWT's signature and claims; one that verifies is remembered until it expires.
+    pub fn verify(&self, u: Unverified) -> Caller {
+        let Some(jwt) = &self.jwt else {
+            return Caller::Refused(Refusal::Refused("unknown token".into()));
+        };
+        let now = unix_now();
+        match jwt.verify(&u.token, &u.keys) {
+            // Accepted until `exp` plus the leeway, exclusive: the instant its streams end.
+            Ok(id) if id.expires.is_some_and(|at| now >= at) => {
+                Caller::Refused(Refusal::Refused("the JWT has expired".into()))
+            }
+            Ok(id) => {
+                self.verified.put(u.hash, &id, now);
+                Caller::Known(id)
+            }
+            Err(why) => Caller::Refused(Refusal::Refused(why)),
         }
     }
 }
 
 impl Jwt {
-    fn verify(&self, token: &str) -> Result<Identity, String> {
+    /// The keys that may have signed `token`, found without any cryptography: refused when
+    /// the token is malformed, no configured key has its algorithm and `kid`, or its
+    /// (unverified) `exp` has passed — none of which a signature could make acceptable.
+    fn candidates(&self, token: &str, now: i64) -> Result<Vec<usize>, String> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| "malformed JWT".to_string())?;
-        let mut last = "no key matches the JWT".to_string();
-        for (kid, key, alg) in &self.keys {
-            if *alg != header.alg || (header.kid.is_some() && kid.is_some() && *kid != header.kid) {
-                continue;
+        let keys: Vec<usize> = self
+            .keys
+            .iter()
+            .enumerate()
+            .filter(|(_, (kid, _, alg))| {
+                *alg == header.alg && !(header.kid.is_some() && kid.is_some() && *kid != header.kid)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if keys.is_empty() {
+            return Err("no key matches the JWT".into());
+        }
+        let claims: serde_json::Value = jsonwebtoken::dangerous::insecure_decode_claims(token)
+            .map_err(|_| "malformed JWT".to_string())?;
+        match exp_of(&claims) {
+            None => Err("the JWT lacks a numeric `exp`".into()),
+            Some(exp) if now >= exp.saturating_add(JWT_LEEWAY_SECS as i64) => {
+                Err("the JWT has expired".into())
             }
+            Some(_) => Ok(keys),
+        }
+    }
+
+    fn verify(&self, token: &str, candidates: &[usize]) -> Result<Identity, String> {
+        let mut last = "no key matches the JWT".to_string();
+        for (_, key, alg) in candidates.iter().filter_map(|i| self.keys.get(*i)) {
             let Some(v) = self.validation_by_alg.get(alg) else {
                 continue;
             };
@@ -424,17 +566,17 @@ impl Jwt {
                         .and_then(serde_json::Value::as_str)
                         .ok_or("the JWT's `sub` must be a string")?;
                     check_id("sub", subject).map_err(|e| format!("the JWT's {e}"))?;
-                    // `exp` is required and was checked, so it is a number here.
-                    let expires = claims
-                        .get("exp")
-                        .and_then(serde_json::Value::as_i64)
-                        .map(|exp| exp.saturating_add(JWT_LEEWAY_SECS as i64));
+                    // `exp` is required and was checked, so it is a number here; without one
+                    // the credential would have no end, so it is refused rather than assumed.
+                    let expires = exp_of(&claims)
+                        .map(|exp| exp.saturating_add(JWT_LEEWAY_SECS as i64))
+                        .ok_or("the JWT lacks a numeric `exp`")?;
                     return Ok(Identity {
                         kind: CredentialKind::Jwt,
                         subject: subject.to_owned(),
                         role,
                         principal,
-                        expires,
+                        expires: Some(expires),
                     });
                 }
                 Err(e) => {
@@ -455,10 +597,24 @@ impl Jwt {
     }
 }
 
+/// A JWT's `exp` in whole seconds, read as jsonwebtoken reads it (an integer, or a finite
+/// non-negative number truncated).
+fn exp_of(claims: &serde_json::Value) -> Option<i64> {
+    let exp = claims.get("exp")?;
+    exp.as_u64()
+        .or_else(|| {
+            exp.as_f64()
+                .filter(|f| f.is_finite() && *f >= 0.0 && *f < u64::MAX as f64)
+                .map(|f| f as u64)
+        })
+        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+}
+
 /// The name a certificate gives its holder: the one common name of its subject, or its
 /// one URI SAN. Anything else — a CN in an issuer, a SAN directory name, bytes inside
-/// another attribute or extension — is never read. The name must be a valid id.
-fn certificate_identity(der: &[u8], by: CertIdentity) -> Result<String, String> {
+/// another attribute or extension — is never read. The name must be a valid id. With it,
+/// the certificate's notAfter in Unix seconds.
+fn certificate_identity(der: &[u8], by: CertIdentity) -> Result<(String, i64), String> {
     use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
     let (rest, cert) =
         X509Certificate::from_der(der).map_err(|e| format!("not an X.509 certificate: {e}"))?;
@@ -493,7 +649,7 @@ fn certificate_identity(der: &[u8], by: CertIdentity) -> Result<String, String> 
         }
     };
     check_id("certificate identity", &name)?;
-    Ok(name)
+    Ok((name, cert.validity().not_after.timestamp()))
 }
 
 /// Methods every caller may call, authenticated or not: health and reflection.
@@ -605,5 +761,112 @@ mod tests {
         ));
         assert!(allowed("/grpc.health.v1.Health/Check", Role::Reader));
         assert!(!allowed("/unknown.Service/X", Role::Admin));
+    }
+
+    fn hs256(secret: &[u8], alg: Algorithm, exp: i64) -> String {
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(alg),
+            &serde_json::json!({ "sub": "ops", "role": "admin", "exp": exp }),
+            &jsonwebtoken::EncodingKey::from_secret(secret).expect("key"),
+        )
+        .expect("jwt")
+    }
+
+    #[test]
+    fn cheap_refusals_need_no_signature_and_verified_jwts_are_remembered_until_they_expire() {
+        let secret = b"0123456789abcdef0123456789abcdef";
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("secret");
+        std::fs::write(&path, secret).expect("secret");
+        let a = Authenticator::from_config(&AuthConfig {
+            tokens: vec![],
+            jwt: Some(JwtConfig {
+                hs256_secret_file: Some(path),
+                ..Default::default()
+            }),
+        })
+        .expect("config");
+        let now = unix_now();
+        let bearer = |t: &str| format!("Bearer {t}");
+        let leeway = JWT_LEEWAY_SECS as i64;
+        for (why, t) in [
+            ("malformed", "a.b.c".to_owned()),
+            (
+                "no key for HS384",
+                hs256(secret, Algorithm::HS384, now + 600),
+            ),
+            ("expired", hs256(secret, Algorithm::HS256, now - leeway - 1)),
+            (
+                "expired to the second",
+                hs256(secret, Algorithm::HS256, now - leeway),
+            ),
+        ] {
+            assert!(
+                matches!(
+                    a.precheck(Some(&bearer(&t))),
+                    Precheck::Decided(Caller::Refused(_))
+                ),
+                "{why}"
+            );
+        }
+        let good = bearer(&hs256(secret, Algorithm::HS256, now + 600));
+        let Precheck::Signature(unverified) = a.precheck(Some(&good)) else {
+            panic!("a plausible JWT needs its signature checked");
+        };
+        let Caller::Known(id) = a.verify(unverified) else {
+            panic!("it verifies");
+        };
+        assert_eq!(id.expires, Some(now + 600 + leeway));
+        assert!(
+            matches!(a.precheck(Some(&good)), Precheck::Decided(Caller::Known(ref k)) if *k == id),
+            "the second call is a lookup"
+        );
+        let forged = bearer(&hs256(
+            b"another-secret-another-secret-32",
+            Algorithm::HS256,
+            now + 600,
+        ));
+        let Precheck::Signature(unverified) = a.precheck(Some(&forged)) else {
+            panic!("a forged JWT looks plausible");
+        };
+        assert!(matches!(a.verify(unverified), Caller::Refused(_)));
+        assert!(
+            matches!(a.precheck(Some(&forged)), Precheck::Signature(_)),
+            "a refused JWT is not remembered"
+        );
+    }
+
+    #[test]
+    fn remembered_jwts_are_bounded_and_forgotten_at_expiry() {
+        let v = Verified::default();
+        let id = |expires: i64| Identity {
+            kind: CredentialKind::Jwt,
+            subject: "s".into(),
+            role: Role::Admin,
+            principal: None,
+            expires: Some(expires),
+        };
+        let key = |i: usize| -> [u8; 32] { Sha256::digest(i.to_le_bytes()).into() };
+        let len = |v: &Verified| v.0.read().map(|m| m.len()).unwrap_or(0);
+        for i in 0..MAX_VERIFIED_JWTS {
+            v.put(key(i), &id(200), 100);
+        }
+        assert_eq!(len(&v), MAX_VERIFIED_JWTS);
+        assert!(v.get(&key(0), 199).is_some());
+        assert!(v.get(&key(0), 200).is_none(), "forgotten at its expiry");
+        // Full of live tokens: a tenth make room for the next.
+        v.put(key(MAX_VERIFIED_JWTS), &id(200), 100);
+        assert_eq!(len(&v), MAX_VERIFIED_JWTS - MAX_VERIFIED_JWTS / 10 + 1);
+        assert!(
+            v.get(&key(MAX_VERIFIED_JWTS), 100).is_some(),
+            "the newest is kept"
+        );
+        // Full of expired tokens: they all make room.
+        let v = Verified::default();
+        for i in 0..MAX_VERIFIED_JWTS {
+            v.put(key(i), &id(200), 100);
+        }
+        v.put(key(usize::MAX), &id(400), 300);
+        assert_eq!(len(&v), 1);
     }
 }

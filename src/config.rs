@@ -135,7 +135,7 @@ pub struct Config {
     )]
     pub rate_limit_per_sec: f64,
 
-    /// Failed authentications a second one peer address may make, bursts of twice that; past it the address is refused RESOURCE_EXHAUSTED until its bucket refills; 0 for no limit.
+    /// Failed authentications a second one peer address may make before its JWT signatures are checked one at a time with every other such address (bursts of twice that); it is never refused for it, and valid credentials from it are always accepted; 0 for no budget.
     #[arg(
         long,
         env = "HCP_SENSE_AUTH_FAILURE_RATE_PER_SEC",

@@ -1,5 +1,6 @@
 //! Metrics: the counters and histograms of the service, exposed as Prometheus text on /metrics.
 use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -43,6 +44,11 @@ struct CauseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    budget: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
 }
@@ -60,6 +66,8 @@ struct Otel {
     drop_counts_written: opentelemetry::metrics::Counter<u64>,
     ingress_refused: opentelemetry::metrics::Counter<u64>,
     records_deleted: opentelemetry::metrics::Counter<u64>,
+    signature_checks: opentelemetry::metrics::Counter<u64>,
+    signature_check_seconds: opentelemetry::metrics::Counter<f64>,
 }
 
 impl Otel {
@@ -87,6 +95,11 @@ impl Otel {
             drop_counts_written: m.u64_counter("hcp_sense.drop_counts.written").build(),
             ingress_refused: m.u64_counter("hcp_sense.ingress.refused").build(),
             records_deleted: m.u64_counter("hcp_sense.records.deleted").build(),
+            signature_checks: m.u64_counter("hcp_sense.auth.signature_checks").build(),
+            signature_check_seconds: m
+                .f64_counter("hcp_sense.auth.signature_check.duration")
+                .with_unit("s")
+                .build(),
         }
     }
 }
@@ -108,6 +121,8 @@ pub struct Metrics {
     ingress_refused: Family<IngressLabels, Counter>,
     records_deleted: Family<CauseLabels, Counter>,
     bindings: Family<StateLabels, Gauge>,
+    signature_checks: Family<BudgetLabels, Counter>,
+    signature_check_seconds: Family<BudgetLabels, Counter<f64, AtomicU64>>,
     /// Packs given a label of their own, at most `max_packs`.
     labelled_packs: Mutex<HashSet<String>>,
     max_packs: usize,
@@ -188,6 +203,22 @@ impl Metrics {
             "Bindings of registered packs, by health state",
             bindings.clone(),
         );
+        let signature_checks = Family::<BudgetLabels, Counter>::default();
+        let signature_check_seconds = Family::<BudgetLabels, Counter<f64, AtomicU64>>::default();
+        for budget in ["within", "over"] {
+            let _ = signature_checks.get_or_create(&BudgetLabels { budget });
+            let _ = signature_check_seconds.get_or_create(&BudgetLabels { budget });
+        }
+        registry.register(
+            "auth_signature_checks",
+            "JWT signatures checked, by whether the caller's address was within its budget of failed authentications (within) or past it (over: one check at a time in all)",
+            signature_checks.clone(),
+        );
+        registry.register(
+            "auth_signature_check_seconds",
+            "Time spent checking JWT signatures, by the same budget",
+            signature_check_seconds.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -207,6 +238,8 @@ impl Metrics {
             ingress_refused,
             records_deleted,
             bindings,
+            signature_checks,
+            signature_check_seconds,
             labelled_packs: Mutex::new(HashSet::new()),
             max_packs,
             otel: Otel::new(),
@@ -282,6 +315,20 @@ impl Metrics {
         self.otel
             .records_deleted
             .add(n, &[KeyValue::new("cause", cause)]);
+    }
+
+    /// A JWT signature checked, for a caller within its failed-authentication budget or over it.
+    pub fn signature_checked(&self, budget: &'static str, took: Duration) {
+        let labels = BudgetLabels { budget };
+        self.signature_checks.get_or_create(&labels).inc();
+        self.signature_check_seconds
+            .get_or_create(&labels)
+            .inc_by(took.as_secs_f64());
+        let attrs = [KeyValue::new("budget", budget)];
+        self.otel.signature_checks.add(1, &attrs);
+        self.otel
+            .signature_check_seconds
+            .add(took.as_secs_f64(), &attrs);
     }
 
     pub fn rpc(&self, method: &str, took: Duration) {

@@ -1,36 +1,76 @@
-//! The authentication and authorization layer: every call is authenticated, checked against its method's roles, and rate limited per caller.
-use std::collections::HashMap;
+//! The authentication and authorization layer: every call is authenticated (failed signatures bounded per address, never valid ones), checked against its method's roles, rate limited per caller, and its answer stream bounded by the caller's credential.
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use tokio::sync::Semaphore;
 use tonic::transport::server::TlsConnectInfo;
+use tonic::Status;
 
-use super::calls::{answer, BoxFuture};
+use super::calls::BoxFuture;
 use super::conn::ConnInfo;
-use crate::auth::{allowed, is_open, Authenticator, CalledMethod, Caller};
+use super::lifetime::UntilExpiry;
+use crate::auth::{allowed, is_open, Authenticator, CalledMethod, Caller, Precheck, Unverified};
 use crate::error::Error;
+use crate::metrics::Metrics;
 
 /// What a caller past its rate limit is told.
 pub const RATE_LIMITED: &str = "rate limit for this caller exceeded; retry later";
+
+/// Signature checks running at once, in all, for callers whose address is past its budget of
+/// failed authentications: whatever such addresses send, their signatures cost at most this
+/// many cores.
+pub const OVER_BUDGET_CHECKS: usize = 1;
 
 #[derive(Clone, Debug)]
 pub struct GuardLayer {
     auth: Arc<Authenticator>,
     limiter: Arc<RateLimiter>,
-    /// Failed authentications per peer address; an address past it is refused unheard.
+    /// Failed authentications per peer address: an address past it has its signatures
+    /// checked one at a time with every other such address, never refused unheard.
     failures: Arc<RateLimiter>,
+    /// OVER_BUDGET_CHECKS permits, waited for in turn.
+    over_budget: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+    /// Methods that answer with a stream: it ends when the caller's credential does.
+    streaming: Arc<HashSet<String>>,
 }
 
 impl GuardLayer {
     /// `rate_per_sec` 0 means no rate limit; `failures_per_sec` 0 means failed
-    /// authentications are not limited.
-    pub fn new(auth: Arc<Authenticator>, rate_per_sec: f64, failures_per_sec: f64) -> GuardLayer {
+    /// authentications never slow an address down.
+    pub fn new(
+        auth: Arc<Authenticator>,
+        rate_per_sec: f64,
+        failures_per_sec: f64,
+        metrics: Arc<Metrics>,
+    ) -> GuardLayer {
         GuardLayer {
             auth,
             limiter: Arc::new(RateLimiter::new(rate_per_sec)),
             failures: Arc::new(RateLimiter::new(failures_per_sec)),
+            over_budget: Arc::new(Semaphore::new(OVER_BUDGET_CHECKS)),
+            metrics,
+            streaming: Arc::new(super::layer::streaming_methods()),
         }
+    }
+
+    /// Checks a JWT's signature. An address within its budget of failed authentications has
+    /// it checked at once; past it, the check waits its turn for one of OVER_BUDGET_CHECKS
+    /// permits (first come, first served) — so guesses from an address shared by many callers
+    /// (a load balancer, a NAT, a sidecar) cost bounded CPU, and a valid credential from the
+    /// same address is still accepted, within the call's deadline.
+    async fn verify(&self, jwt: Unverified, peer: &str) -> Caller {
+        let (budget, _permit) = if self.failures.has_token(peer) {
+            ("within", None)
+        } else {
+            ("over", self.over_budget.acquire().await.ok())
+        };
+        let started = Instant::now();
+        let caller = self.auth.verify(jwt);
+        self.metrics.signature_checked(budget, started.elapsed());
+        caller
     }
 }
 
@@ -140,21 +180,22 @@ where
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         let path = req.uri().path().to_owned();
-        let open = is_open(&path);
+        // The service that was made ready is the one that must be called.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        if is_open(&path) {
+            // Health and reflection need no credentials, so none are read: a JWT sent to
+            // them costs no signature check, and their streams are not bounded by one.
+            req.extensions_mut().insert(CalledMethod(path));
+            return Box::pin(inner.call(req));
+        }
         let conn = ConnInfo::of(req.extensions());
         let peer: Arc<str> = conn.map_or_else(|| Arc::from("peer:unknown"), |c| c.peer);
-        // An address that keeps failing authentication is not heard until its bucket refills,
-        // so guessing costs the guesser time and the server no verification work.
-        if !open && self.layer.auth.is_enabled() && !self.layer.failures.has_token(&peer) {
-            return answer(Error::ResourceExhausted(
-                "too many failed authentications from this address; retry later".into(),
-            ));
-        }
         let header = req
             .headers()
             .get(http::header::AUTHORIZATION)
             .map(|v| v.to_str().unwrap_or(""));
-        let mut caller = self.layer.auth.check(header);
+        let mut check = self.layer.auth.precheck(header);
         if header.is_none() {
             // No bearer credentials: a client certificate verified by TLS may name the caller.
             let cert = req
@@ -163,43 +204,57 @@ where
                 .and_then(|i| i.peer_certs())
                 .and_then(|certs| certs.first().map(|c| self.layer.auth.check_certificate(c)));
             if let Some(c) = cert {
-                caller = c;
+                check = Precheck::Decided(c);
             }
         }
-        let refusal = match &caller {
-            _ if open => None,
-            Caller::Open => None,
-            Caller::Refused(why) => {
-                tracing::debug!(method = %path, %peer, why = why.detail(), "authentication refused");
-                self.layer.failures.allow(&peer);
-                Some(Error::Unauthenticated(why.public_message().to_owned()))
-            }
-            Caller::Known(id) if !allowed(&path, id.role) => Some(Error::PermissionDenied(
-                format!("role {:?} may not call {path}", id.role),
-            )),
-            Caller::Known(_) => None,
-        };
-        if let Some(e) = refusal {
-            return answer(e);
-        }
-        // Buckets are per credential (kind and name); unauthenticated servers limit per address.
-        if !open && self.layer.limiter.is_on() {
-            let bucket = match &caller {
-                Caller::Known(id) => id.bucket(),
-                _ => peer.to_string(),
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let caller = match check {
+                Precheck::Decided(caller) => caller,
+                Precheck::Signature(jwt) => layer.verify(jwt, &peer).await,
             };
-            if !self.layer.limiter.allow(&bucket) {
-                return answer(Error::ResourceExhausted(RATE_LIMITED.into()));
+            let refusal = match &caller {
+                Caller::Open => None,
+                Caller::Refused(why) => {
+                    tracing::debug!(method = %path, %peer, why = why.detail(), "authentication refused");
+                    layer.failures.allow(&peer);
+                    Some(Error::Unauthenticated(why.public_message().to_owned()))
+                }
+                Caller::Known(id) if !allowed(&path, id.role) => Some(Error::PermissionDenied(
+                    format!("role {:?} may not call {path}", id.role),
+                )),
+                Caller::Known(_) => None,
+            };
+            if let Some(e) = refusal {
+                return Ok(Status::from(e).into_http());
             }
-            req.extensions_mut().insert(CallerBucket {
-                limiter: self.layer.limiter.clone(),
-                bucket,
-            });
-        }
-        req.extensions_mut().insert(caller);
-        req.extensions_mut().insert(CalledMethod(path));
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(inner.call(req))
+            // Buckets are per credential (kind and name); unauthenticated servers limit per address.
+            if layer.limiter.is_on() {
+                let bucket = match &caller {
+                    Caller::Known(id) => id.bucket(),
+                    _ => peer.to_string(),
+                };
+                if !layer.limiter.allow(&bucket) {
+                    return Ok(
+                        Status::from(Error::ResourceExhausted(RATE_LIMITED.into())).into_http()
+                    );
+                }
+                req.extensions_mut().insert(CallerBucket {
+                    limiter: layer.limiter.clone(),
+                    bucket,
+                });
+            }
+            let expires = match &caller {
+                Caller::Known(id) if layer.streaming.contains(&path) => id.expires,
+                _ => None,
+            };
+            req.extensions_mut().insert(caller);
+            req.extensions_mut().insert(CalledMethod(path));
+            let answer = inner.call(req).await?;
+            Ok(match expires {
+                Some(at) => answer.map(|body| tonic::body::Body::new(UntilExpiry::new(body, at))),
+                None => answer,
+            })
+        })
     }
 }

@@ -14,7 +14,6 @@ use super::pb::{
     self, deliver_trigger_request::PayloadSource, deliver_triggers_response,
     ingest_service_server::IngestService,
 };
-use crate::auth::Caller;
 use crate::domain::decide::{Decision, Outcome, RawTrigger};
 use crate::domain::explain::{Check, Verdict};
 use crate::error::Error;
@@ -193,11 +192,8 @@ impl IngestService for Ingest {
         // Under --rate-limit-per-sec each trigger after the first takes a token of its own, as
         // DeliverTrigger calls would; one refused is answered RESOURCE_EXHAUSTED in its place.
         let bucket = req.extensions().get::<CallerBucket>().cloned();
-        // A JWT's expiry ends the stream: it is not a credential for longer than the token.
-        let expires = match req.extensions().get::<Caller>() {
-            Some(Caller::Known(id)) => id.expires,
-            _ => None,
-        };
+        // The caller's credential expiring ends the stream too: the guard's timer does that
+        // for every stream (grpc/lifetime.rs).
         let mut inbound = req.into_inner();
         let service = self.service.clone();
         let in_flight = self.in_flight.clone();
@@ -208,7 +204,13 @@ impl IngestService for Ingest {
             // The last trigger in flight for each (pack, trigger id), and whether it is done.
             let mut keyed: HashMap<(String, String), watch::Receiver<bool>> = HashMap::new();
             loop {
-                let Ok(item) = tokio::time::timeout(idle, inbound.next()).await else {
+                // Once the answers are gone (the caller left, or the stream was ended), the
+                // triggers are no longer read.
+                let item = tokio::select! {
+                    item = tokio::time::timeout(idle, inbound.next()) => item,
+                    () = tx.closed() => break,
+                };
+                let Ok(item) = item else {
                     // Answered after the outcomes of every trigger before it, like any end.
                     let idle = Error::Unavailable(format!(
                         "no trigger for {} s: the stream is closed as idle; open a new one",
@@ -218,15 +220,6 @@ impl IngestService for Ingest {
                     break;
                 };
                 let Some(item) = item else { break };
-                let expired =
-                    expires.is_some_and(|at| crate::store::now_micros() / 1_000_000 >= at);
-                let item = if expired {
-                    Err(Status::from(Error::Unauthenticated(
-                        "credentials expired: open a new stream with fresh ones".into(),
-                    )))
-                } else {
-                    item
-                };
                 let next = match item {
                     Ok(_) if index > 0 && bucket.as_ref().is_some_and(|b| !b.allow()) => {
                         Ok(tokio::spawn(async {
@@ -268,7 +261,14 @@ impl IngestService for Ingest {
             }
         });
         let outcomes = async_stream(move |out| async move {
-            while let Some((index, next)) = pending.recv().await {
+            loop {
+                // An answer stream that is gone (the caller left, or its credential expired)
+                // lets go of the triggers, which stops their reading.
+                let next = tokio::select! {
+                    next = pending.recv() => next,
+                    () = out.closed() => break,
+                };
+                let Some((index, next)) = next else { break };
                 let item = match next {
                     Ok(task) => match task.await {
                         Ok(result) => Ok(pb::DeliverTriggersResponse {

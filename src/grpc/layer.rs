@@ -17,6 +17,16 @@ use crate::metrics::Metrics;
 
 /// The methods the server serves, as `/package.Service/Method`; other paths are labelled `other`.
 fn known_methods() -> HashSet<String> {
+    methods_where(|_| true)
+}
+
+/// The methods the server serves whose answer is a stream of messages.
+pub(super) fn streaming_methods() -> HashSet<String> {
+    methods_where(|m| m.server_streaming())
+}
+
+/// The served methods, as `/package.Service/Method`, that `keep` keeps.
+fn methods_where(keep: impl Fn(&prost_types::MethodDescriptorProto) -> bool) -> HashSet<String> {
     let mut out = HashSet::new();
     for fds in [
         pb::FILE_DESCRIPTOR_SET,
@@ -25,7 +35,7 @@ fn known_methods() -> HashSet<String> {
         if let Ok(set) = prost_types::FileDescriptorSet::decode(fds) {
             for file in set.file {
                 for svc in &file.service {
-                    for m in &svc.method {
+                    for m in svc.method.iter().filter(|m| keep(m)) {
                         out.insert(format!("/{}.{}/{}", file.package(), svc.name(), m.name()));
                     }
                 }

@@ -10,6 +10,7 @@ pub mod guard;
 pub mod ingest;
 pub mod ingress;
 pub mod layer;
+pub mod lifetime;
 pub mod packs;
 pub mod paging;
 pub mod policy;

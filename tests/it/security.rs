@@ -1,5 +1,6 @@
 //! Authentication and roles over real gRPC: every RPC × every caller, refused calls change nothing,
 //! readers read only as themselves, and oversized input is refused.
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use hcp_sense::auth::{AuthConfig, JwtConfig, Role, TokenConfig};
@@ -33,20 +34,50 @@ pub fn token(name: &str, secret: &str, role: Role, principal: Option<&str>) -> T
     }
 }
 
-fn jwt(role: &str, sub: &str, exp_offset: i64) -> String {
-    let now = SystemTime::now()
+/// Now, in Unix seconds.
+fn now() -> i64 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+/// Now, in Unix seconds with their fraction.
+fn now_f64() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn jwt(role: &str, sub: &str, exp_offset: i64) -> String {
+    jwt_until(role, sub, now() + exp_offset)
+}
+
+/// An HS256 JWT signed with `secret` whose `exp` is `exp` (Unix seconds).
+fn jwt_signed(secret: &str, role: &str, sub: &str, exp: i64) -> String {
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &serde_json::json!({ "sub": sub, "role": role, "exp": now + exp_offset, "iss": "hcp-tests", "aud": "hcp-sense" }),
-        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).expect("key"),
+        &serde_json::json!({ "sub": sub, "role": role, "exp": exp, "iss": "hcp-tests", "aud": "hcp-sense" }),
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).expect("key"),
     )
     .expect("jwt")
 }
 
+/// A JWT the test servers accept until `exp` (Unix seconds) plus the leeway.
+fn jwt_until(role: &str, sub: &str, exp: i64) -> String {
+    jwt_signed(SECRET, role, sub, exp)
+}
+
 async fn secured(kind: StoreKind) -> (TestApp, tempfile::TempDir) {
+    secured_with(kind, |_| {}).await
+}
+
+/// The tokens and HS256 JWTs of `secured`, then `adjust`.
+async fn secured_with(
+    kind: StoreKind,
+    adjust: impl FnOnce(&mut hcp_sense::config::Config),
+) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let secret = dir.path().join("hs256.secret");
     std::fs::write(&secret, SECRET).expect("secret");
@@ -67,6 +98,7 @@ async fn secured(kind: StoreKind) -> (TestApp, tempfile::TempDir) {
                 ..Default::default()
             }),
         };
+        adjust(c);
     })
     .await;
     (app, dir)
@@ -676,8 +708,8 @@ async fn tokens_jwts_and_payloads_never_reach_the_logs() {
 }
 
 /// A DeliverTriggers stream opened with a JWT ends when the JWT expires (its `exp` plus the
-/// 5 s leeway): UNAUTHENTICATED in place of the first trigger after it, never a trigger
-/// decided on a credential that is no longer accepted.
+/// 5 s leeway): UNAUTHENTICATED, never a trigger decided on a credential that is no longer
+/// accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_ends_when_its_jwt_expires() {
     use hcp_sense::grpc::pb::{ingest_service_client::IngestServiceClient, DeliverTriggersRequest};
@@ -703,8 +735,474 @@ async fn a_stream_ends_when_its_jwt_expires() {
     let first = answers.message().await.expect("first answer").expect("one");
     assert_eq!(first.index, 0);
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    tx.send(trigger()).await.expect("send");
+    // The stream has ended by now, so the client may already have let go of its sending side.
+    let _ = tx.send(trigger()).await;
     let end = answers.message().await.expect_err("the stream ends");
     assert_eq!(end.code(), Code::Unauthenticated, "{end:?}");
     assert!(end.message().contains("expired"), "{}", end.message());
+}
+
+// --- Credentials end streams ---
+
+use hcp_sense::auth::JWT_LEEWAY_SECS;
+use std::time::Duration;
+
+/// alice's records as they commit, from now, watched with `token`.
+async fn watch_as(ch: &Channel, token: &str) -> tonic::Streaming<pb::WatchRecordsResponse> {
+    RecordServiceClient::new(bearer(ch, token))
+        .watch_records(pb::WatchRecordsRequest {
+            principal: "alice".into(),
+            start: Some(pb::watch_records_request::Start::FromNow(true)),
+            ..Default::default()
+        })
+        .await
+        .expect("the watch opens while its credential is accepted")
+        .into_inner()
+}
+
+/// Reads a stream until it ends with a status: the messages with when each came (Unix
+/// seconds), then the status and when it came. Panics if the stream ends without one or
+/// goes on past `within`.
+pub async fn until_status<T>(
+    stream: &mut tonic::Streaming<T>,
+    within: Duration,
+) -> (Vec<(T, f64)>, tonic::Status, f64) {
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.message()).await {
+            Err(_) => panic!("the stream did not end within {within:?}"),
+            Ok(Ok(Some(m))) => got.push((m, now_f64())),
+            Ok(Ok(None)) => panic!("the stream ended without a status"),
+            Ok(Err(status)) => return (got, status, now_f64()),
+        }
+    }
+}
+
+/// A stream's end: UNAUTHENTICATED saying the credentials expired, within a second of `due`.
+pub fn ended_at_expiry(what: &str, status: &tonic::Status, at: f64, due: f64) {
+    assert_eq!(status.code(), Code::Unauthenticated, "{what}: {status:?}");
+    assert!(
+        status.message().contains("expired"),
+        "{what}: {}",
+        status.message()
+    );
+    assert!(
+        at >= due - 0.1 && at <= due + 1.0,
+        "{what} ended at {at:.3}, {:+.3} s from its credential's expiry",
+        at - due
+    );
+}
+
+/// A watch opened with a JWT streams records until the JWT's `exp` plus the leeway, then
+/// ends UNAUTHENTICATED on time while records go on committing: none committed after it is
+/// streamed, and the JWT opens nothing new.
+async fn a_watch_ends_when_its_jwt_expires(kind: StoreKind) {
+    let (app, _dir) = secured(kind).await;
+    let ch = app.channel.clone();
+    crate::identity::set_up(&ch, ADMIN, &["alice"]).await;
+    let exp = now() + 2;
+    let due = (exp + JWT_LEEWAY_SECS as i64) as f64;
+    let reader = jwt_until("reader", "alice", exp);
+    let mut watch = watch_as(&ch, &reader).await;
+    // A record every 200 ms, from before the expiry to 2 s after it, each with when it was sent.
+    let producer = {
+        let ch = ch.clone();
+        tokio::spawn(async move {
+            let mut runtime = IngestServiceClient::new(bearer(&ch, RUNTIME));
+            let mut sent = Vec::new();
+            for i in 0.. {
+                let at = now_f64();
+                if at > due + 2.0 {
+                    break;
+                }
+                let r = runtime
+                    .deliver_trigger(DeliverTriggerRequest {
+                        trigger_id: format!("t-{i}"),
+                        ..crate::identity::opened("alice")
+                    })
+                    .await
+                    .expect("deliver")
+                    .into_inner();
+                assert_eq!(r.disposition, pb::Disposition::RecordedInbox as i32);
+                sent.push((r.record_id, at, now_f64()));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            sent
+        })
+    };
+    let (got, end, ended) = until_status(&mut watch, Duration::from_secs(30)).await;
+    ended_at_expiry("the watch", &end, ended, due);
+    assert!(
+        !matches!(watch.message().await, Ok(Some(_))),
+        "nothing after the status"
+    );
+    let sent = producer.await.expect("producer");
+    let streamed: std::collections::HashSet<String> = got
+        .iter()
+        .flat_map(|(m, _)| m.records.iter().map(|r| r.record_id.clone()))
+        .collect();
+    assert!(
+        got.iter().all(|(_, at)| *at <= due + 0.1),
+        "a message came after the expiry"
+    );
+    // Every record acknowledged a second before the expiry was streamed.
+    let before: Vec<&String> = sent
+        .iter()
+        .filter(|(_, _, acked)| *acked < due - 1.0)
+        .map(|(id, _, _)| id)
+        .collect();
+    assert!(before.len() >= 5, "{sent:?}");
+    assert!(
+        before.iter().all(|id| streamed.contains(*id)),
+        "{before:?} / {streamed:?}"
+    );
+    // No record sent after the expiry was.
+    let after: Vec<&String> = sent
+        .iter()
+        .filter(|(_, at, _)| *at > due)
+        .map(|(id, _, _)| id)
+        .collect();
+    assert!(after.len() >= 5, "{sent:?}");
+    assert!(
+        after.iter().all(|id| !streamed.contains(*id)),
+        "{after:?} streamed"
+    );
+    let e = RecordServiceClient::new(bearer(&ch, &reader))
+        .list_records(ListRecordsRequest::default())
+        .await
+        .expect_err("the expired JWT");
+    assert_eq!(e.code(), Code::Unauthenticated);
+}
+on_both_stores!(a_watch_ends_when_its_jwt_expires => a_watch_ends_when_its_jwt_expires);
+
+/// Streams that carry nothing end at their JWT's expiry too: a timer ends them, not the next
+/// message. Here a watch with no records and a DeliverTriggers with no triggers; the watch's
+/// slot (`--max-watches 1`) is free again for a watch with a fresh JWT.
+async fn idle_streams_end_when_their_jwts_expire(kind: StoreKind) {
+    use hcp_sense::grpc::pb::DeliverTriggersRequest;
+    let (app, _dir) = secured_with(kind, |c| c.max_watches = 1).await;
+    let ch = app.channel.clone();
+    let exp = now() + 1;
+    let due = (exp + JWT_LEEWAY_SECS as i64) as f64;
+    let mut watch = watch_as(&ch, &jwt_until("reader", "alice", exp)).await;
+    // The request side stays open, and empty, until the end.
+    let (_open, rx) = tokio::sync::mpsc::channel::<DeliverTriggersRequest>(1);
+    let mut triggers = IngestServiceClient::new(bearer(&ch, &jwt_until("runtime", "relay", exp)))
+        .deliver_triggers(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("the stream opens while the JWT is accepted")
+        .into_inner();
+    let within = Duration::from_secs(30);
+    let ((seen, w_end, w_at), (answers, t_end, t_at)) = tokio::join!(
+        until_status(&mut watch, within),
+        until_status(&mut triggers, within)
+    );
+    assert!(seen.iter().all(|(m, _)| m.records.is_empty()), "no records");
+    assert!(answers.is_empty(), "no triggers, no answers");
+    ended_at_expiry("the idle watch", &w_end, w_at, due);
+    ended_at_expiry("the idle DeliverTriggers", &t_end, t_at, due);
+    let fresh = jwt("reader", "alice", 600);
+    let mut again = None;
+    for _ in 0..20 {
+        match RecordServiceClient::new(bearer(&ch, &fresh))
+            .watch_records(pb::WatchRecordsRequest {
+                start: Some(pb::watch_records_request::Start::FromNow(true)),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(w) => {
+                again = Some(w);
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(
+        again.is_some(),
+        "the expired watch's slot was not given back within 2 s"
+    );
+}
+on_both_stores!(idle_streams_end_when_their_jwts_expire => idle_streams_end_when_their_jwts_expire);
+
+// --- Failed authentications from others never lock out valid callers ---
+
+/// JWT signature checks so far, `(checks, seconds)` for callers within their address's budget
+/// of failed authentications and for those over it, from /metrics.
+async fn signature_checks(metrics_addr: impl std::fmt::Display) -> [(f64, f64); 2] {
+    let url = format!("http://{metrics_addr}/metrics");
+    let text = tokio::task::spawn_blocking(move || crate::helpers::http_get(&url))
+        .await
+        .expect("scrape");
+    let sample = |name: &str, budget: &str| {
+        let prefix = format!("hcp_sense_{name}_total{{budget=\"{budget}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in /metrics:\n{text}"))
+    };
+    ["within", "over"].map(|b| {
+        (
+            sample("auth_signature_checks", b),
+            sample("auth_signature_check_seconds", b),
+        )
+    })
+}
+
+/// `--auth-failure-rate-per-sec 1` (bursts of 2): an address's first two failed signatures
+/// are checked at once, the third in turn with every other over-budget check — and still
+/// heard. A valid JWT first seen then is accepted and remembered, static tokens are never
+/// checked, and refusals that need no cryptography (malformed, an algorithm no key has,
+/// expired) spend no signature check at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_failure_budget_an_address_is_checked_in_turn_never_refused_unheard() {
+    let (app, _dir) = secured_with(StoreKind::Sqlite, |c| c.auth_failure_rate_per_sec = 1.0).await;
+    let list = "/hcp.sense.v1.PackService/ListPacks";
+    let forged = |i: usize| {
+        jwt_signed(
+            "not-the-secret-but-as-long-as-it-32",
+            "admin",
+            &format!("guess-{i}"),
+            now() + 600,
+        )
+    };
+    let start = signature_checks(app.metrics_addr).await;
+    for i in 0..2 {
+        assert_eq!(
+            call(&app.channel, &forged(i), list).await,
+            Code::Unauthenticated
+        );
+    }
+    let at_budget = signature_checks(app.metrics_addr).await;
+    assert_eq!(
+        at_budget[0].0 - start[0].0,
+        2.0,
+        "two checked within the budget"
+    );
+    assert_eq!(at_budget[1].0 - start[1].0, 0.0, "none over it");
+    // The third is past the budget: refused as itself, not as its address.
+    assert_eq!(
+        call(&app.channel, &forged(2), list).await,
+        Code::Unauthenticated
+    );
+    let late = jwt("admin", "ops-late", 600);
+    assert_eq!(
+        call(&app.channel, &late, list).await,
+        Code::Ok,
+        "a valid JWT first seen over budget"
+    );
+    assert_eq!(call(&app.channel, &late, list).await, Code::Ok, "and again");
+    assert_eq!(
+        call(&app.channel, ADMIN, list).await,
+        Code::Ok,
+        "a static token"
+    );
+    let hs384 = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS384),
+        &serde_json::json!({ "sub": "x", "role": "admin", "exp": now() + 600, "iss": "hcp-tests", "aud": "hcp-sense" }),
+        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).expect("key"),
+    )
+    .expect("hs384");
+    let expired = jwt("admin", "old-ops", -3600);
+    for (why, t) in [
+        ("malformed", "a.b.c"),
+        ("HS384", hs384.as_str()),
+        ("expired", expired.as_str()),
+    ] {
+        assert_eq!(
+            call(&app.channel, t, list).await,
+            Code::Unauthenticated,
+            "{why}"
+        );
+    }
+    let end = signature_checks(app.metrics_addr).await;
+    assert_eq!(end[0].0 - start[0].0, 2.0, "within: the first two guesses");
+    assert_eq!(
+        end[1].0 - start[1].0,
+        2.0,
+        "over: the third guess and the valid JWT's first call; nothing else was checked"
+    );
+}
+
+/// A P-256 key made by openssl, for signing, and its public JWK named `kid`.
+fn es256_key(
+    dir: &std::path::Path,
+    name: &str,
+    kid: &str,
+) -> (jsonwebtoken::EncodingKey, jsonwebtoken::jwk::Jwk) {
+    use jsonwebtoken::{jwk, Algorithm, EncodingKey};
+    let path = dir.join(format!("{name}.key"));
+    let ok = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+        ])
+        .arg(&path)
+        .status()
+        .expect("openssl");
+    assert!(ok.success());
+    let key = EncodingKey::from_ec_pem(&std::fs::read(&path).expect("key")).expect("ec key");
+    let mut public = jwk::Jwk::from_encoding_key(&key, Algorithm::ES256).expect("jwk");
+    public.common.key_id = Some(kid.into());
+    (key, public)
+}
+
+/// The CPU time a process has used so far, in seconds (user and system, from /proc).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; 100 ticks a second.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// One address (every connection here comes from 127.0.0.1) floods a served hcp-sense with
+/// JWTs that fail their ES256 signature check, far past `--auth-failure-rate-per-sec` 5:
+/// every one is refused UNAUTHENTICATED, while callers behind the same address are never
+/// refused — a JWT verified before, a static token, and valid JWTs first seen during the
+/// flood. The over-budget checks run one at a time: their time adds up to no more than the
+/// flood's wall time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_jwts_from_a_shared_address_never_lock_out_its_valid_callers() {
+    use hcp_sense::grpc::guard::OVER_BUDGET_CHECKS;
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    let db = crate::helpers::TestDb::create(StoreKind::Sqlite).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (key, public) = es256_key(dir.path(), "issuer", "k1");
+    // Another key under the same kid: its tokens get as far as a real signature check.
+    let (forger, _) = es256_key(dir.path(), "forger", "k1");
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(
+        &jwks,
+        serde_json::to_string(&jsonwebtoken::jwk::JwkSet { keys: vec![public] }).expect("json"),
+    )
+    .expect("write");
+    let config = dir.path().join("hcp-sense.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[auth.tokens]]\nname = \"ops\"\nsha256 = \"{}\"\nrole = \"admin\"\n\n[auth.jwt]\njwks_file = \"{}\"\nissuer = \"hcp-tests\"\naudience = \"hcp-sense\"\n",
+            hex::encode(Sha256::digest(ADMIN.as_bytes())),
+            jwks.display()
+        ),
+    )
+    .expect("config");
+    let mut cmd = crate::support::served::serve_command(&db.url);
+    cmd.arg("--config")
+        .arg(&config)
+        .args(["--auth-failure-rate-per-sec", "5"]);
+    let served = crate::support::served::Served::spawn(cmd);
+    let sign = |k: &EncodingKey, sub: &str| {
+        let mut h = Header::new(Algorithm::ES256);
+        h.kid = Some("k1".into());
+        jsonwebtoken::encode(
+            &h,
+            &serde_json::json!({ "sub": sub, "role": "admin", "iss": "hcp-tests", "aud": "hcp-sense", "exp": now() + 600 }),
+            k,
+        )
+        .expect("sign")
+    };
+    let list = "/hcp.sense.v1.PackService/ListPacks";
+    let connect = || {
+        Channel::from_shared(format!("http://{}", served.addr))
+            .expect("uri")
+            .connect_lazy()
+    };
+    let steady = sign(&key, "steady");
+    assert_eq!(call(&connect(), &steady, list).await, Code::Ok);
+    let forged: Arc<Vec<String>> = Arc::new(
+        (0..64)
+            .map(|i| sign(&forger, &format!("guess-{i}")))
+            .collect(),
+    );
+    let fresh: Vec<String> = (0..5).map(|i| sign(&key, &format!("late-{i}"))).collect();
+    let before = signature_checks(&served.metrics_addr).await;
+    let cpu_before = cpu_seconds(served.pid());
+    let flood_for = Duration::from_secs(3);
+    let started = std::time::Instant::now();
+    let flooders: Vec<_> = (0..8)
+        .map(|f| {
+            let (ch, forged) = (connect(), forged.clone());
+            tokio::spawn(async move {
+                let mut codes = Vec::new();
+                while started.elapsed() < flood_for {
+                    let t = &forged[(f * 8 + codes.len()) % forged.len()];
+                    codes.push(call(&ch, t, list).await);
+                }
+                codes
+            })
+        })
+        .collect();
+    let valid = {
+        let (ch, steady) = (connect(), steady.clone());
+        tokio::spawn(async move {
+            let mut codes = Vec::new();
+            while started.elapsed() < flood_for {
+                codes.push(call(&ch, &steady, list).await);
+                codes.push(call(&ch, ADMIN, list).await);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            codes
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let late = connect();
+    let mut waits = Vec::new();
+    for t in &fresh {
+        let t0 = std::time::Instant::now();
+        assert_eq!(
+            call(&late, t, list).await,
+            Code::Ok,
+            "a valid JWT first seen during the flood"
+        );
+        waits.push(t0.elapsed());
+    }
+    let mut refused = Vec::new();
+    for f in flooders {
+        refused.extend(f.await.expect("flooder"));
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(served.pid()) - cpu_before;
+    let valid = valid.await.expect("valid caller");
+    let after = signature_checks(&served.metrics_addr).await;
+    assert!(refused.len() > 100, "a flood: {} calls", refused.len());
+    assert!(
+        refused.iter().all(|c| *c == Code::Unauthenticated),
+        "every bad JWT is refused as such: {refused:?}"
+    );
+    assert!(valid.len() > 20, "{valid:?}");
+    assert!(valid.iter().all(|c| *c == Code::Ok), "{valid:?}");
+    let (over, over_secs) = (after[1].0 - before[1].0, after[1].1 - before[1].1);
+    let within = after[0].0 - before[0].0;
+    eprintln!(
+        "flood: {} bad JWTs in {wall:.2} s; signature checks within budget {within}, over {over} ({:.1}/s, {over_secs:.3} s of checking, {:.0}% of the wall time); server CPU {cpu:.2} s ({:.0}% of one core); first calls of fresh JWTs waited {waits:?}",
+        refused.len(),
+        over / wall,
+        100.0 * over_secs / wall,
+        100.0 * cpu / wall,
+    );
+    assert!(over > 0.0, "the address went over its budget");
+    assert!(
+        over_secs <= OVER_BUDGET_CHECKS as f64 * wall + 0.05,
+        "over-budget checks took {over_secs:.3} s in {wall:.3} s: more than {OVER_BUDGET_CHECKS} at a time"
+    );
+    assert!(served.terminate());
 }
