@@ -247,15 +247,23 @@ async fn nats_routes(service: &Service) -> crate::error::Result<HashMap<String, 
 
 /// Pulls a route's messages for as long as the route stands, starting its consumer again after
 /// a failure (a stream not there yet, a NATS restart) with a growing pause; every failure is
-/// logged with the route id and counted, and the route reported failing until it consumes.
+/// logged with the route id and counted, and the route reported failing until it consumes. A
+/// consumer stopped because the route changed meanwhile is no failure.
 async fn consume(service: Service, js: jetstream::Context, route: Route, state: Arc<AtomicU8>) {
     let mut pause = RETRY;
     loop {
         let started = tokio::time::Instant::now();
         if let Err(e) = consume_once(&service, &js, &route, &state).await {
-            state.store(FAILING, Ordering::Relaxed);
-            service.metrics.nats_consumer_failed();
-            tracing::warn!(route_id = %route.route_id, stream = %route.nats_stream, error = %e, retry_secs = pause.as_secs(), "NATS consumer not running; trying again");
+            if matches!(still_defined(&service, &route).await, Ok(false)) {
+                // Removed by a replica that saw the route change first: no failure; this
+                // replica stops the task at its next refresh.
+                state.store(STARTING, Ordering::Relaxed);
+                tracing::info!(route_id = %route.route_id, stream = %route.nats_stream, reason = %e, "NATS consumer stopped: the route changed");
+            } else {
+                state.store(FAILING, Ordering::Relaxed);
+                service.metrics.nats_consumer_failed();
+                tracing::warn!(route_id = %route.route_id, stream = %route.nats_stream, error = %e, retry_secs = pause.as_secs(), "NATS consumer not running; trying again");
+            }
         }
         // A consumer that ran a while starts again at once; one that keeps failing (a
         // stream not created yet) is retried less and less often, up to every MAX_RETRY.

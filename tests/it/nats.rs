@@ -666,3 +666,62 @@ both_stores! {
         assert_eq!(got.route.expect("a route").cloudevents_type_prefix, "org.example.");
     }
 }
+
+/// Two replicas on one PostgreSQL, the route changed through the other one: both notice, one
+/// removes the old consumer and the other finds it gone without complaint, and exactly one
+/// consumer is left for the route; once deleted, none. Every message of the subject in force is
+/// recorded once, none of the old subject after the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_6_nats_route_change_on_two_replicas_leaves_one_consumer() {
+    let kind = StoreKind::Postgres;
+    let db = TestDb::create(kind).await;
+    let base = unique(kind, "pair");
+    let stream = format!("HCP_{}", base.to_uppercase());
+    let (a, b) = (format!("hcp.{base}.a"), format!("hcp.{base}.b"));
+    python(&[NATS, &stream, &format!("{a}.>,{b}.>"), "0", "add-stream"]);
+    let one = Served::start(&db.url, &["--nats-url", NATS]);
+    let two = Served::start(&db.url, &["--nats-url", NATS]);
+    let (ch1, ch2) = (connect(&one.addr).await, connect(&two.addr).await);
+    set_up_weather(&ch1).await;
+    let conn = db.connect().await;
+    let route = "paired";
+    put_nats_route(&ch1, route, &stream, &a).await;
+    python(&[NATS, &stream, &format!("{a}.x"), "20", "publish", "a-1"]);
+    let mut want = ids("a-1", 20);
+    recorded_exactly(&conn, &want, "on subject A, two replicas").await;
+    settled(&stream, route).await;
+
+    put_nats_route(&ch2, route, &stream, &b).await;
+    let name_b = consumer_name(route, &stream, &format!("{b}.>"));
+    consumers_become(&one, &stream, route, std::slice::from_ref(&name_b)).await;
+    // Both replicas have read the change (one refresh, and a margin) before A is published to.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    consumers_become(&two, &stream, route, std::slice::from_ref(&name_b)).await;
+    python(&[NATS, &stream, &format!("{b}.x"), "20", "publish", "b-1"]);
+    python(&[NATS, &stream, &format!("{a}.x"), "20", "publish", "a-2"]);
+    want.extend(ids("b-1", 20));
+    recorded_exactly(&conn, &want, "on subject B, two replicas").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(trigger_ids(&conn).await, want, "subject A after the change");
+    consumers_become(&one, &stream, route, std::slice::from_ref(&name_b)).await;
+
+    IngressServiceClient::new(ch1.clone())
+        .delete_ingress_route(pb::DeleteIngressRouteRequest {
+            route_id: route.into(),
+        })
+        .await
+        .expect("delete the route");
+    consumers_become(&two, &stream, route, &[]).await;
+    // Both have noticed the deletion by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for served in [&one, &two] {
+        let log = served.log.lock().map(|l| l.join("\n")).unwrap_or_default();
+        for complaint in ["not removed", "NATS consumer not running"] {
+            assert!(
+                !log.contains(complaint),
+                "a replica logged `{complaint}`:\n{log}"
+            );
+        }
+    }
+    python(&[NATS, &stream, "-", "0", "delete"]);
+}
