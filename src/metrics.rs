@@ -123,6 +123,8 @@ pub struct Metrics {
     bindings: Family<StateLabels, Gauge>,
     signature_checks: Family<BudgetLabels, Counter>,
     signature_check_seconds: Family<BudgetLabels, Counter<f64, AtomicU64>>,
+    nats_routes: Family<StateLabels, Gauge>,
+    nats_consumer_failures: Counter,
     /// Packs given a label of their own, at most `max_packs`.
     labelled_packs: Mutex<HashSet<String>>,
     max_packs: usize,
@@ -219,6 +221,18 @@ impl Metrics {
             "Time spent checking JWT signatures, by the same budget",
             signature_check_seconds.clone(),
         );
+        let nats_routes = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "nats_routes",
+            "NATS routes of this replica by the state of their consumer: consuming, or failing (not running, being retried)",
+            nats_routes.clone(),
+        );
+        let nats_consumer_failures = Counter::default();
+        registry.register(
+            "nats_consumer_failures",
+            "Times a NATS route's consumer could not start or stopped (a stream missing, NATS unreachable)",
+            nats_consumer_failures.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -240,6 +254,8 @@ impl Metrics {
             bindings,
             signature_checks,
             signature_check_seconds,
+            nats_routes,
+            nats_consumer_failures,
             labelled_packs: Mutex::new(HashSet::new()),
             max_packs,
             otel: Otel::new(),
@@ -364,6 +380,20 @@ impl Metrics {
         for (state, n) in counts {
             self.bindings.get_or_create(&StateLabels { state }).set(*n);
         }
+    }
+
+    /// Sets the NATS route gauges: routes consuming, and routes whose consumer is failing.
+    pub fn set_nats_routes(&self, consuming: i64, failing: i64) {
+        for (state, n) in [("consuming", consuming), ("failing", failing)] {
+            self.nats_routes
+                .get_or_create(&StateLabels { state })
+                .set(n);
+        }
+    }
+
+    /// A NATS route's consumer could not start, or stopped.
+    pub fn nats_consumer_failed(&self) {
+        self.nats_consumer_failures.inc();
     }
 
     /// The classic Prometheus text format (0.0.4), for clients that do not ask

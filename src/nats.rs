@@ -1,8 +1,15 @@
-//! NATS JetStream ingress: one durable pull consumer per NATS route, whose messages take `Service::route_message` and are acknowledged only once recorded or counted as dropped.
-use std::collections::{BTreeMap, HashMap};
+//! NATS JetStream ingress: one durable pull consumer per NATS route and definition, whose messages take `Service::route_message` and are acknowledged only once recorded or counted as dropped.
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull, AckKind};
+use async_nats::jetstream::{
+    self,
+    consumer::{pull, DeliverPolicy},
+    AckKind, ErrorCode,
+};
+use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_stream::StreamExt;
@@ -24,17 +31,70 @@ const FETCH_WAIT: Duration = Duration::from_secs(5);
 /// than this (a store in trouble) is delivered again while it commits, which costs a decision,
 /// not a record: the trigger id makes the second delivery the first record.
 const ACK_WAIT: Duration = Duration::from_secs(10);
-/// The pause before a message the store could not take is delivered again.
+/// The pause before a message the store could not take is delivered again, and the first
+/// pause before a consumer that could not start is tried again.
 const RETRY: Duration = Duration::from_secs(1);
+/// The longest pause between two attempts to start a route's consumer (a stream not created
+/// yet is looked for again at least this often).
+const MAX_RETRY: Duration = Duration::from_secs(30);
+/// Most consumers of deleted or moved routes waiting to be removed while NATS does not answer.
+const MAX_RETIRED: usize = 4096;
+/// The description of every consumer of a route, followed by the route id: how a replica knows
+/// a route's consumers (an earlier definition's among them) without parsing names.
+const DESCRIPTION: &str = "hcp-sense route ";
 
-/// The durable consumer of a route: every replica pulls from the same one, so each message
-/// goes to one of them, and a restarted replica resumes where it was acknowledged.
-pub fn consumer_name(route_id: &str) -> String {
+/// The durable consumer of a route as it is defined now. Every replica derives the same name
+/// from the route alone, so they all pull from one consumer with no coordination, and a route
+/// whose stream or subject changes gets a consumer of its own (NATS cannot change a durable's
+/// filter in place). The hash covers the route id too, so ids that differ only in `.` and `_`
+/// never share a consumer.
+pub fn consumer_name(route_id: &str, stream: &str, subject: &str) -> String {
+    let mut h = Sha256::new();
+    for part in [route_id, stream, subject] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    format!(
+        "hcp-sense-{}-{}",
+        route_id.replace('.', "_"),
+        hex::encode(&h.finalize()[..4])
+    )
+}
+
+fn consumer_of(route: &Route) -> String {
+    consumer_name(&route.route_id, &route.nats_stream, &route.nats_subject)
+}
+
+/// The one name a route's consumer had before names carried a hash: such a consumer is an
+/// earlier definition of the route, continued from and then removed like any other.
+fn legacy_name(route_id: &str) -> String {
     format!("hcp-sense-{}", route_id.replace('.', "_"))
 }
 
+/// Whether the consumer `name` of a stream, with `description`, is one of `route_id`'s, of
+/// this definition or an earlier one.
+fn belongs_to(name: &str, description: Option<&str>, route_id: &str) -> bool {
+    match description {
+        Some(d) if !d.is_empty() => d.strip_prefix(DESCRIPTION) == Some(route_id),
+        _ => name == legacy_name(route_id),
+    }
+}
+
+// Where a route's consumer stands, shared by its task and the loop that reports it.
+const STARTING: u8 = 0;
+const CONSUMING: u8 = 1;
+const FAILING: u8 = 2;
+
+/// The task consuming one route, and the definition it consumes.
+struct Running {
+    route: Route,
+    task: JoinHandle<()>,
+    state: Arc<AtomicU8>,
+}
+
 /// Runs the NATS ingress until `stop`: connects (retrying), follows the NATS routes and keeps
-/// one consumer task per route.
+/// one consumer task per route; removes the consumers of routes deleted or moved to another
+/// stream.
 pub async fn run(service: Service, url: String, mut stop: watch::Receiver<bool>) {
     let client = loop {
         let attempt = async_nats::ConnectOptions::new()
@@ -55,24 +115,68 @@ pub async fn run(service: Service, url: String, mut stop: watch::Receiver<bool>)
     // The URL may carry credentials: not logged.
     tracing::info!("NATS ingress connected");
     let js = jetstream::new(client);
-    let mut running: HashMap<String, (Route, JoinHandle<()>)> = HashMap::new();
+    let mut running: HashMap<String, Running> = HashMap::new();
+    // (stream, consumer) of routes deleted or moved to another stream, still to be removed.
+    let mut retired: HashSet<(String, String)> = HashSet::new();
     loop {
         match nats_routes(&service).await {
             Ok(routes) => {
-                running.retain(|id, (r, task)| {
-                    let keep = routes.get(id) == Some(r) && !task.is_finished();
-                    if !keep {
-                        task.abort();
+                let changed: Vec<String> = running
+                    .iter()
+                    .filter(|(id, r)| routes.get(*id) != Some(&r.route) || r.task.is_finished())
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in changed {
+                    let Some(old) = running.remove(&id) else {
+                        continue;
+                    };
+                    old.task.abort();
+                    // Stopped for good before its consumer is removed, so it cannot make it again.
+                    let _ = old.task.await;
+                    // A change within the stream is the new definition's task's to finish: it
+                    // starts where the old consumer stopped, then removes it. A route deleted
+                    // or moved to another stream leaves its consumer to be removed here.
+                    let moved = routes
+                        .get(&id)
+                        .is_none_or(|now| now.nats_stream != old.route.nats_stream);
+                    if moved {
+                        if retired.len() < MAX_RETIRED {
+                            retired
+                                .insert((old.route.nats_stream.clone(), consumer_of(&old.route)));
+                        } else {
+                            tracing::warn!(route_id = %id, stream = %old.route.nats_stream, consumer = %consumer_of(&old.route), "too many NATS consumers waiting to be removed; this one is left in place");
+                        }
                     }
-                    keep
-                });
+                }
+                // A consumer whose definition is back (a route changed and changed back) stays.
+                let wanted: HashSet<(String, String)> = routes
+                    .values()
+                    .map(|r| (r.nats_stream.clone(), consumer_of(r)))
+                    .collect();
+                retired.retain(|c| !wanted.contains(c));
+                remove_retired(&js, &mut retired).await;
                 for (id, route) in routes {
                     if running.contains_key(&id) {
                         continue;
                     }
-                    let task = tokio::spawn(consume(service.clone(), js.clone(), route.clone()));
-                    running.insert(id, (route, task));
+                    let state = Arc::new(AtomicU8::new(STARTING));
+                    let task = tokio::spawn(consume(
+                        service.clone(),
+                        js.clone(),
+                        route.clone(),
+                        state.clone(),
+                    ));
+                    running.insert(id, Running { route, task, state });
                 }
+                let count = |s: u8| {
+                    running
+                        .values()
+                        .filter(|r| r.state.load(Ordering::Relaxed) == s)
+                        .count() as i64
+                };
+                service
+                    .metrics
+                    .set_nats_routes(count(CONSUMING), count(FAILING));
             }
             Err(e) => tracing::warn!(error = %e, "NATS routes not read; consumers keep running"),
         }
@@ -81,9 +185,41 @@ pub async fn run(service: Service, url: String, mut stop: watch::Receiver<bool>)
             () = stopped(&mut stop) => break,
         }
     }
-    for (_, (_, task)) in running {
-        task.abort();
+    for (_, r) in running {
+        r.task.abort();
     }
+}
+
+/// Removes the consumers in `retired`, keeping those not removed yet for the next round.
+async fn remove_retired(js: &jetstream::Context, retired: &mut HashSet<(String, String)>) {
+    let mut removed = Vec::new();
+    for (stream, name) in retired.iter() {
+        match js.delete_consumer_from_stream(name, stream).await {
+            Ok(_) => {
+                tracing::info!(stream = %stream, consumer = %name, "NATS consumer of a deleted or moved route removed");
+                removed.push((stream.clone(), name.clone()));
+            }
+            Err(e) if gone_already(&e) => removed.push((stream.clone(), name.clone())),
+            Err(e) => {
+                tracing::warn!(stream = %stream, consumer = %name, error = %e, "NATS consumer of a deleted or moved route not removed; trying again");
+                // NATS is likely unreachable: the rest waits for the next round rather than
+                // holding the routes' refresh for a timeout each.
+                break;
+            }
+        }
+    }
+    for c in removed {
+        retired.remove(&c);
+    }
+}
+
+/// A consumer removed already: by another replica, or with its stream.
+fn gone_already(e: &jetstream::stream::ConsumerError) -> bool {
+    matches!(
+        e.kind(),
+        jetstream::stream::ConsumerErrorKind::JetStream(j)
+            if j.error_code() == ErrorCode::CONSUMER_NOT_FOUND || j.error_code() == ErrorCode::STREAM_NOT_FOUND
+    )
 }
 
 /// Completes when `stop` says so (or its sender is gone).
@@ -109,46 +245,163 @@ async fn nats_routes(service: &Service) -> crate::error::Result<HashMap<String, 
     }
 }
 
-/// Pulls a route's messages for as long as the route stands, re-creating its consumer after
-/// a failure (a stream not there yet, a NATS restart).
-async fn consume(service: Service, js: jetstream::Context, route: Route) {
+/// Pulls a route's messages for as long as the route stands, starting its consumer again after
+/// a failure (a stream not there yet, a NATS restart) with a growing pause; every failure is
+/// logged with the route id and counted, and the route reported failing until it consumes. A
+/// consumer stopped because the route changed meanwhile is no failure.
+async fn consume(service: Service, js: jetstream::Context, route: Route, state: Arc<AtomicU8>) {
     let mut pause = RETRY;
     loop {
         let started = tokio::time::Instant::now();
-        if let Err(e) = consume_once(&service, &js, &route).await {
-            tracing::warn!(route_id = %route.route_id, error = %e, retry_secs = pause.as_secs(), "NATS consumer stopped; starting again");
+        if let Err(e) = consume_once(&service, &js, &route, &state).await {
+            if matches!(still_defined(&service, &route).await, Ok(false)) {
+                // Removed by a replica that saw the route change first: no failure; this
+                // replica stops the task at its next refresh.
+                state.store(STARTING, Ordering::Relaxed);
+                tracing::info!(route_id = %route.route_id, stream = %route.nats_stream, reason = %e, "NATS consumer stopped: the route changed");
+            } else {
+                state.store(FAILING, Ordering::Relaxed);
+                service.metrics.nats_consumer_failed();
+                tracing::warn!(route_id = %route.route_id, stream = %route.nats_stream, error = %e, retry_secs = pause.as_secs(), "NATS consumer not running; trying again");
+            }
         }
         // A consumer that ran a while starts again at once; one that keeps failing (a
-        // stream not created yet) is retried less and less often, up to every 30 s.
+        // stream not created yet) is retried less and less often, up to every MAX_RETRY.
         if started.elapsed() > Duration::from_secs(60) {
             pause = RETRY;
         }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(30));
+        pause = (pause * 2).min(MAX_RETRY);
     }
+}
+
+/// The route as the store holds it now is still `route`'s definition (same stream, subject,
+/// hence consumer): what a replica checks before it makes or removes a consumer, so that one
+/// still running an older definition (for up to one refresh) undoes nothing a newer one did.
+async fn still_defined(service: &Service, route: &Route) -> anyhow::Result<bool> {
+    match service.get_ingress_route(&route.route_id).await {
+        Ok(now) => Ok(now.kind == IngressKind::Nats && consumer_of(&now) == consumer_of(route)),
+        Err(Error::NotFound(_)) => Ok(false),
+        Err(e) => Err(anyhow::anyhow!("the route was not read: {e}")),
+    }
+}
+
+/// The consumers of `stream` that are `route_id`'s.
+async fn consumers_of(
+    stream: &jetstream::stream::Stream,
+    route_id: &str,
+) -> anyhow::Result<Vec<jetstream::consumer::Info>> {
+    let mut out = Vec::new();
+    let mut all = stream.consumers();
+    while let Some(info) = all.next().await {
+        let info = info?;
+        if belongs_to(&info.name, info.config.description.as_deref(), route_id) {
+            out.push(info);
+        }
+    }
+    Ok(out)
+}
+
+/// Makes the route's consumer. After an earlier definition on the same stream it starts just
+/// past the lowest acknowledgement floor of that definition's consumers, so what they
+/// acknowledged is not delivered again and what they had not reached yet is not lost; a new
+/// route (or one moved to this stream) starts at the stream's first message.
+async fn create(
+    service: &Service,
+    stream: &jetstream::stream::Stream,
+    route: &Route,
+    name: &str,
+) -> anyhow::Result<jetstream::consumer::PullConsumer> {
+    if !still_defined(service, route).await? {
+        anyhow::bail!("the route changed; its new definition takes over");
+    }
+    let earlier = consumers_of(stream, &route.route_id).await?;
+    let deliver_policy = match earlier
+        .iter()
+        .filter(|c| c.name != name)
+        .map(|c| c.ack_floor.stream_sequence)
+        .min()
+    {
+        Some(floor) => DeliverPolicy::ByStartSequence {
+            start_sequence: floor + 1,
+        },
+        None => DeliverPolicy::All,
+    };
+    let config = pull::Config {
+        durable_name: Some(name.to_owned()),
+        description: Some(format!("{DESCRIPTION}{}", route.route_id)),
+        filter_subject: route.nats_subject.clone(),
+        deliver_policy,
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        ack_wait: ACK_WAIT,
+        max_ack_pending: (IN_FLIGHT * 2) as i64,
+        ..Default::default()
+    };
+    match stream.create_consumer(config).await {
+        Ok(c) => {
+            tracing::info!(route_id = %route.route_id, stream = %route.nats_stream, consumer = %name, deliver = ?deliver_policy, "NATS consumer created");
+            Ok(c)
+        }
+        // Another replica made it at the same moment (perhaps from a later floor): theirs it is.
+        Err(e) => stream
+            .get_consumer(name)
+            .await
+            .map_err(|_| anyhow::anyhow!("{e}")),
+    }
+}
+
+/// Removes the route's other consumers on its stream (earlier definitions'), once its own is
+/// in place and only while the store still defines the route this way.
+async fn remove_earlier(
+    service: &Service,
+    stream: &jetstream::stream::Stream,
+    route: &Route,
+    name: &str,
+) -> anyhow::Result<()> {
+    let earlier: Vec<String> = consumers_of(stream, &route.route_id)
+        .await?
+        .into_iter()
+        .map(|c| c.name)
+        .filter(|n| n != name)
+        .collect();
+    if earlier.is_empty() || !still_defined(service, route).await? {
+        return Ok(());
+    }
+    for old in earlier {
+        match stream.delete_consumer(&old).await {
+            Ok(_) => {
+                tracing::info!(route_id = %route.route_id, stream = %route.nats_stream, consumer = %old, "NATS consumer of the route's earlier definition removed")
+            }
+            Err(e) if gone_already(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 async fn consume_once(
     service: &Service,
     js: &jetstream::Context,
     route: &Route,
+    state: &AtomicU8,
 ) -> anyhow::Result<()> {
     let stream = js.get_stream(&route.nats_stream).await?;
-    let name = consumer_name(&route.route_id);
-    let consumer: jetstream::consumer::Consumer<pull::Config> = stream
-        .get_or_create_consumer(
-            &name,
-            pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject: route.nats_subject.clone(),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: ACK_WAIT,
-                max_ack_pending: (IN_FLIGHT * 2) as i64,
-                ..Default::default()
-            },
-        )
-        .await?;
-    tracing::info!(route_id = %route.route_id, stream = %route.nats_stream, consumer = %name, "NATS consumer started");
+    let name = consumer_of(route);
+    let consumer: jetstream::consumer::PullConsumer = match stream.consumer_info(&name).await {
+        Ok(_) => stream
+            .get_consumer(&name)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+        Err(e) if e.kind() == jetstream::context::ConsumerInfoErrorKind::NotFound => {
+            create(service, &stream, route, &name).await?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // Consuming matters more than tidying: an earlier consumer left in place is removed at the
+    // next start, and consumes nothing meanwhile (no replica pulls from it).
+    if let Err(e) = remove_earlier(service, &stream, route, &name).await {
+        tracing::warn!(route_id = %route.route_id, stream = %route.nats_stream, error = %e, "NATS consumers of the route's earlier definition not removed");
+    }
     // Messages stream in (pulled ahead, FETCH at a time) while earlier ones are decided;
     // at most IN_FLIGHT are being decided at once, so a slow store slows the pulling.
     let mut messages = consumer
@@ -158,6 +411,8 @@ async fn consume_once(
         .expires(FETCH_WAIT * 10)
         .messages()
         .await?;
+    state.store(CONSUMING, Ordering::Relaxed);
+    tracing::info!(route_id = %route.route_id, stream = %route.nats_stream, consumer = %name, "NATS consumer started");
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     let mut work = JoinSet::new();
     while let Some(m) = messages.next().await {
@@ -223,4 +478,65 @@ async fn take(service: &Service, route: &Route, m: jetstream::Message) -> anyhow
         }
     };
     m.ack_with(answer).await.map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_consumer_name_follows_the_route_its_stream_and_subject() {
+        let name = consumer_name("storms", "STORMS", "storms.>");
+        assert_eq!(
+            name,
+            consumer_name("storms", "STORMS", "storms.>"),
+            "every replica agrees"
+        );
+        assert!(name.starts_with("hcp-sense-storms-"), "{name}");
+        for other in [
+            consumer_name("storms", "STORMS", "storms.north.>"),
+            consumer_name("storms", "GALES", "storms.>"),
+            consumer_name("gales", "STORMS", "storms.>"),
+        ] {
+            assert_ne!(name, other);
+        }
+        // Ids that differ only in '.' and '_' read alike in the name, but never share a consumer.
+        assert_ne!(
+            consumer_name("a.b", "S", "s.>"),
+            consumer_name("a_b", "S", "s.>")
+        );
+        // The longest route id (128 characters) makes a valid JetStream name, under its 255.
+        let longest = consumer_name(&"a.".repeat(64), "S", "s.>");
+        assert_eq!(longest.len(), "hcp-sense-".len() + 128 + 1 + 8);
+        assert!(!longest.contains(['.', '*', '>', ' ']), "{longest}");
+    }
+
+    #[test]
+    fn a_route_knows_its_consumers_by_description_or_by_its_unhashed_name() {
+        let mine = format!("{DESCRIPTION}storms");
+        assert!(belongs_to(
+            "hcp-sense-storms-00000000",
+            Some(&mine),
+            "storms"
+        ));
+        assert!(!belongs_to(
+            "hcp-sense-storms-00000000",
+            Some(&mine),
+            "storm"
+        ));
+        assert!(!belongs_to(
+            "x",
+            Some(&format!("{DESCRIPTION}storms.north")),
+            "storms"
+        ));
+        assert!(!belongs_to(
+            "hcp-sense-storms",
+            Some("someone else's"),
+            "storms"
+        ));
+        // Made before names carried a hash: no description, the old name.
+        assert!(belongs_to("hcp-sense-storms", None, "storms"));
+        assert!(belongs_to("hcp-sense-a_b", Some(""), "a.b"));
+        assert!(!belongs_to("hcp-sense-storms-1", None, "storms"));
+    }
 }

@@ -63,6 +63,9 @@ impl Store {
                                     C::Mapping,
                                     C::Secrets,
                                     C::FanOut,
+                                    C::TypePrefix,
+                                    C::NatsStream,
+                                    C::NatsSubject,
                                     C::UpdateTime,
                                 ])
                                 .to_owned(),

@@ -9,15 +9,19 @@
    ServiceMonitor CRD (it raises SchemaNotFoundError), so that object is validated against the
    minimal schema below instead; no other object may lack a schema.
 3. Asserts what matters for running hcp-sense: probes, security context, Secrets, the migration
-   hook, the Service, autoscaling, disruption budget, monitoring, network policy, the dashboard,
-   shutdown timing and a config.toml that the binary accepts (`hcp-sense check-config` judges
-   each rendering with the binary's own parsers, so the check follows the code).
+   hook, the Service, the ingress listener (its port, Services and NetworkPolicy rule, on and
+   off), NATS (its URL only from a Secret), autoscaling, disruption budget, monitoring, network
+   policy, the dashboard, shutdown timing and a config.toml that the binary accepts
+   (`hcp-sense check-config` judges each rendering with the binary's own parsers, so the check
+   follows the code).
 4. Checks that bad values are refused: by values.schema.json, and by the chart's own checks.
 
 Usage: check_chart.py [--emit-config DIR] [--binary PATH]
-  --emit-config DIR  also write the production-rendered config.toml to DIR/config.toml and the
-                     default-rendered one to DIR/config-default.toml (for a test that starts the
-                     real binary with them).
+  --emit-config DIR  also write the production-rendered config.toml to DIR/config.toml, the
+                     default-rendered one to DIR/config-default.toml, and the one rendered with
+                     the ingress listener and NATS to DIR/config-ingress.toml with, in
+                     DIR/nats-env, the variable the Deployment takes the NATS URL in (for a
+                     test that starts the real binary with them).
   --binary PATH      the hcp-sense binary (default: target/debug/hcp-sense)
 
 Needs Python 3.11+, helm-python-sdk, kubernetes-validate and PyYAML (jsonschema comes with
@@ -63,6 +67,8 @@ RELEASE = "sense"
 NAMESPACE = "hcp"
 GRPC_PORT = 50051
 METRICS_PORT = 9464
+INGRESS_PORT = 8080
+NATS_ENV = "HCP_SENSE_NATS_URL"
 RUN_AS = 65532
 AUTH_MESSAGE = "no authentication configured"
 
@@ -388,11 +394,21 @@ def check_container_security(report: Report, where: str, pod: dict[str, Any]) ->
         tmp = vols.get(mounts.get("/tmp", ""), {})
         report.check("emptyDir" in tmp, f"{cw}: /tmp is not an emptyDir (the root filesystem is read-only)")
         for e in c.get("env") or []:
-            if e["name"] in ("HCP_SENSE_DATABASE_URL", "DATABASE_URL", "HCP_SENSE_PAGE_TOKEN_SECRET"):
+            if e["name"] in ("HCP_SENSE_DATABASE_URL", "DATABASE_URL", "HCP_SENSE_PAGE_TOKEN_SECRET", NATS_ENV):
                 ref = (e.get("valueFrom") or {}).get("secretKeyRef")
                 report.check("value" not in e and ref and ref.get("name") and ref.get("key"), f"{cw}: {e['name']} is not taken from a secretKeyRef")
     text = json.dumps(pod)
     report.check("postgres://" not in text and "postgresql://" not in text, f"{where}: a database URL is written into the pod spec")
+    report.check(not re.search(r"\b(nats|tls|wss?)://", text) and "--nats-url" not in text, f"{where}: a NATS URL is written into the pod spec (it may carry credentials; it comes from a Secret)")
+
+
+def nats_secret_name(merged: dict[str, Any], dep: dict[str, Any]) -> str:
+    """The Secret the NATS URL should come from: the chart's own (<fullname>-nats) when nats.url
+    is set, else nats.existingSecret."""
+    if merged["nats"]["url"]:
+        full = dep["metadata"]["name"]
+        return f"{full[: 62 - len('nats')]}-nats"
+    return merged["nats"]["existingSecret"]
 
 
 def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -415,8 +431,9 @@ def check_scenario(
     dep = r.one(report, "Deployment")
     services = r.of_kind("Service")
     headless = [o for o in services if o["metadata"]["name"].endswith("-headless")]
-    main_services = [o for o in services if o not in headless]
-    report.check(len(main_services) == 1, f"{label}: expected one Service besides the headless one, found {len(main_services)}")
+    ingress_services = [o for o in services if o["metadata"]["name"].endswith("-ingress")]
+    main_services = [o for o in services if o not in headless and o not in ingress_services]
+    report.check(len(main_services) == 1, f"{label}: expected one Service besides the headless and ingress ones, found {len(main_services)}")
     svc = main_services[0] if len(main_services) == 1 else None
     if merged["service"].get("headless"):
         if report.check(len(headless) == 1, f"{label}: service.headless but no <fullname>-headless Service"):
@@ -445,7 +462,12 @@ def check_scenario(
     report.check(config.get("migrate") is False, f"{label}: config.toml should set migrate = false (the hook Job migrates)")
     ok, why = binary_accepts(binary, toml_text)
     report.check(ok, f"{label}: `hcp-sense check-config` refuses config.toml: {why}")
-    for secret_key in ("database_url", "page_token_secret", "auth"):
+    listener = merged["ingressListener"]
+    if listener["enabled"]:
+        report.check(config.get("ingress_listen") == f"0.0.0.0:{INGRESS_PORT}", f"{label}: config.toml ingress_listen is {config.get('ingress_listen')!r}, expected 0.0.0.0:{INGRESS_PORT}")
+    else:
+        report.check("ingress_listen" not in config, f"{label}: config.toml has ingress_listen although ingressListener.enabled is false")
+    for secret_key in ("database_url", "page_token_secret", "auth", "nats_url"):
         report.check(secret_key not in config, f"{label}: config.toml (a ConfigMap) must not carry {secret_key}; it comes from a Secret")
     report.check(config.get("insecure_no_auth", False) == merged["insecureNoAuth"], f"{label}: insecure_no_auth does not follow insecureNoAuth")
     report.check(config.get("log_format") == merged["config"]["logFormat"], f"{label}: log_format does not follow config.logFormat")
@@ -496,8 +518,10 @@ def check_scenario(
     report.check(len(containers) == 1, f"{where}: expected one container, found {len(containers)}")
     c = containers[0]
     ports = {p["name"]: p["containerPort"] for p in c.get("ports") or []}
-    report.check(ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT}, f"{where}: container ports {ports}")
+    want_ports = {"grpc": GRPC_PORT, "metrics": METRICS_PORT} | ({"ingress": INGRESS_PORT} if listener["enabled"] else {})
+    report.check(ports == want_ports, f"{where}: container ports {ports}, expected {want_ports}")
     args = c.get("args") or []
+    report.check(not any(str(a).startswith("--nats-url") for a in args), f"{where}: the NATS URL is an argument ({args}); it may carry credentials")
     report.check(args[:1] == ["serve"] and "--config" in args, f"{where}: args {args} do not run `serve --config FILE`")
     if "--config" in args and args.index("--config") + 1 < len(args):
         config_path = args[args.index("--config") + 1]
@@ -526,10 +550,35 @@ def check_scenario(
         report.check("HCP_SENSE_AUTH_FILE" not in env, f"{where}: HCP_SENSE_AUTH_FILE set without an auth Secret")
     if merged["otel"]["endpoint"]:
         report.check(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", {}).get("value") == merged["otel"]["endpoint"], f"{where}: OTEL_EXPORTER_OTLP_ENDPOINT does not follow otel.endpoint")
+    nats = merged["nats"]
+    nats_secret = nats_secret_name(merged, dep) if (nats["url"] or nats["existingSecret"]) else None
+    nats_ref = (env.get(NATS_ENV, {}).get("valueFrom") or {}).get("secretKeyRef")
+    if nats_secret:
+        report.check(
+            nats_ref == {"name": nats_secret, "key": nats["secretKey"]} and "value" not in env.get(NATS_ENV, {}),
+            f"{where}: {NATS_ENV} should come from secretKeyRef {nats_secret}/{nats['secretKey']}, is {env.get(NATS_ENV)}",
+        )
+        made = [s for s in r.of_kind("Secret") if s["metadata"]["name"] == nats_secret]
+        if nats["url"]:
+            if report.check(len(made) == 1, f"{label}: nats.url set but the chart renders no Secret {nats_secret}"):
+                data = made[0].get("stringData") or {}
+                report.check(data.get(nats["secretKey"]) == nats["url"], f"{label}: Secret {nats_secret} does not hold nats.url under {nats['secretKey']}")
+                report.check(not hook_set(made[0])[0], f"{label}: Secret {nats_secret} is a hook; only the servers read it")
+            report.check("hcp-sense/secrets-revision" in (pod_meta.get("annotations") or {}), f"{where}: no secrets-revision annotation although the chart creates the NATS Secret")
+        else:
+            report.check(not made, f"{label}: the chart renders Secret {nats_secret} although nats.existingSecret names it")
+    else:
+        report.check(NATS_ENV not in env, f"{where}: {NATS_ENV} set without nats.url or nats.existingSecret")
+        report.check(not any(s["metadata"]["name"].endswith("-nats") for s in r.of_kind("Secret")), f"{label}: a NATS Secret without NATS")
+    for o in r.of_kind("ConfigMap"):
+        report.check(not re.search(r"\b(nats|tls|wss?)://", json.dumps(o.get("data") or {})), f"{label}: ConfigMap {o['metadata']['name']} carries a NATS URL")
 
     probes = {k: c.get(k) or {} for k in ("startupProbe", "readinessProbe", "livenessProbe")}
     for k, p in probes.items():
         report.check(p, f"{where}: no {k}")
+        # The ingress port has no health endpoint (and takes only signed POSTs).
+        target = next((v.get("port") for v in p.values() if isinstance(v, dict) and "port" in v), None)
+        report.check(target not in ("ingress", INGRESS_PORT), f"{where}: {k} probes the ingress port: {p}")
     if tls:
         def http_ok(p: dict[str, Any], path: str) -> bool:
             g = p.get("httpGet") or {}
@@ -553,6 +602,32 @@ def check_scenario(
     mp = sports.get("metrics", {})
     report.check(mp.get("port") == merged["service"]["metricsPort"] and mp.get("targetPort") in ("metrics", METRICS_PORT), f"{label}: Service port metrics should be {merged['service']['metricsPort']} → 9464, is {mp}")
     report.check(svc["spec"]["type"] == merged["service"]["type"], f"{label}: Service type")
+    separate = listener["enabled"] and listener["service"]["enabled"]
+    ip = sports.get("ingress")
+    if listener["enabled"] and not separate:
+        report.check(ip and ip.get("port") == merged["service"]["ingressPort"] and ip.get("targetPort") in ("ingress", INGRESS_PORT), f"{label}: Service port ingress should be {merged['service']['ingressPort']} → {INGRESS_PORT}, is {ip}")
+    else:
+        report.check(ip is None, f"{label}: the Service has an ingress port although " + ("the listener has a Service of its own" if separate else "ingressListener.enabled is false"))
+    if separate:
+        if report.check(len(ingress_services) == 1, f"{label}: ingressListener.service.enabled but no <fullname>-ingress Service"):
+            isvc = ingress_services[0]
+            ispec = isvc["spec"]
+            iports = ispec.get("ports") or []
+            report.check(len(isvc["metadata"]["name"]) <= 63, f"{label}: the ingress Service's name is over 63 characters")
+            report.check(
+                [(p.get("name"), p.get("port"), p.get("targetPort")) for p in iports] == [("ingress", listener["service"]["port"], "ingress")],
+                f"{label}: the ingress Service should carry the ingress port alone ({listener['service']['port']} → ingress), has {iports}",
+            )
+            report.check(ispec.get("type") == listener["service"]["type"], f"{label}: the ingress Service's type is {ispec.get('type')}")
+            report.check(matches(ispec.get("selector") or {}, pod_meta["labels"]) and ispec.get("selector") == svc["spec"].get("selector"), f"{label}: the ingress Service selects other pods than the Service")
+            if listener["service"]["type"] != "ClusterIP":
+                report.check(ispec.get("externalTrafficPolicy") == listener["service"]["externalTrafficPolicy"], f"{label}: the ingress Service's externalTrafficPolicy does not follow values")
+            if listener["service"]["type"] == "LoadBalancer" and listener["service"]["loadBalancerSourceRanges"]:
+                report.check(ispec.get("loadBalancerSourceRanges") == listener["service"]["loadBalancerSourceRanges"], f"{label}: loadBalancerSourceRanges do not follow values")
+    else:
+        report.check(not ingress_services, f"{label}: an ingress Service without ingressListener.service.enabled")
+    if listener["enabled"]:
+        report.check("/v1/ingress/" in r.notes, f"{label}: NOTES.txt does not say where the ingress listener is")
 
     # --- migration Job
     jobs = r.of_kind("Job")
@@ -636,11 +711,27 @@ def check_scenario(
             report.check(set(np.get("policyTypes", [])) == {"Ingress", "Egress"}, f"{label}: NetworkPolicy policyTypes {np.get('policyTypes')}")
             in_ports = {ports.get(p["port"], p["port"]) for rule in np.get("ingress", []) for p in rule.get("ports", [])}
             report.check({GRPC_PORT, METRICS_PORT} <= in_ports, f"{label}: NetworkPolicy ingress ports {in_ports} miss gRPC or metrics")
+            # By number, or by the name the container gives it (present or not).
+            ingress_rules = [rule for rule in np.get("ingress", []) if any(ports.get(p["port"], p["port"]) in (INGRESS_PORT, "ingress") for p in rule.get("ports", []))]
+            if listener["enabled"]:
+                if report.check(len(ingress_rules) == 1, f"{label}: NetworkPolicy should have one rule for the ingress port, has {len(ingress_rules)}"):
+                    rule = ingress_rules[0]
+                    report.check([ports.get(p["port"], p["port"]) for p in rule["ports"]] == [INGRESS_PORT], f"{label}: the NetworkPolicy's ingress rule opens more than the ingress port: {rule['ports']}")
+                    report.check(rule.get("from", []) == merged["networkPolicy"]["ingressFrom"], f"{label}: the NetworkPolicy's ingress rule admits {rule.get('from', 'every source')}, expected networkPolicy.ingressFrom {merged['networkPolicy']['ingressFrom']}")
+            else:
+                report.check(not ingress_rules and not {INGRESS_PORT, "ingress"} & in_ports, f"{label}: NetworkPolicy opens the ingress port although ingressListener.enabled is false")
             eg = {(p.get("protocol", "TCP"), p["port"]) for rule in np.get("egress", []) for p in rule.get("ports", [])}
             report.check(("UDP", 53) in eg, f"{label}: NetworkPolicy egress has no DNS (UDP 53)")
             report.check(("TCP", merged["networkPolicy"]["postgres"]["port"]) in eg, f"{label}: NetworkPolicy egress has no PostgreSQL port")
             if merged["networkPolicy"]["otlp"]["enabled"]:
                 report.check(("TCP", merged["networkPolicy"]["otlp"]["port"]) in eg, f"{label}: NetworkPolicy egress has no OTLP port")
+            nats_port = merged["networkPolicy"]["nats"]["port"]
+            nats_rules = [rule for rule in np.get("egress", []) if any(p["port"] == nats_port for p in rule.get("ports", []))]
+            if nats_secret:
+                if report.check(len(nats_rules) == 1, f"{label}: NetworkPolicy egress should have one rule for NATS (port {nats_port}), has {len(nats_rules)}"):
+                    report.check(nats_rules[0].get("to", []) == merged["networkPolicy"]["nats"]["to"], f"{label}: the NetworkPolicy's NATS rule goes to {nats_rules[0].get('to', 'every destination')}, expected networkPolicy.nats.to")
+            else:
+                report.check(not nats_rules, f"{label}: NetworkPolicy opens NATS egress without NATS")
         if merged["migrations"]["enabled"] and jobs:
             jlabels = jobs[0]["spec"]["template"]["metadata"].get("labels") or {}
             job_np = [n for n in nps if matches(n["spec"]["podSelector"].get("matchLabels", {}), jlabels)]
@@ -738,6 +829,26 @@ def main() -> int:
             ("insecureNoAuth without auth", {"insecureNoAuth": True, "auth": {"existingSecret": ""}}, False),
             ("TLS with client CA, no extras", {"tls": {"enabled": True, "clientCa": {"enabled": True}}, "grafanaDashboard": {"enabled": False}, "podDisruptionBudget": {"enabled": False}, "migrations": {"enabled": False}}, False),
             ("networkPolicy alone", {"networkPolicy": {"enabled": True}}, False),
+            (
+                "ingress listener on the Service, NATS from an existing Secret",
+                {
+                    "ingressListener": {"enabled": True},
+                    "service": {"ingressPort": 8443},
+                    "nats": {"existingSecret": "hcp-sense-nats", "secretKey": "nats-url"},
+                    "networkPolicy": {"enabled": True, "ingressFrom": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}]},
+                },
+                False,
+            ),
+            (
+                "ingress listener on a LoadBalancer of its own, NATS URL given to the chart",
+                {
+                    "ingressListener": {"enabled": True, "service": {"enabled": True, "port": 443, "externalTrafficPolicy": "Local", "loadBalancerSourceRanges": ["203.0.113.0/24"], "annotations": {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}}},
+                    "nats": {"url": "nats://sense:pw@nats.nats.svc:4222"},
+                    "networkPolicy": {"enabled": True, "nats": {"port": 4222, "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "nats"}}}]}},
+                },
+                True,
+            ),
+            ("ingress listener alone, on a ClusterIP Service of its own", {"ingressListener": {"enabled": True, "service": {"enabled": True, "type": "ClusterIP"}}}, False),
             ("63-character fullnameOverride", deep_merge(production, {"fullnameOverride": "h" * 63, "database": {"url": "postgres://a@b/c"}}), False),
         ]
         merged_values = {label: merge(values) for label, values, _ in scenarios}
@@ -775,13 +886,33 @@ def main() -> int:
         ("a negative port", {"service": {"grpcPort": -1}}, "grpcPort"),
         ("an unknown log format", {"config": {"logFormat": "xml"}}, "logFormat"),
         ("a boolean as a string", {"insecureNoAuth": "false"}, "insecureNoAuth"),
+        ("a string for ingressListener.enabled", {"ingressListener": {"enabled": "true"}}, "enabled"),
+        ("a mistyped key under ingressListener", {"ingressListener": {"enable": True}}, "enable"),
+        ("a string for the ingress Service's port", {"ingressListener": {"service": {"port": "80"}}}, "port"),
+        ("an ingress port past 65535", {"service": {"ingressPort": 65536}}, "ingressPort"),
+        ("an ingress port of 0", {"service": {"ingressPort": 0}}, "ingressPort"),
+        ("an unknown ingress Service type", {"ingressListener": {"service": {"type": "ExternalName"}}}, "type"),
+        ("an unknown externalTrafficPolicy", {"ingressListener": {"service": {"externalTrafficPolicy": "Nearest"}}}, "externalTrafficPolicy"),
+        ("a source range that is not a CIDR", {"ingressListener": {"service": {"loadBalancerSourceRanges": ["anywhere"]}}}, "loadBalancerSourceRanges"),
+        ("a string for networkPolicy.ingressFrom", {"networkPolicy": {"ingressFrom": "0.0.0.0/0"}}, "ingressFrom"),
+        ("a number for nats.url", {"nats": {"url": 4222}}, "url"),
+        ("a nats.url that is not a NATS URL", {"nats": {"url": "http://nats:4222"}}, "url"),
+        ("a list for nats.existingSecret", {"nats": {"existingSecret": ["hcp-sense-nats"]}}, "existingSecret"),
+        ("a NATS port as a string", {"networkPolicy": {"nats": {"port": "4222"}}}, "port"),
     ]
     for what, values, needle in refused:
         err = schema_error(values)
         report.check(err and needle in err, f"values.schema.json accepts {what}: {values}" + (f" (error does not name {needle}: {err})" if err else ""))
         err = render_error(values)
         report.check(err and needle in err, f"rendering accepts {what}: {values}")
-    for what, values in [("the default values", {}), ("values-production.yaml", production)]:
+    for what, values in [
+        ("the default values", {}),
+        ("values-production.yaml", production),
+        # The boundaries of the new ports, and the URL forms NATS takes.
+        ("an ingress port of 1", {"service": {"ingressPort": 1}}),
+        ("an ingress port of 65535", {"service": {"ingressPort": 65535}, "ingressListener": {"service": {"port": 65535}}}),
+        ("NATS servers listed with TLS and credentials", {"nats": {"url": "tls://a:pw@nats-0:4222,tls://a:pw@nats-1:4222"}}),
+    ]:
         err = schema_error(values)
         report.check(err is None, f"values.schema.json rejects {what}: {err}")
     err = render_error({"auth": {"existingSecret": ""}, "insecureNoAuth": False})
@@ -792,6 +923,13 @@ def main() -> int:
     report.check(err and "minAvailable" in err, f"a PodDisruptionBudget that blocks every drain should fail clearly; got {err!r}")
     err = render_error({"podDisruptionBudget": {"minAvailable": 3}, "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 6}})
     report.check(err and "minAvailable" in err, f"minAvailable at the autoscaler's minimum should fail clearly; got {err!r}")
+    for values, needle in [
+        ({"ingressListener": {"service": {"enabled": True}}}, "ingressListener.service.enabled needs ingressListener.enabled"),
+        ({"ingressListener": {"enabled": True, "service": {"enabled": True, "type": "ClusterIP", "externalTrafficPolicy": "Local"}}}, "externalTrafficPolicy Local needs"),
+        ({"ingressListener": {"enabled": True, "service": {"enabled": True, "type": "NodePort", "loadBalancerSourceRanges": ["203.0.113.0/24"]}}}, "loadBalancerSourceRanges needs"),
+    ]:
+        err = render_error(values)
+        report.check(err and needle in err, f"rendering {values} should fail with '{needle}'; got {err!r}")
     err = render_error({"database": {"existingSecret": "", "url": ""}})
     report.check(err and "no database configured" in err, f"rendering without any database Secret should fail clearly; got {err!r}")
 
@@ -799,9 +937,12 @@ def main() -> int:
     if args.emit_config:
         out = args.emit_config
         out.mkdir(parents=True, exist_ok=True)
-        if "production install" in configs and "default install" in configs:
+        ingress = "ingress listener on the Service, NATS from an existing Secret"
+        if "production install" in configs and "default install" in configs and ingress in configs:
             (out / "config.toml").write_text(configs["production install"])
             (out / "config-default.toml").write_text(configs["default install"])
+            (out / "config-ingress.toml").write_text(configs[ingress])
+            (out / "nats-env").write_text(NATS_ENV)
         else:
             report.fail("--emit-config: no rendered config.toml to write")
 

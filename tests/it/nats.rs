@@ -1,13 +1,16 @@
-//! NATS JetStream ingress against the NATS server on this machine: messages published by the nats-py client are recorded exactly once across a kill -9 and restart; a malformed message is terminated, not redelivered.
+//! NATS JetStream ingress against the NATS server on this machine: messages published by the nats-py client are recorded exactly once across a kill -9 and restart; a malformed message is terminated, not redelivered; a route's consumer follows the route's changes, and a route that cannot consume is reported and retried.
 use std::process::Command;
 use std::time::Duration;
 
+use std::collections::BTreeSet;
+
 use hcp_sense::grpc::pb::{self, ingress_service_client::IngressServiceClient};
+use hcp_sense::nats::consumer_name;
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use serde_json::Value;
 
 use crate::cli::{connect, set_up_weather};
-use crate::helpers::{StoreKind, TestDb};
+use crate::helpers::{http_get, StoreKind, TestDb};
 use crate::support::served::Served;
 
 const NATS: &str = "nats://127.0.0.1:4222";
@@ -128,9 +131,10 @@ async fn nats_messages_survive_a_kill_exactly_once(kind: StoreKind) {
     let want = N + 1;
     all_recorded_once(&conn, want, deadline, &format!("killed at {at_kill}")).await;
     // Settled: nothing pending, nothing left unacknowledged (the malformed one terminated).
+    let consumer = consumer_name("storms", &stream, &format!("{subject}.>"));
     let mut info = Value::Null;
     for _ in 0..100 {
-        info = python(&[NATS, &stream, &subject, "0", "info", "hcp-sense-storms"]);
+        info = python(&[NATS, &stream, &subject, "0", "info", &consumer]);
         if info["pending"] == 0 && info["ack_pending"] == 0 {
             break;
         }
@@ -241,4 +245,483 @@ async fn s7_6_nats_ingress_survives_a_broker_restart() {
     );
     let _ = broker.kill();
     let _ = broker.wait();
+}
+
+/// A name of this test process, store and test alone, so no two tests share a stream.
+fn unique(kind: StoreKind, what: &str) -> String {
+    let store = match kind {
+        StoreKind::Sqlite => "sqlite",
+        StoreKind::Postgres => "postgres",
+    };
+    format!("{what}_{}_{store}", std::process::id())
+}
+
+/// The trigger ids of every record in the store.
+async fn trigger_ids(db: &sea_orm::DatabaseConnection) -> BTreeSet<String> {
+    db.query_all_raw(Statement::from_string(
+        db.get_database_backend(),
+        "SELECT producer_trigger_id FROM records",
+    ))
+    .await
+    .expect("trigger ids")
+    .iter()
+    .map(|r| r.try_get::<String>("", "producer_trigger_id").expect("id"))
+    .collect()
+}
+
+/// `n` trigger ids `prefix-0` … `prefix-{n-1}`, as `publish` sends them.
+fn ids(prefix: &str, n: usize) -> BTreeSet<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// Waits (up to 30 s) until the records are exactly `want`, never one outside it.
+async fn recorded_exactly(
+    db: &sea_orm::DatabaseConnection,
+    want: &BTreeSet<String>,
+    context: &str,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = trigger_ids(db).await;
+        let extra: Vec<_> = got.difference(want).collect();
+        assert!(
+            extra.is_empty(),
+            "recorded what should not be ({context}): {extra:?}"
+        );
+        if &got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {} recorded ({context}): missing {:?}",
+            got.len(),
+            want.len(),
+            want.difference(&got).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The consumers of `stream` that hcp-sense made for `route_id` (by their description).
+fn consumers_of(stream: &str, route_id: &str) -> Vec<Value> {
+    let all = python(&[NATS, stream, "-", "0", "consumers"]);
+    all.as_array()
+        .expect("a list")
+        .iter()
+        .filter(|c| c["description"] == format!("hcp-sense route {route_id}").as_str())
+        .cloned()
+        .collect()
+}
+
+/// Waits (up to 15 s) until `stream` holds exactly the consumers `want` of `route_id`; says
+/// what `served` logged if it does not.
+async fn consumers_become(
+    served: &Served,
+    stream: &str,
+    route_id: &str,
+    want: &[String],
+) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let found = consumers_of(stream, route_id);
+        let mut names: Vec<String> = found
+            .iter()
+            .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        names.sort();
+        if names == want {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "consumers of {route_id} on {stream}: {names:?}, expected {want:?}; the server logged:\n{}",
+            served.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits (up to 15 s) until every consumer of `route_id` on `stream` has delivered and had
+/// acknowledged all it matches.
+async fn settled(stream: &str, route_id: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let found = consumers_of(stream, route_id);
+        if found
+            .iter()
+            .all(|c| c["pending"] == 0 && c["ack_pending"] == 0)
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "consumers of {route_id} on {stream} not settled: {found:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A route moved from subject A to subject B of its stream, then to another stream, then
+/// deleted: each definition gets a consumer of its own and the one before is removed, so
+/// exactly one consumer exists for the route at each step and none once it is deleted. The
+/// new subject's consumer starts just past what the old one acknowledged (B's messages from
+/// before are not consumed, nothing is delivered again); the other stream's starts at its
+/// first message; the old subject is no longer consumed.
+async fn nats_route_changes_move_its_consumer(kind: StoreKind) {
+    let db = TestDb::create(kind).await;
+    let base = unique(kind, "move");
+    let (s1, s2) = (
+        format!("HCP_{}_1", base.to_uppercase()),
+        format!("HCP_{}_2", base.to_uppercase()),
+    );
+    let (a, b, c) = (
+        format!("hcp.{base}.a"),
+        format!("hcp.{base}.b"),
+        format!("hcp.{base}.c"),
+    );
+    python(&[NATS, &s1, &format!("{a}.>,{b}.>"), "0", "add-stream"]);
+    python(&[NATS, &s2, &format!("{c}.>"), "0", "add-stream"]);
+    let served = Served::start(&db.url, &["--nats-url", NATS]);
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    let conn = db.connect().await;
+    let route = "moving";
+
+    // Subject A. B's messages from before any change sit below what A's consumer acknowledges.
+    python(&[NATS, &s1, &format!("{b}.x"), "2", "publish", "b-early"]);
+    put_nats_route(&ch, route, &s1, &a).await;
+    python(&[NATS, &s1, &format!("{a}.x"), "3", "publish", "a-1"]);
+    let mut want = ids("a-1", 3);
+    recorded_exactly(&conn, &want, "on subject A").await;
+    let name_a = consumer_name(route, &s1, &format!("{a}.>"));
+    consumers_become(&served, &s1, route, std::slice::from_ref(&name_a)).await;
+    settled(&s1, route).await;
+
+    // Subject B: a consumer of its own, A's removed, starting past A's acknowledgement floor
+    // (stream sequence 5, the last of A's messages).
+    put_nats_route(&ch, route, &s1, &b).await;
+    let name_b = consumer_name(route, &s1, &format!("{b}.>"));
+    assert_ne!(name_a, name_b);
+    let on_b = consumers_become(&served, &s1, route, std::slice::from_ref(&name_b)).await;
+    assert_eq!(on_b[0]["filter"], format!("{b}.>").as_str(), "{on_b:?}");
+    assert_eq!(on_b[0]["start_seq"], 6, "{on_b:?}");
+    python(&[NATS, &s1, &format!("{b}.x"), "3", "publish", "b-1"]);
+    want.extend(ids("b-1", 3));
+    recorded_exactly(&conn, &want, "on subject B").await;
+    python(&[NATS, &s1, &format!("{a}.x"), "3", "publish", "a-2"]);
+    // Past a route refresh and a pull: A's messages stay unconsumed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(trigger_ids(&conn).await, want, "subject A after the change");
+    settled(&s1, route).await;
+    let on_b = consumers_become(&served, &s1, route, std::slice::from_ref(&name_b)).await;
+    assert_eq!(
+        (on_b[0]["delivered"].clone(), on_b[0]["pending"].clone()),
+        (3.into(), 0.into()),
+        "B's consumer was given B's three new messages and nothing before them: {on_b:?}"
+    );
+
+    // Another stream: a consumer there from its first message, none left on the first stream.
+    python(&[NATS, &s2, &format!("{c}.x"), "1", "publish", "c-early"]);
+    put_nats_route(&ch, route, &s2, &c).await;
+    let name_c = consumer_name(route, &s2, &format!("{c}.>"));
+    consumers_become(&served, &s2, route, std::slice::from_ref(&name_c)).await;
+    consumers_become(&served, &s1, route, &[]).await;
+    python(&[NATS, &s2, &format!("{c}.x"), "3", "publish", "c-1"]);
+    want.extend(ids("c-early", 1));
+    want.extend(ids("c-1", 3));
+    recorded_exactly(&conn, &want, "on the other stream").await;
+    python(&[NATS, &s1, &format!("{b}.x"), "3", "publish", "b-2"]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        trigger_ids(&conn).await,
+        want,
+        "the first stream after the move"
+    );
+
+    // Deleted: its consumer goes, and nothing more is consumed.
+    IngressServiceClient::new(ch.clone())
+        .delete_ingress_route(pb::DeleteIngressRouteRequest {
+            route_id: route.into(),
+        })
+        .await
+        .expect("delete the route");
+    consumers_become(&served, &s2, route, &[]).await;
+    python(&[NATS, &s2, &format!("{c}.x"), "3", "publish", "c-2"]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        trigger_ids(&conn).await,
+        want,
+        "after the route was deleted"
+    );
+    let moved = served.log.lock().map(|l| l.join("\n")).unwrap_or_default();
+    assert!(
+        !moved.contains("NATS consumer not running"),
+        "no consumer failed along the way:\n{moved}"
+    );
+    python(&[NATS, &s1, "-", "0", "delete"]);
+    python(&[NATS, &s2, "-", "0", "delete"]);
+}
+on_both_stores!(s7_6_nats_route_changes_move_its_consumer => nats_route_changes_move_its_consumer);
+
+/// A consumer made before consumer names carried a hash (`hcp-sense-{route}`, no description)
+/// is continued from where it was acknowledged, then removed.
+async fn nats_route_continues_its_unhashed_consumer(kind: StoreKind) {
+    let db = TestDb::create(kind).await;
+    let base = unique(kind, "legacy");
+    let stream = format!("HCP_{}", base.to_uppercase());
+    let subject = format!("hcp.{base}");
+    python(&[NATS, &stream, &format!("{subject}.>"), "0", "add-stream"]);
+    python(&[NATS, &stream, &format!("{subject}.x"), "5", "publish", "l"]);
+    // As the earlier release left it: three of five acknowledged.
+    let legacy = "hcp-sense-older_route";
+    python(&[
+        NATS,
+        &stream,
+        &format!("{subject}.>"),
+        "3",
+        "legacy",
+        legacy,
+    ]);
+    let served = Served::start(&db.url, &["--nats-url", NATS]);
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    put_nats_route(&ch, "older.route", &stream, &subject).await;
+    let conn = db.connect().await;
+    let want: BTreeSet<String> = ["l-3", "l-4"].map(String::from).into();
+    recorded_exactly(&conn, &want, "continued past the acknowledged three").await;
+    let name = consumer_name("older.route", &stream, &format!("{subject}.>"));
+    consumers_become(&served, &stream, "older.route", std::slice::from_ref(&name)).await;
+    let all = python(&[NATS, &stream, "-", "0", "consumers"]);
+    let names: Vec<&str> = all
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, [name.as_str()], "the unhashed consumer is removed");
+    python(&[NATS, &stream, "-", "0", "delete"]);
+}
+on_both_stores!(s7_6_nats_route_continues_its_unhashed_consumer => nats_route_continues_its_unhashed_consumer);
+
+/// The value of one sample of `/metrics`, 0 when absent.
+fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A route on a stream that does not exist yet: logged at warn with its route id, counted,
+/// reported failing and retried with a doubling pause, while another route consumes; once
+/// the stream exists it consumes too.
+async fn nats_route_without_its_stream_is_reported_and_retried(kind: StoreKind) {
+    let db = TestDb::create(kind).await;
+    let base = unique(kind, "ghost");
+    let (live, ghost) = (
+        format!("HCP_{}_LIVE", base.to_uppercase()),
+        format!("HCP_{}_LATE", base.to_uppercase()),
+    );
+    let (live_subject, ghost_subject) = (format!("hcp.{base}.live"), format!("hcp.{base}.late"));
+    python(&[NATS, &live, &format!("{live_subject}.>"), "0", "add-stream"]);
+    let served = Served::start(&db.url, &["--nats-url", NATS]);
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    put_nats_route(&ch, "late", &ghost, &ghost_subject).await;
+    put_nats_route(&ch, "live", &live, &live_subject).await;
+    python(&[
+        NATS,
+        &live,
+        &format!("{live_subject}.x"),
+        "2",
+        "publish",
+        "live",
+    ]);
+    let conn = db.connect().await;
+    recorded_exactly(&conn, &ids("live", 2), "the other route").await;
+    let metrics_url = format!("http://{}/metrics", served.metrics_addr);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let warned = |served: &Served| -> Vec<String> {
+        served
+            .log
+            .lock()
+            .map(|l| {
+                l.iter()
+                    .filter(|l| l.contains("WARN") && l.contains("route_id=late"))
+                    .filter(|l| l.contains("NATS consumer not running"))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // Three failed attempts, each followed by a pause twice the one before.
+    loop {
+        let lines = warned(&served);
+        if lines.len() >= 3 {
+            for (line, secs) in lines.iter().zip([1, 2, 4]) {
+                assert!(
+                    line.contains(&format!("retry_secs={secs}")) && line.contains(&ghost),
+                    "attempt pausing {secs} s: {line}"
+                );
+            }
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "three warnings for route late: {lines:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let m = http_get(&metrics_url);
+    assert_eq!(
+        sample(&m, r#"hcp_sense_nats_routes{state="failing"}"#),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, r#"hcp_sense_nats_routes{state="consuming"}"#),
+        1.0,
+        "{m}"
+    );
+    assert!(
+        sample(&m, "hcp_sense_nats_consumer_failures_total") >= 3.0,
+        "{m}"
+    );
+    // The stream appears: the route consumes at its next attempt (within 8 s of the third).
+    python(&[
+        NATS,
+        &ghost,
+        &format!("{ghost_subject}.>"),
+        "0",
+        "add-stream",
+    ]);
+    python(&[
+        NATS,
+        &ghost,
+        &format!("{ghost_subject}.x"),
+        "2",
+        "publish",
+        "late",
+    ]);
+    let mut want = ids("live", 2);
+    want.extend(ids("late", 2));
+    recorded_exactly(&conn, &want, "once the stream exists").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = http_get(&metrics_url);
+        if sample(&m, r#"hcp_sense_nats_routes{state="consuming"}"#) == 2.0 {
+            assert_eq!(
+                sample(&m, r#"hcp_sense_nats_routes{state="failing"}"#),
+                0.0,
+                "{m}"
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{m}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    python(&[NATS, &live, "-", "0", "delete"]);
+    python(&[NATS, &ghost, "-", "0", "delete"]);
+}
+on_both_stores!(s7_6_nats_route_without_its_stream_is_reported_and_retried => nats_route_without_its_stream_is_reported_and_retried);
+
+// A route put again is stored as put: its NATS stream and subject and its CloudEvents type
+// prefix change with it, not only its mapping and secrets.
+both_stores! {
+    async fn s7_6_a_route_put_again_keeps_its_new_stream_subject_and_type_prefix(app) {
+        set_up_weather(&app.channel).await;
+        let mut ingress = IngressServiceClient::new(app.channel.clone());
+        put_nats_route(&app.channel, "moved", "FIRST", "first").await;
+        put_nats_route(&app.channel, "moved", "SECOND", "second").await;
+        let got = ingress
+            .get_ingress_route(pb::GetIngressRouteRequest { route_id: "moved".into() })
+            .await
+            .expect("get")
+            .into_inner();
+        let route = got.route.expect("a route");
+        assert_eq!(
+            (route.nats_stream.as_str(), route.nats_subject.as_str()),
+            ("SECOND", "second.>")
+        );
+        for prefix in ["com.example.", "org.example."] {
+            ingress
+                .put_ingress_route(pb::PutIngressRouteRequest {
+                    route: Some(pb::IngressRoute {
+                        route_id: "events".into(),
+                        pack_id: "weather".into(),
+                        kind: pb::IngressKind::Cloudevents as i32,
+                        cloudevents_type_prefix: prefix.into(),
+                        ..Default::default()
+                    }),
+                    secrets: vec!["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()],
+                })
+                .await
+                .expect("put a CloudEvents route");
+        }
+        let got = ingress
+            .get_ingress_route(pb::GetIngressRouteRequest { route_id: "events".into() })
+            .await
+            .expect("get")
+            .into_inner();
+        assert_eq!(got.route.expect("a route").cloudevents_type_prefix, "org.example.");
+    }
+}
+
+/// Two replicas on one PostgreSQL, the route changed through the other one: both notice, one
+/// removes the old consumer and the other finds it gone without complaint, and exactly one
+/// consumer is left for the route; once deleted, none. Every message of the subject in force is
+/// recorded once, none of the old subject after the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_6_nats_route_change_on_two_replicas_leaves_one_consumer() {
+    let kind = StoreKind::Postgres;
+    let db = TestDb::create(kind).await;
+    let base = unique(kind, "pair");
+    let stream = format!("HCP_{}", base.to_uppercase());
+    let (a, b) = (format!("hcp.{base}.a"), format!("hcp.{base}.b"));
+    python(&[NATS, &stream, &format!("{a}.>,{b}.>"), "0", "add-stream"]);
+    let one = Served::start(&db.url, &["--nats-url", NATS]);
+    let two = Served::start(&db.url, &["--nats-url", NATS]);
+    let (ch1, ch2) = (connect(&one.addr).await, connect(&two.addr).await);
+    set_up_weather(&ch1).await;
+    let conn = db.connect().await;
+    let route = "paired";
+    put_nats_route(&ch1, route, &stream, &a).await;
+    python(&[NATS, &stream, &format!("{a}.x"), "20", "publish", "a-1"]);
+    let mut want = ids("a-1", 20);
+    recorded_exactly(&conn, &want, "on subject A, two replicas").await;
+    settled(&stream, route).await;
+
+    put_nats_route(&ch2, route, &stream, &b).await;
+    let name_b = consumer_name(route, &stream, &format!("{b}.>"));
+    consumers_become(&one, &stream, route, std::slice::from_ref(&name_b)).await;
+    // Both replicas have read the change (one refresh, and a margin) before A is published to.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    consumers_become(&two, &stream, route, std::slice::from_ref(&name_b)).await;
+    python(&[NATS, &stream, &format!("{b}.x"), "20", "publish", "b-1"]);
+    python(&[NATS, &stream, &format!("{a}.x"), "20", "publish", "a-2"]);
+    want.extend(ids("b-1", 20));
+    recorded_exactly(&conn, &want, "on subject B, two replicas").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(trigger_ids(&conn).await, want, "subject A after the change");
+    consumers_become(&one, &stream, route, std::slice::from_ref(&name_b)).await;
+
+    IngressServiceClient::new(ch1.clone())
+        .delete_ingress_route(pb::DeleteIngressRouteRequest {
+            route_id: route.into(),
+        })
+        .await
+        .expect("delete the route");
+    consumers_become(&two, &stream, route, &[]).await;
+    // Both have noticed the deletion by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for served in [&one, &two] {
+        let log = served.log.lock().map(|l| l.join("\n")).unwrap_or_default();
+        for complaint in ["not removed", "NATS consumer not running"] {
+            assert!(
+                !log.contains(complaint),
+                "a replica logged `{complaint}`:\n{log}"
+            );
+        }
+    }
+    python(&[NATS, &stream, "-", "0", "delete"]);
 }

@@ -1,11 +1,18 @@
 """Publishes to a NATS JetStream stream with the nats-py client, as a pack's upstream would.
 
-usage: nats_publish.py URL STREAM SUBJECT COUNT [create|delete|info]
+usage: nats_publish.py URL STREAM SUBJECT COUNT ACTION [ARG...]
 
 `create` makes the stream (subjects STREAM's SUBJECT.>) and publishes COUNT messages with
 Nats-Msg-Id m-<i> and hcp-* headers, then one CloudEvent in the NATS binding (ce- headers
-made by the CloudEvents SDK) and one malformed message (no hcp-ref); `info` prints the
-route's consumer's pending and redelivered counts as JSON; `delete` removes the stream.
+made by the CloudEvents SDK) and one malformed message (no hcp-ref); `info CONSUMER` prints
+that consumer's pending and redelivered counts as JSON; `delete` removes the stream.
+
+`add-stream` makes the stream with SUBJECT's comma-separated subjects; `publish PREFIX` sends
+COUNT messages to the subject SUBJECT with Nats-Msg-Id PREFIX-<i> and hcp-* headers;
+`consumers` prints every consumer of the stream (name, description, filter, start sequence,
+delivered and pending counts); `legacy NAME` makes a durable pull consumer NAME on SUBJECT with
+no description (as hcp-sense named them before their names carried a hash) and acknowledges
+COUNT messages from it.
 """
 import asyncio
 import json
@@ -47,6 +54,43 @@ async def main():
         info = await js.consumer_info(stream, sys.argv[6])
         print(json.dumps({"pending": info.num_pending, "ack_pending": info.num_ack_pending,
                           "redelivered": info.num_redelivered, "delivered": info.delivered.stream_seq}))
+    elif action == "add-stream":
+        await js.add_stream(name=stream, subjects=subject.split(","))
+        print(json.dumps({"stream": stream}))
+    elif action == "publish":
+        prefix = sys.argv[6]
+        for i in range(int(count)):
+            await js.publish(
+                subject,
+                json.dumps({"i": i, "prefix": prefix}).encode(),
+                headers={"Nats-Msg-Id": f"{prefix}-{i}", "hcp-ref": "storm.warning", "hcp-principal": "alice"},
+            )
+        print(json.dumps({"published": int(count)}))
+    elif action == "consumers":
+        out = []
+        for c in await js.consumers_info(stream):
+            out.append({
+                "name": c.name,
+                "description": c.config.description,
+                "filter": c.config.filter_subject,
+                "deliver_policy": str(getattr(c.config.deliver_policy, "value", c.config.deliver_policy)),
+                "start_seq": c.config.opt_start_seq,
+                "delivered": c.delivered.consumer_seq,
+                "pending": c.num_pending,
+                "ack_pending": c.num_ack_pending,
+            })
+        print(json.dumps(out))
+    elif action == "legacy":
+        from nats.js.api import AckPolicy, ConsumerConfig
+        name = sys.argv[6]
+        await js.add_consumer(stream, ConsumerConfig(durable_name=name, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT))
+        sub = await js.pull_subscribe_bind(name, stream)
+        acknowledged = 0
+        while acknowledged < int(count):
+            for m in await sub.fetch(int(count) - acknowledged, timeout=5):
+                await m.ack_sync()
+                acknowledged += 1
+        print(json.dumps({"acknowledged": int(count)}))
     elif action == "delete":
         await js.delete_stream(stream)
         print(json.dumps({"deleted": stream}))

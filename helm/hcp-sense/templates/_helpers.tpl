@@ -5,6 +5,7 @@ Names, labels and the few derived values every template shares.
 {{/* The ports the binary listens on (config.toml sets them; the Service maps its own ports onto these). */}}
 {{- define "hcp-sense.grpcPort" -}}50051{{- end }}
 {{- define "hcp-sense.metricsPort" -}}9464{{- end }}
+{{- define "hcp-sense.ingressPort" -}}8080{{- end }}
 
 {{/* Where files are mounted in the container. */}}
 {{- define "hcp-sense.configDir" -}}/etc/hcp-sense/config{{- end }}
@@ -131,6 +132,15 @@ namespace's default account; its token is never mounted.
 {{- end }}
 {{- end }}
 
+{{/* The Secret holding the NATS URL: the chart's own when nats.url is set; empty without NATS. */}}
+{{- define "hcp-sense.natsSecretName" -}}
+{{- if .Values.nats.url }}
+{{- include "hcp-sense.suffixed" (dict "root" . "suffix" "nats") }}
+{{- else }}
+{{- .Values.nats.existingSecret }}
+{{- end }}
+{{- end }}
+
 {{/* Seconds from the pod's deletion to SIGKILL: preStop sleep + the server's grace + a margin for the final flush. */}}
 {{- define "hcp-sense.terminationGracePeriodSeconds" -}}
 {{- add (int .Values.preStopSleepSecs) (int .Values.config.shutdownGraceSecs) (int .Values.terminationGraceMarginSecs) }}
@@ -158,6 +168,16 @@ so `helm install`, `helm upgrade` and `helm template` all stop with the same mes
 {{- end }}
 {{- if and .Values.autoscaling.enabled (not (dig "requests" "cpu" "" (.Values.resources | default dict))) }}
 {{- fail "hcp-sense: autoscaling.enabled needs resources.requests.cpu: CPU utilisation is measured against the request." }}
+{{- end }}
+{{- $il := .Values.ingressListener }}
+{{- if and $il.service.enabled (not $il.enabled) }}
+{{- fail "hcp-sense: ingressListener.service.enabled needs ingressListener.enabled (the Service would point at a port no container opens)." }}
+{{- end }}
+{{- if and $il.enabled $il.service.enabled (eq $il.service.externalTrafficPolicy "Local") (eq $il.service.type "ClusterIP") }}
+{{- fail "hcp-sense: ingressListener.service.externalTrafficPolicy Local needs ingressListener.service.type NodePort or LoadBalancer." }}
+{{- end }}
+{{- if and $il.enabled $il.service.enabled $il.service.loadBalancerSourceRanges (ne $il.service.type "LoadBalancer") }}
+{{- fail "hcp-sense: ingressListener.service.loadBalancerSourceRanges needs ingressListener.service.type LoadBalancer." }}
 {{- end }}
 {{- $pdb := .Values.podDisruptionBudget }}
 {{- if and $pdb.enabled (hasKey $pdb "minAvailable") (kindIs "float64" $pdb.minAvailable) }}

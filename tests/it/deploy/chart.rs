@@ -2,8 +2,10 @@
 use super::*;
 
 /// The Helm chart renders with Helm's own library, lints, and every object validates against
-/// Kubernetes' schemas (tests/helm/check_chart.py); the configuration it renders starts the
-/// real binary.
+/// Kubernetes' schemas (tests/helm/check_chart.py: the ingress listener and NATS on and off,
+/// their ports, Services, NetworkPolicy rules and Secret references, and values of a wrong type
+/// refused); the configuration it renders starts the real binary, with the ingress listener
+/// and NATS as the chart passes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_chart_renders_validates_and_its_config_starts_the_server() {
     let out = tempfile::tempdir().expect("tempdir");
@@ -99,6 +101,7 @@ async fn helm_chart_renders_validates_and_its_config_starts_the_server() {
         .arg("--config")
         .arg(out.path().join("config.toml"))
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--ingress-listen", "127.0.0.1:0"])
         .args(["--log-format", "compact"])
         .arg("--tls-cert-file")
         .arg(certs.join("server.pem"))
@@ -115,6 +118,59 @@ async fn helm_chart_renders_validates_and_its_config_starts_the_server() {
         assert!(
             start.elapsed() < Duration::from_secs(5),
             "production config: not ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served.terminate());
+
+    // The ingress listener and NATS as the chart renders them: `ingress_listen` from the
+    // ConfigMap (its port moved to loopback here), the NATS URL in the variable the Deployment
+    // takes from the Secret.
+    let nats_env = std::fs::read_to_string(out.path().join("nats-env")).expect("nats-env");
+    let mut cmd = Command::new(crate::support::served::BIN);
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(out.path().join("config-ingress.toml"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--ingress-listen", "127.0.0.1:0"])
+        .env("HCP_SENSE_DATABASE_URL", &db.url)
+        .env("HCP_SENSE_AUTH_FILE", &auth)
+        .env(nats_env.trim(), "nats://127.0.0.1:4222");
+    let served = Served::spawn(cmd);
+    let log = |served: &Served| served.log.lock().map(|l| l.join("\n")).unwrap_or_default();
+    let ingress = log(&served)
+        .lines()
+        .find(|l| l.contains("hcp-sense listening"))
+        .and_then(|l| l.split("ingress_addr=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no ingress listener:\n{}", log(&served)));
+    let posted = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "POST",
+            "-d",
+            "{}",
+        ])
+        .arg(format!("http://{ingress}/v1/ingress/no-such-route"))
+        .output()
+        .expect("curl");
+    assert_eq!(
+        String::from_utf8_lossy(&posted.stdout),
+        "401",
+        "the ingress listener answers (an unsigned request to no route)"
+    );
+    let start = Instant::now();
+    while !log(&served).contains("NATS ingress connected") {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "NATS from {nats_env}: not connected:\n{}",
+            log(&served)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
