@@ -293,6 +293,7 @@ impl App {
         let mut on_stop = stop_rx.clone();
         let stop_health = health.clone();
         tokio::spawn(crate::http::serve(
+            "metrics",
             self.metrics_listener,
             http_routes(self.service.clone(), ready_rx),
             crate::http::HttpLimits {
@@ -300,6 +301,7 @@ impl App {
                 max_body_bytes: 64 << 10,
                 ..self.http
             },
+            self.service.metrics.clone(),
             stop_rx.clone(),
         ));
         let ingress_addr = self
@@ -308,9 +310,11 @@ impl App {
             .and_then(|l| l.local_addr().ok());
         if let Some(l) = self.ingress_listener {
             tokio::spawn(crate::http::serve(
+                "ingress",
                 l,
                 crate::webhooks::routes(self.service.clone(), self.service.max_payload_bytes()),
                 self.http,
+                self.service.metrics.clone(),
                 stop_rx.clone(),
             ));
         }
@@ -389,14 +393,17 @@ impl App {
                 self.bench_baseline
                     .then(|| BenchServiceServer::new(crate::grpc::bench::Baseline)),
             )
-            .serve_with_incoming_shutdown(conn::incoming(self.listener, l.conns), async move {
-                let _ = on_stop.wait_for(|s| *s).await;
-                tracing::info!("shutting down: no new calls accepted");
-                set_serving(&stop_health, false).await;
-                stop_health
-                    .set_service_status(LIVENESS, tonic_health::ServingStatus::NotServing)
-                    .await;
-            });
+            .serve_with_incoming_shutdown(
+                conn::incoming(self.listener, l.conns, self.service.metrics.clone()),
+                async move {
+                    let _ = on_stop.wait_for(|s| *s).await;
+                    tracing::info!("shutting down: no new calls accepted");
+                    set_serving(&stop_health, false).await;
+                    stop_health
+                        .set_service_status(LIVENESS, tonic_health::ServingStatus::NotServing)
+                        .await;
+                },
+            );
         match ingress_addr {
             Some(ingress_addr) => {
                 tracing::info!(addr = %self.addr, metrics_addr = %self.metrics_addr, %ingress_addr, "hcp-sense listening")

@@ -226,7 +226,7 @@ pub struct Config {
         long = "max-connections-per-peer",
         env = "HCP_SENSE_MAX_CONNECTIONS_PER_PEER",
         value_name = "N",
-        default_value_t = 1024
+        default_value_t = 64
     )]
     pub max_connections_per_peer: usize,
 

@@ -25,7 +25,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
-use crate::sockets::{Admission, Caps, Slot, Sockets};
+use crate::metrics::Metrics;
+use crate::sockets::{Admission, Busy, Caps, Slot, Sockets};
 
 /// Most sockets open at once on one HTTP listener.
 pub const MAX_CONNECTIONS: usize = 1024;
@@ -50,9 +51,11 @@ pub struct HttpLimits {
 /// Serves `routes` on `listener` until `stop` turns true; then each connection finishes the
 /// request it is serving and closes.
 pub async fn serve(
+    name: &'static str,
     listener: TcpListener,
     routes: axum::Router,
     limits: HttpLimits,
+    metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
     let sockets = Sockets::new(limits.caps);
@@ -78,12 +81,16 @@ pub async fn serve(
         let held = loop {
             match sockets.admit(remote.ip()) {
                 Admission::In { held, shed } => {
-                    if let Some(peer) = shed {
-                        tracing::debug!(%peer, "HTTP socket shed to make room");
+                    if let Some((peer, cap)) = shed {
+                        tracing::debug!(listener = name, %peer, cap = cap.as_str(), "HTTP socket shed to make room");
+                        metrics.socket_shed(name, cap.as_str());
                     }
                     break Some(held);
                 }
-                Admission::PeerBusy => break None,
+                Admission::PeerBusy => {
+                    metrics.socket_shed(name, "peer_busy");
+                    break None;
+                }
                 // Every socket is serving a request: the next to close makes room.
                 Admission::Full => {
                     let closed = sockets.closed.notified();
@@ -180,10 +187,38 @@ async fn request(
             ))
         }
     };
-    // Only now is the socket serving a request: a slow body could still be shed.
-    let _busy = slot.begin();
+    // Only now is the socket serving a request: a slow body could still be shed. It serves
+    // it until the answer is written, so an answer to a recorded trigger is never cut off.
+    let busy = slot.begin();
     let req = Request::from_parts(parts, Body::from(body));
-    tower::Service::call(&mut routes, req).await
+    let answer = tower::Service::call(&mut routes, req).await?;
+    Ok(answer.map(|inner| Body::new(Answering { inner, _busy: busy })))
+}
+
+/// An answer's body, keeping its socket busy until it has been written (or dropped).
+struct Answering {
+    inner: Body,
+    _busy: Busy,
+}
+
+impl http_body::Body for Answering {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// An answer before routing, with `Connection: close`: the socket has misbehaved.

@@ -39,6 +39,12 @@ struct IngressLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShedLabels {
+    listener: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CauseLabels {
     cause: &'static str,
 }
@@ -65,6 +71,7 @@ struct Otel {
     records_written: opentelemetry::metrics::Counter<u64>,
     drop_counts_written: opentelemetry::metrics::Counter<u64>,
     ingress_refused: opentelemetry::metrics::Counter<u64>,
+    sockets_shed: opentelemetry::metrics::Counter<u64>,
     records_deleted: opentelemetry::metrics::Counter<u64>,
     signature_checks: opentelemetry::metrics::Counter<u64>,
     signature_check_seconds: opentelemetry::metrics::Counter<f64>,
@@ -94,6 +101,7 @@ impl Otel {
             records_written: m.u64_counter("hcp_sense.records.written").build(),
             drop_counts_written: m.u64_counter("hcp_sense.drop_counts.written").build(),
             ingress_refused: m.u64_counter("hcp_sense.ingress.refused").build(),
+            sockets_shed: m.u64_counter("hcp_sense.sockets.shed").build(),
             records_deleted: m.u64_counter("hcp_sense.records.deleted").build(),
             signature_checks: m.u64_counter("hcp_sense.auth.signature_checks").build(),
             signature_check_seconds: m
@@ -119,6 +127,7 @@ pub struct Metrics {
     records_written: Counter,
     drop_counts_written: Counter,
     ingress_refused: Family<IngressLabels, Counter>,
+    sockets_shed: Family<ShedLabels, Counter>,
     records_deleted: Family<CauseLabels, Counter>,
     bindings: Family<StateLabels, Gauge>,
     signature_checks: Family<BudgetLabels, Counter>,
@@ -189,6 +198,12 @@ impl Metrics {
             "Ingress requests and messages refused before any trigger was decided (a bad signature, a malformed or unmappable message)",
             ingress_refused.clone(),
         );
+        let sockets_shed = Family::<ShedLabels, Counter>::default();
+        registry.register(
+            "sockets_shed",
+            "Client sockets closed to make room at a listener's cap (peer_cap, total_cap: the oldest not serving a request), and new ones refused because every socket of their peer was serving one (peer_busy)",
+            sockets_shed.clone(),
+        );
         let records_deleted = Family::<CauseLabels, Counter>::default();
         for cause in ["erasure", "retention"] {
             // Present from the start, so a dashboard's rate reads 0 rather than nothing.
@@ -250,6 +265,7 @@ impl Metrics {
             records_written,
             drop_counts_written,
             ingress_refused,
+            sockets_shed,
             records_deleted,
             bindings,
             signature_checks,
@@ -311,6 +327,21 @@ impl Metrics {
     }
 
     /// An ingress request or message refused before any trigger was decided.
+    /// A socket of `listener` shed, or refused, at a cap (`reason`: peer_cap, total_cap,
+    /// peer_busy).
+    pub fn socket_shed(&self, listener: &'static str, reason: &'static str) {
+        self.sockets_shed
+            .get_or_create(&ShedLabels { listener, reason })
+            .inc();
+        self.otel.sockets_shed.add(
+            1,
+            &[
+                KeyValue::new("listener", listener),
+                KeyValue::new("reason", reason),
+            ],
+        );
+    }
+
     pub fn ingress_refused(&self, ingress: &'static str) {
         self.ingress_refused
             .get_or_create(&IngressLabels { ingress })

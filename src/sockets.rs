@@ -2,14 +2,17 @@
 //!
 //! A cap alone is a lock an attacker holds: sockets that drip a byte now and then, or never
 //! finish a handshake, fill it and every real caller waits behind them. So a cap sheds
-//! instead: a new socket is let in and the socket that has waited longest without a request in
-//! flight goes — first one that never started a request (a drip, a half handshake), else an
-//! idle keep-alive one, whose client reconnects on its next call. Sockets serving a request
-//! are never shed; a peer whose every socket is serving one is refused another.
+//! instead: a new socket is let in and, of the sockets not serving a request, the one that
+//! has waited longest — since it was accepted, or since its last request ended — goes. A
+//! drip or a half handshake has waited since it connected; a client that keeps a socket
+//! alive with a request now and then has waited since its last one; a real sender's new
+//! socket has waited least, so it is the last to go. Sockets serving a request are never
+//! shed; a peer whose every socket is serving one is refused another.
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use tokio::sync::Notify;
 
@@ -53,13 +56,22 @@ impl std::fmt::Display for Peer {
     }
 }
 
+/// Set in `Slot::busy` when the socket is shed: a request starting after it is on a socket
+/// that is closing.
+const SHED: usize = 1 << (usize::BITS - 1);
+
 /// One admitted socket: what the listener knows of it, shared with its connection task.
 #[derive(Debug)]
 pub struct Slot {
     id: u64,
     peer: Peer,
-    /// Requests (calls) in flight on the socket: while any is, it is never shed.
-    pub busy: AtomicUsize,
+    /// The listener's clock: `waiting_since` counts from it.
+    epoch: Instant,
+    /// Requests (calls) in flight on the socket, and SHED once it is shed: while any request
+    /// is in flight it is never shed.
+    busy: AtomicUsize,
+    /// Milliseconds from `epoch` to when the socket was accepted or its last request ended.
+    waiting_since: AtomicU64,
     /// A request has started on the socket at some time.
     pub served: AtomicBool,
     /// Notified once when the socket is shed; its connection closes.
@@ -74,8 +86,17 @@ impl Slot {
         Busy(self.clone())
     }
 
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.busy.load(Ordering::Acquire) & !SHED
+    }
+
     pub fn peer(&self) -> Peer {
         self.peer
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -85,7 +106,28 @@ pub struct Busy(Arc<Slot>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
+        // Waiting again from now: stored before the request counts as ended, so a socket is
+        // never seen idle with the time it was last busy.
+        self.0
+            .waiting_since
+            .store(self.0.now_ms(), Ordering::Relaxed);
         self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Which cap a shed socket made room under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cap {
+    Peer,
+    Total,
+}
+
+impl Cap {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cap::Peer => "peer_cap",
+            Cap::Total => "total_cap",
+        }
     }
 }
 
@@ -96,7 +138,7 @@ pub struct Caps {
     pub per_peer: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Open {
     /// By id: ids grow with time, so the first is the oldest.
     slots: BTreeMap<u64, Arc<Slot>>,
@@ -107,8 +149,12 @@ struct Open {
 /// What became of a socket asked to be admitted.
 #[derive(Debug)]
 pub enum Admission {
-    /// In, holding `Held` until it closes; `shed` is the peer of a socket closed to make room.
-    In { held: Held, shed: Option<Peer> },
+    /// In, holding `Held` until it closes; `shed` names the peer of a socket closed to make
+    /// room, and the cap that was reached.
+    In {
+        held: Held,
+        shed: Option<(Peer, Cap)>,
+    },
     /// The peer is at its cap and every socket of its is serving a request.
     PeerBusy,
     /// The listener is at its cap and every socket is serving a request: wait for one to close.
@@ -119,6 +165,7 @@ pub enum Admission {
 #[derive(Debug)]
 pub struct Sockets {
     caps: Caps,
+    epoch: Instant,
     open: Mutex<Open>,
     /// Notified whenever a socket closes.
     pub closed: Notify,
@@ -131,7 +178,12 @@ impl Sockets {
                 total: caps.total.max(1),
                 per_peer: caps.per_peer.max(1),
             },
-            open: Mutex::new(Open::default()),
+            epoch: Instant::now(),
+            open: Mutex::new(Open {
+                slots: BTreeMap::new(),
+                per_peer: HashMap::new(),
+                next_id: 0,
+            }),
             closed: Notify::new(),
         })
     }
@@ -150,12 +202,12 @@ impl Sockets {
         let mut shed = None;
         if of_peer >= self.caps.per_peer {
             match victim(&open, Some(peer)) {
-                Some(v) => shed = Some(remove(&mut open, v)),
+                Some(v) => shed = Some((remove(&mut open, v), Cap::Peer)),
                 None => return Admission::PeerBusy,
             }
         } else if open.slots.len() >= self.caps.total {
             match victim(&open, None) {
-                Some(v) => shed = Some(remove(&mut open, v)),
+                Some(v) => shed = Some((remove(&mut open, v), Cap::Total)),
                 None => return Admission::Full,
             }
         }
@@ -164,17 +216,20 @@ impl Sockets {
         let slot = Arc::new(Slot {
             id,
             peer,
+            epoch: self.epoch,
             busy: AtomicUsize::new(0),
+            waiting_since: AtomicU64::new(0),
             served: AtomicBool::new(false),
             shed: Arc::new(Notify::new()),
         });
+        slot.waiting_since.store(slot.now_ms(), Ordering::Relaxed);
         open.slots.insert(id, slot.clone());
         *open.per_peer.entry(peer).or_insert(0) += 1;
         drop(open);
-        let shed = shed.map(|s| {
+        let shed = shed.map(|(s, cap)| {
             // A permit is stored if the connection is not waiting yet: it closes when it does.
             s.shed.notify_one();
-            s.peer
+            (s.peer, cap)
         });
         Admission::In {
             held: Held {
@@ -195,18 +250,22 @@ impl Sockets {
     }
 }
 
-/// The socket to shed: the oldest not serving a request (of `peer`, when given) that never
-/// started one, else the oldest idle one.
+/// The socket to shed, marked SHED: of those not serving a request (of `peer`, when given),
+/// the one waiting longest. A socket whose request starts meanwhile is passed over.
 fn victim(open: &Open, peer: Option<Peer>) -> Option<u64> {
-    let candidates = || {
-        open.slots
-            .values()
-            .filter(|s| peer.is_none_or(|p| s.peer == p))
-            .filter(|s| s.busy.load(Ordering::Acquire) == 0)
-    };
-    candidates()
-        .find(|s| !s.served.load(Ordering::Relaxed))
-        .or_else(|| candidates().next())
+    let mut idle: Vec<&Arc<Slot>> = open
+        .slots
+        .values()
+        .filter(|s| peer.is_none_or(|p| s.peer == p))
+        .filter(|s| s.busy.load(Ordering::Acquire) == 0)
+        .collect();
+    idle.sort_by_key(|s| (s.waiting_since.load(Ordering::Relaxed), s.id));
+    idle.into_iter()
+        .find(|s| {
+            s.busy
+                .compare_exchange(0, SHED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
         .map(|s| s.id)
 }
 
@@ -253,7 +312,7 @@ mod tests {
         s.parse().expect("address")
     }
 
-    fn admitted(a: Admission) -> (Held, Option<Peer>) {
+    fn admitted(a: Admission) -> (Held, Option<(Peer, Cap)>) {
         match a {
             Admission::In { held, shed } => (held, shed),
             other => panic!("refused: {other:?}"),
@@ -261,7 +320,7 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_at_its_cap_sheds_its_own_oldest_idle_socket_never_a_busy_one() {
+    fn a_peer_at_its_cap_sheds_its_socket_waiting_longest_never_a_busy_one() {
         let s = Sockets::new(Caps {
             total: 100,
             per_peer: 3,
@@ -273,21 +332,28 @@ mod tests {
         // Another peer is not affected by this one's cap.
         let (_other, shed) = admitted(s.admit(ip("10.0.0.2")));
         assert_eq!(shed, None);
-        // The fourth from 10.0.0.1 (n + 1) sheds its oldest: the first.
-        let _busy = held[1].slot.begin();
+        // The fourth from 10.0.0.1 (n + 1) sheds the one waiting longest: the first.
+        let busy = held[1].slot.begin();
         let (fourth, shed) = admitted(s.admit(ip("10.0.0.1")));
-        assert_eq!(shed, Some(Peer::of(ip("10.0.0.1"))));
+        assert_eq!(shed, Some((Peer::of(ip("10.0.0.1")), Cap::Peer)));
         assert!(!s.lock().slots.contains_key(&held[0].slot.id));
         assert_eq!(s.len(), 4);
-        // The next sheds the oldest never served, skipping the busy one: the third.
-        let _b = fourth.slot.begin();
-        drop(_b);
+        // A request that has just ended makes its socket the freshest: the third goes next,
+        // not the second (busy until now), and never the busy one.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        drop(busy);
         let (_fifth, _) = admitted(s.admit(ip("10.0.0.1")));
-        assert!(s.lock().slots.contains_key(&held[1].slot.id), "busy: kept");
-        assert!(!s.lock().slots.contains_key(&held[2].slot.id));
         assert!(
-            s.lock().slots.contains_key(&fourth.slot.id),
-            "served and idle: kept while one never served is there"
+            s.lock().slots.contains_key(&held[1].slot.id),
+            "just served: kept"
+        );
+        assert!(!s.lock().slots.contains_key(&held[2].slot.id));
+        let _busy = fourth.slot.begin();
+        let _busy5 = _fifth.slot.begin();
+        let _busy1 = held[1].slot.begin();
+        assert!(
+            matches!(s.admit(ip("10.0.0.1")), Admission::PeerBusy),
+            "every socket of the peer busy"
         );
         drop(held);
         assert_eq!(s.len(), 3, "a shed socket's place is given back once");
@@ -302,7 +368,7 @@ mod tests {
         let (a, _) = admitted(s.admit(ip("10.0.0.1")));
         let (b, _) = admitted(s.admit(ip("10.0.0.2")));
         let (_c, shed) = admitted(s.admit(ip("10.0.0.3")));
-        assert_eq!(shed, Some(Peer::of(ip("10.0.0.1"))));
+        assert_eq!(shed, Some((Peer::of(ip("10.0.0.1")), Cap::Total)));
         let _busy_b = b.slot.begin();
         let _busy_c = _c.slot.begin();
         assert!(matches!(s.admit(ip("10.0.0.4")), Admission::Full));

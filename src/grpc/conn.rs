@@ -20,6 +20,7 @@ use tokio::time::Sleep;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
+use crate::metrics::Metrics;
 use crate::sockets::{Admission, Busy, Caps, Held, Slot, Sockets};
 
 /// Limits on client connections.
@@ -71,7 +72,7 @@ impl ConnState {
 
     /// When the connection may be closed, if nothing starts meanwhile.
     fn close_at(&self, limits: &ConnLimits) -> Option<Instant> {
-        if self.slot.busy.load(Ordering::Acquire) > 0 {
+        if self.slot.in_flight() > 0 {
             return None;
         }
         if !self.started() {
@@ -140,7 +141,6 @@ impl Conn {
     /// Polls the timer: `Ready(Err)` once the connection should close.
     fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         if self.shed.as_mut().poll(cx).is_ready() {
-            tracing::debug!(remote = ?self.info.remote, "connection shed to make room");
             return Poll::Ready(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
                 "shed to make room for another connection",
@@ -246,6 +246,7 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 pub fn incoming(
     listener: TcpListener,
     limits: ConnLimits,
+    metrics: Arc<Metrics>,
 ) -> ReceiverStream<Result<Conn, io::Error>> {
     let (tx, rx) = mpsc::channel(1);
     let sockets = Sockets::new(Caps {
@@ -276,8 +277,17 @@ pub fn incoming(
             };
             let held = loop {
                 match sockets.admit(remote.ip()) {
-                    Admission::In { held, .. } => break Some(held),
-                    Admission::PeerBusy => break None,
+                    Admission::In { held, shed } => {
+                        if let Some((peer, cap)) = shed {
+                            tracing::debug!(%peer, cap = cap.as_str(), "connection shed to make room");
+                            metrics.socket_shed("grpc", cap.as_str());
+                        }
+                        break Some(held);
+                    }
+                    Admission::PeerBusy => {
+                        metrics.socket_shed("grpc", "peer_busy");
+                        break None;
+                    }
                     Admission::Full => {
                         let closed = sockets.closed.notified();
                         tokio::select! {

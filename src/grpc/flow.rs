@@ -9,10 +9,17 @@
 //! frames, 208 each) spend it after about 2,500 unread frames, while the window admits 21,000.
 //!
 //! So the windows are set the other way round. What a connection holds unread is bounded by
-//! its streams' windows, `max_concurrent_streams × STREAM_WINDOW`; the connection window is
-//! made large enough that this much, sent in the smallest frames a gRPC message comes in
-//! (its 5-byte prefix alone), is still inside the budget. The connection window then never
-//! binds, and the per-stream window is what holds a producer back.
+//! its streams' windows, `max_concurrent_streams × STREAM_WINDOW`, plus the 65,535 bytes a
+//! client may send before it has read the server's SETTINGS; the connection window is made
+//! large enough that this much, sent in the smallest frames a valid trigger comes in, is still
+//! inside the budget. The connection window then never binds, and the per-stream window is
+//! what holds a producer back.
+//!
+//! The budget is also what bounds the memory a connection can hold in unread frames (each
+//! costs h2 about 256 bytes beside its data): at the default 256 streams it is about 53 MB, a
+//! bound per connection that --max-connections-per-peer multiplies. Frames smaller than a
+//! valid trigger's (no gRPC client sends them but to attack) can still spend it: h2's GOAWAY
+//! is then the defence it was made for.
 
 /// Bytes a stream may send before the server has read them: what one stream can hold unread.
 pub const STREAM_WINDOW: u32 = 16 << 10;
@@ -21,8 +28,13 @@ pub const STREAM_WINDOW: u32 = 16 << 10;
 /// about 2 KiB, below which a stream would need a round trip per small message.
 pub const MAX_CONCURRENT_STREAMS: u32 = 10_000;
 
-/// The smallest DATA frame a gRPC message comes in: its length prefix, for an empty message.
-pub const SMALLEST_MESSAGE_FRAME: u64 = 5;
+/// The smallest DATA frame a valid trigger comes in: the 5-byte gRPC prefix and the shortest
+/// valid DeliverTriggersRequest (pack, ref, principal and land of one letter each).
+pub const SMALLEST_MESSAGE_FRAME: u64 = 19;
+
+/// What a client may send before it has read the server's SETTINGS: HTTP/2's initial
+/// connection window, however its streams share it.
+const BEFORE_SETTINGS: u64 = 65_535;
 
 /// h2's threshold: a DATA frame shorter than this is charged `THRESHOLD - len` while unread.
 const FRAME_OVERHEAD_THRESHOLD: u64 = 256;
@@ -40,22 +52,22 @@ pub struct Windows {
 impl Windows {
     /// The stream window is STREAM_WINDOW, smaller when so many streams are allowed that the
     /// largest connection window could not cover them; the connection window is twice (h2's
-    /// budget is half of it) the charge of every stream's window filled with the smallest
-    /// frames.
+    /// budget is half of it) the charge of every stream's window, and what may come before
+    /// SETTINGS, filled with the smallest frames.
     pub fn for_streams(max_concurrent_streams: u32) -> Windows {
         let streams = u64::from(max_concurrent_streams.clamp(1, MAX_CONCURRENT_STREAMS));
-        let per_byte = |w: u64| {
-            2 * w * (FRAME_OVERHEAD_THRESHOLD - SMALLEST_MESSAGE_FRAME) / SMALLEST_MESSAGE_FRAME
-        };
+        let charge = FRAME_OVERHEAD_THRESHOLD - SMALLEST_MESSAGE_FRAME;
+        let window = |unread: u64| 2 * (unread + BEFORE_SETTINGS) * charge / SMALLEST_MESSAGE_FRAME;
         let mut stream = u64::from(STREAM_WINDOW);
-        if per_byte(streams * stream) > MAX_WINDOW {
-            // Solve per_byte(streams × stream) ≤ MAX_WINDOW for stream.
-            stream = (MAX_WINDOW * SMALLEST_MESSAGE_FRAME
-                / (2 * (FRAME_OVERHEAD_THRESHOLD - SMALLEST_MESSAGE_FRAME) * streams))
+        if window(streams * stream) > MAX_WINDOW {
+            // Solve window(streams × stream) ≤ MAX_WINDOW for stream.
+            stream = ((MAX_WINDOW * SMALLEST_MESSAGE_FRAME / (2 * charge))
+                .saturating_sub(BEFORE_SETTINGS)
+                / streams)
                 .max(1);
         }
         // HTTP/2 starts every window at 65,535: a smaller one is never set.
-        let connection = per_byte(streams * stream).clamp(65_535, MAX_WINDOW);
+        let connection = window(streams * stream).clamp(65_535, MAX_WINDOW);
         Windows {
             stream: u32::try_from(stream).unwrap_or(STREAM_WINDOW),
             connection: u32::try_from(connection).unwrap_or(u32::MAX >> 1),
@@ -67,9 +79,11 @@ impl Windows {
         u64::from(self.connection) / 2
     }
 
-    /// The charge of `streams` windows filled with frames of `frame_len` bytes.
+    /// The charge of `streams` windows, and what may come before SETTINGS, filled with frames
+    /// of `frame_len` bytes.
     pub fn charge_when_full(&self, streams: u32, frame_len: u64) -> u64 {
-        let frames = u64::from(streams) * u64::from(self.stream) / frame_len.max(1);
+        let unread = u64::from(streams) * u64::from(self.stream) + BEFORE_SETTINGS;
+        let frames = unread / frame_len.max(1);
         frames * FRAME_OVERHEAD_THRESHOLD.saturating_sub(frame_len)
     }
 }
@@ -82,7 +96,7 @@ mod tests {
     fn every_stream_full_of_the_smallest_frames_stays_inside_the_budget() {
         for streams in [1, 8, 100, 256, 1024, MAX_CONCURRENT_STREAMS] {
             let w = Windows::for_streams(streams);
-            for frame in [SMALLEST_MESSAGE_FRAME, 20, 48, 171, 255] {
+            for frame in [SMALLEST_MESSAGE_FRAME, 48, 171, 255] {
                 assert!(
                     w.charge_when_full(streams, frame) <= w.frame_budget(),
                     "{streams} streams of {frame}-byte frames: {w:?}"
@@ -94,10 +108,34 @@ mod tests {
         // The default: 256 streams of 16 KiB each, 4 MiB unread at most per connection.
         let w = Windows::for_streams(256);
         assert_eq!(w.stream, STREAM_WINDOW);
-        assert_eq!(u64::from(w.connection), 2 * 256 * (16 << 10) * 251 / 5);
-        // Tight: the default leaves less than two of the smallest frames' charge spare.
+        assert_eq!(
+            u64::from(w.connection),
+            2 * (256 * (16 << 10) + 65_535) * 237 / 19
+        );
+        // Tight: the default leaves less than two of the smallest frames' charge spare, and
+        // what that budget lets a connection hold in unread frames is about 53 MB.
         let spare = w.frame_budget() - w.charge_when_full(256, SMALLEST_MESSAGE_FRAME);
-        assert!(spare < 2 * 251, "{spare}");
+        assert!(spare < 2 * 237, "{spare}");
+        assert!(w.frame_budget() < 54_000_000, "{}", w.frame_budget());
+    }
+
+    #[test]
+    fn the_smallest_frame_is_the_shortest_valid_trigger() {
+        use crate::grpc::pb::{DeliverTriggerRequest, DeliverTriggersRequest};
+        use prost::Message as _;
+        let shortest = DeliverTriggersRequest {
+            trigger: Some(DeliverTriggerRequest {
+                pack_id: "a".into(),
+                r#ref: "a".into(),
+                principal: "a".into(),
+                land: "a".into(),
+                ..Default::default()
+            }),
+        };
+        use crate::domain::names::{check_land, check_pack_id, check_ref};
+        assert!(check_pack_id("a").is_ok() && check_ref("a").is_ok() && check_land("a").is_ok());
+        assert!(check_pack_id("").is_err() && check_ref("").is_err() && check_land("").is_err());
+        assert_eq!(5 + shortest.encoded_len() as u64, SMALLEST_MESSAGE_FRAME);
     }
 
     #[test]

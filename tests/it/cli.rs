@@ -392,7 +392,8 @@ fn readme_walkthroughs_run_verbatim() {
         "SERVING",
         "\"duplicate\":true,\"principal\":\"alice\"",
         "forged: 401",
-        "\"trigger_id\":\"gh-delivery-1\"",
+        // GitHub signs the body alone: its digest is the trigger id.
+        "\"trigger_id\":\"sha256:1de5fdc540b71e1bb3d8557c3025acec33882eabb0086fcd737c49fa56cc842d\"",
         "pack=\"weather\",ingress=\"standard_webhooks\"} 2",
         "\"trigger_id\":\"/sensors/7#1001\"",
         "7 lines: 4 recorded, 1 dropped, 2 refused",

@@ -316,5 +316,20 @@ async fn a_peer_at_its_socket_cap_sheds_its_own_oldest_and_no_other_peers() {
         );
         drop(fifth);
     }
+    let url = format!("http://{}/metrics", app.metrics_addr);
+    let text = tokio::task::spawn_blocking(move || crate::helpers::http_get(&url))
+        .await
+        .expect("scrape");
+    // The gRPC listener also holds the test's own channel, which an idle peer socket is too.
+    for listener in ["ingress", "metrics", "grpc"] {
+        let key =
+            format!(r#"hcp_sense_sockets_shed_total{{listener="{listener}",reason="peer_cap"}} "#);
+        let shed: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
+        assert!(shed >= 1, "{key}{shed} in:\n{text}");
+    }
     app.stop().await;
 }
