@@ -10,10 +10,10 @@ use hmac::{KeyInit, Mac};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tonic::transport::Channel;
-use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 
 use crate::cli::set_up_weather;
 use crate::helpers::{spawn_app_with, StoreKind, TestApp};
+use crate::transport::health_ok;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// Sockets in each attack: past every cap of one listener.
@@ -125,15 +125,6 @@ async fn exchange(addr: SocketAddr, request: &[u8]) -> (u16, Duration) {
     (answer.ok().flatten().unwrap_or(0), start.elapsed())
 }
 
-async fn health(ch: &Channel) -> Duration {
-    let t = Instant::now();
-    HealthClient::new(ch.clone())
-        .check(HealthCheckRequest::default())
-        .await
-        .expect("health check");
-    t.elapsed()
-}
-
 /// For `secs`, every 400 ms: a signed webhook on a fresh connection, answered 202 within 2 s;
 /// throughout, health checks on one channel, their p99 under 50 ms.
 async fn real_callers_are_served(app: &TestApp, secs: u64, what: &str) {
@@ -149,7 +140,7 @@ async fn real_callers_are_served(app: &TestApp, secs: u64, what: &str) {
         async move {
             let mut took = Vec::new();
             while Instant::now() < until {
-                took.push(health(&ch).await);
+                took.push(health_ok(&ch).await);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             took

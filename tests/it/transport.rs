@@ -41,7 +41,7 @@ async fn channel(addr: &str) -> Channel {
         .expect("connect")
 }
 
-async fn health_ok(ch: &Channel) -> Duration {
+pub async fn health_ok(ch: &Channel) -> Duration {
     let t = Instant::now();
     HealthClient::new(ch.clone())
         .check(HealthCheckRequest::default())
