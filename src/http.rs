@@ -133,6 +133,9 @@ async fn connection(
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
+        // The head's own bound (431); the buffer's alone is not one when a head arrives in a
+        // single read.
+        .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true)
         .serve_connection(io, service);

@@ -324,3 +324,28 @@ async fn a_peer_at_its_socket_cap_sheds_its_own_oldest_and_no_other_peers() {
     }
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_past_64_kib_is_431_and_a_body_past_the_payload_limit_413() {
+    let app = app_with_route().await;
+    let ingress = app.ingress_addr.expect("ingress listener");
+    let head = |pad: usize| {
+        format!(
+            "POST /v1/ingress/alerts HTTP/1.1\r\nHost: hcp\r\nX-Pad: {}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}",
+            "p".repeat(pad)
+        )
+    };
+    // Within the head's bound the request reaches the route (unsigned: 401); past it, 431.
+    let (status, _) = exchange(ingress, head(60 << 10).as_bytes()).await;
+    assert_eq!(status, 401);
+    let (status, _) = exchange(ingress, head(hcp_sense::http::MAX_HEAD_BYTES).as_bytes()).await;
+    assert_eq!(status, 431);
+    let big = 64 << 10 | 1;
+    let body = format!(
+        "POST /v1/ingress/alerts HTTP/1.1\r\nHost: hcp\r\nContent-Length: {big}\r\nConnection: close\r\n\r\n{}",
+        "a".repeat(big)
+    );
+    let (status, _) = exchange(ingress, body.as_bytes()).await;
+    assert_eq!(status, 413);
+    app.stop().await;
+}
