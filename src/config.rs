@@ -212,7 +212,7 @@ pub struct Config {
     #[arg(long = "http-body-timeout-secs", env = "HCP_SENSE_HTTP_BODY_TIMEOUT_SECS", value_name = "SECS", value_parser = secs, default_value = "30")]
     pub http_body_timeout: Duration,
 
-    /// Most sockets one peer (an IPv4 address, an IPv6 /64) may hold open on each HTTP listener; past it the peer's oldest socket not serving a request is closed to make room.
+    /// Most sockets one peer (an IPv4 address, an IPv6 /64) may hold open on each HTTP listener; past it the peer's socket not serving a request that has waited longest is closed to make room.
     #[arg(
         long = "http-max-connections-per-peer",
         env = "HCP_SENSE_HTTP_MAX_CONNECTIONS_PER_PEER",
@@ -221,7 +221,7 @@ pub struct Config {
     )]
     pub http_max_connections_per_peer: usize,
 
-    /// Most gRPC connections one peer (an IPv4 address, an IPv6 /64) may hold open; past it the peer's oldest connection with no call in flight is closed to make room.
+    /// Most gRPC connections one peer (an IPv4 address, an IPv6 /64) may hold open; past it the peer's connection with no call in flight that has waited longest is closed to make room.
     #[arg(
         long = "max-connections-per-peer",
         env = "HCP_SENSE_MAX_CONNECTIONS_PER_PEER",

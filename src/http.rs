@@ -6,7 +6,8 @@
 //! hold file descriptors and memory for ever, nor keep real senders out: headers have
 //! `header_timeout` from the first byte a request may start with, the body `body_timeout`
 //! from the end of the headers, a socket that moves no byte for `idle` is closed, and at a
-//! socket cap the oldest socket not serving a request is shed (crate::sockets).
+//! socket cap the socket not serving a request that has waited longest is shed
+//! (crate::sockets).
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;

@@ -1,4 +1,4 @@
-//! Client sockets of a listener, counted per peer and in total: at either cap the oldest socket that is not serving a request is closed to make room, so slow or silent sockets cannot keep real callers out.
+//! Client sockets of a listener, counted per peer and in total: at either cap the socket not serving a request that has waited longest is closed to make room, so slow or silent sockets cannot keep real callers out.
 //!
 //! A cap alone is a lock an attacker holds: sockets that drip a byte now and then, or never
 //! finish a handshake, fill it and every real caller waits behind them. So a cap sheds

@@ -26,9 +26,9 @@ use crate::sockets::{Admission, Busy, Caps, Held, Slot, Sockets};
 /// Limits on client connections.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {
-    /// Most connections open at once; past it the oldest with no call in flight is closed.
+    /// Most connections open at once; past it the one with no call in flight that has waited longest is closed.
     pub max_connections: usize,
-    /// Most connections one peer may hold; past it its oldest with no call in flight is closed.
+    /// Most connections one peer may hold; past it its one with no call in flight that has waited longest is closed.
     pub max_per_peer: usize,
     /// A connection must start its first call (after TLS and the HTTP/2 preface) within this.
     pub first_request_timeout: Duration,
@@ -240,7 +240,7 @@ pub fn effective_max_connections(configured: usize) -> usize {
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Accepts connections until the returned stream is dropped. At a cap it sheds (crate::sockets):
-/// the oldest connection with no call in flight is closed to make room; with every one busy it
+/// the connection with no call in flight that has waited longest is closed to make room; with every one busy it
 /// waits for one to close; a peer whose every connection is busy is refused another. After an
 /// accept error it pauses, doubling up to a second, instead of retrying at once.
 pub fn incoming(
