@@ -253,20 +253,26 @@ impl Sockets {
 /// The socket to shed, marked SHED: of those not serving a request (of `peer`, when given),
 /// the one waiting longest. A socket whose request starts meanwhile is passed over.
 fn victim(open: &Open, peer: Option<Peer>) -> Option<u64> {
-    let mut idle: Vec<&Arc<Slot>> = open
-        .slots
-        .values()
-        .filter(|s| peer.is_none_or(|p| s.peer == p))
-        .filter(|s| s.busy.load(Ordering::Acquire) == 0)
-        .collect();
-    idle.sort_by_key(|s| (s.waiting_since.load(Ordering::Relaxed), s.id));
-    idle.into_iter()
-        .find(|s| {
-            s.busy
-                .compare_exchange(0, SHED, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        })
-        .map(|s| s.id)
+    let idle = || {
+        open.slots
+            .values()
+            .filter(move |s| peer.is_none_or(|p| s.peer == p))
+            .filter(|s| s.busy.load(Ordering::Acquire) == 0)
+    };
+    let shed = |s: &Arc<Slot>| {
+        s.busy
+            .compare_exchange(0, SHED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    };
+    let longest = |s: &&Arc<Slot>| (s.waiting_since.load(Ordering::Relaxed), s.id);
+    // One pass finds it; only when its request starts meanwhile are the rest put in order.
+    let first = idle().min_by_key(longest)?;
+    if shed(first) {
+        return Some(first.id);
+    }
+    let mut rest: Vec<&Arc<Slot>> = idle().collect();
+    rest.sort_by_key(longest);
+    rest.into_iter().find(|s| shed(s)).map(|s| s.id)
 }
 
 fn remove(open: &mut Open, id: u64) -> Arc<Slot> {
