@@ -190,10 +190,15 @@ on_both_stores!(s7_6_standard_webhooks_are_verified_and_recorded_once => standar
 
 /// alice's records, oldest first (at most 100).
 async fn alice_records(app: &TestApp) -> Vec<pb::Record> {
+    records_of(app, "alice").await
+}
+
+/// A principal's records, oldest first (at most 100).
+async fn records_of(app: &TestApp, principal: &str) -> Vec<pb::Record> {
     app.records
         .clone()
         .list_records(pb::ListRecordsRequest {
-            principal: "alice".into(),
+            principal: principal.into(),
             page_size: 100,
             ..Default::default()
         })
@@ -1031,26 +1036,13 @@ async fn a_replayed_signed_request_is_its_first_record_or_refused(kind: StoreKin
             other => panic!("replay of request {route} with {change}: {other} {b}"),
         }
     }
-    let count = |who: &str| {
-        let mut records = app.records.clone();
-        let who = who.to_owned();
-        async move {
-            records
-                .list_records(pb::ListRecordsRequest {
-                    principal: who,
-                    page_size: 100,
-                    ..Default::default()
-                })
-                .await
-                .expect("list")
-                .into_inner()
-                .records
-                .len()
-        }
-    };
-    assert_eq!(count("alice").await, 4, "one record per original");
     assert_eq!(
-        count("bob").await,
+        alice_records(&app).await.len(),
+        4,
+        "one record per original"
+    );
+    assert_eq!(
+        records_of(&app, "bob").await.len(),
         0,
         "a replay never records for another principal"
     );

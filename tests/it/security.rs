@@ -525,23 +525,8 @@ async fn a_10_mib_payload_is_refused_without_the_server_growing() {
 async fn es256_jwts_from_a_jwks_file_with_issuer_and_audience_checked() {
     use jsonwebtoken::{jwk, Algorithm, EncodingKey, Header};
     let dir = tempfile::tempdir().expect("tempdir");
-    let ok = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-        ])
-        .arg(dir.path().join("es.key"))
-        .status()
-        .expect("openssl");
-    assert!(ok.success());
+    let (key, public) = es256_key(dir.path(), "es", "k1");
     let pem = std::fs::read(dir.path().join("es.key")).expect("key");
-    let key = EncodingKey::from_ec_pem(&pem).expect("ec key");
-    let mut public = jwk::Jwk::from_encoding_key(&key, Algorithm::ES256).expect("jwk");
-    public.common.key_id = Some("k1".into());
     let jwks = dir.path().join("jwks.json");
     std::fs::write(
         &jwks,
