@@ -71,6 +71,7 @@ struct Otel {
     records_written: opentelemetry::metrics::Counter<u64>,
     drop_counts_written: opentelemetry::metrics::Counter<u64>,
     ingress_refused: opentelemetry::metrics::Counter<u64>,
+    ingress_replayed: opentelemetry::metrics::Counter<u64>,
     sockets_shed: opentelemetry::metrics::Counter<u64>,
     records_deleted: opentelemetry::metrics::Counter<u64>,
     signature_checks: opentelemetry::metrics::Counter<u64>,
@@ -101,6 +102,7 @@ impl Otel {
             records_written: m.u64_counter("hcp_sense.records.written").build(),
             drop_counts_written: m.u64_counter("hcp_sense.drop_counts.written").build(),
             ingress_refused: m.u64_counter("hcp_sense.ingress.refused").build(),
+            ingress_replayed: m.u64_counter("hcp_sense.ingress.replayed").build(),
             sockets_shed: m.u64_counter("hcp_sense.sockets.shed").build(),
             records_deleted: m.u64_counter("hcp_sense.records.deleted").build(),
             signature_checks: m.u64_counter("hcp_sense.auth.signature_checks").build(),
@@ -127,6 +129,7 @@ pub struct Metrics {
     records_written: Counter,
     drop_counts_written: Counter,
     ingress_refused: Family<IngressLabels, Counter>,
+    ingress_replayed: Family<IngressLabels, Counter>,
     sockets_shed: Family<ShedLabels, Counter>,
     records_deleted: Family<CauseLabels, Counter>,
     bindings: Family<StateLabels, Gauge>,
@@ -198,6 +201,12 @@ impl Metrics {
             "Ingress requests and messages refused before any trigger was decided (a bad signature, a malformed or unmappable message)",
             ingress_refused.clone(),
         );
+        let ingress_replayed = Family::<IngressLabels, Counter>::default();
+        registry.register(
+            "ingress_replayed",
+            "Signed ingress requests whose delivery was decided before, answered with the first outcome and not decided again",
+            ingress_replayed.clone(),
+        );
         let sockets_shed = Family::<ShedLabels, Counter>::default();
         registry.register(
             "sockets_shed",
@@ -265,6 +274,7 @@ impl Metrics {
             records_written,
             drop_counts_written,
             ingress_refused,
+            ingress_replayed,
             sockets_shed,
             records_deleted,
             bindings,
@@ -348,6 +358,16 @@ impl Metrics {
             .inc();
         self.otel
             .ingress_refused
+            .add(1, &[KeyValue::new("ingress", ingress)]);
+    }
+
+    /// A signed delivery decided before, answered from the ledger; `ingress` is the route's kind.
+    pub fn ingress_replayed(&self, ingress: &'static str) {
+        self.ingress_replayed
+            .get_or_create(&IngressLabels { ingress })
+            .inc();
+        self.otel
+            .ingress_replayed
             .add(1, &[KeyValue::new("ingress", ingress)]);
     }
 

@@ -7,10 +7,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::error::Error;
-use crate::service::ingress::Received;
 use crate::service::Service;
 
 /// The routes of the ingress listener; a body over `max_body_bytes` is answered 413.
@@ -37,18 +36,6 @@ fn header_map(h: &HeaderMap) -> BTreeMap<String, String> {
     out
 }
 
-fn received_json(r: &Received) -> Value {
-    let o = &r.outcome;
-    json!({
-        "principal": r.principal,
-        "trigger_id": r.trigger_id,
-        "disposition": o.disposition(),
-        "drop_reason": o.drop_reason.map(|d| d.as_str()),
-        "record_id": o.record_id,
-        "duplicate": o.duplicate,
-    })
-}
-
 async fn receive(
     State(service): State<Service>,
     Path(route): Path<String>,
@@ -71,11 +58,12 @@ async fn receive(
         ))
     });
     match received {
-        Ok(triggers) => (
+        Ok(receipt) => (
             StatusCode::ACCEPTED,
             Json(json!({
                 "route": route,
-                "triggers": triggers.iter().map(received_json).collect::<Vec<_>>(),
+                "triggers": receipt.triggers,
+                "replay": receipt.replay,
             })),
         )
             .into_response(),

@@ -6,6 +6,7 @@ mod m20261130_000002_audit;
 mod m20261130_000003_record_position;
 mod m20261201_000001_ingress_routes;
 mod m20261202_000001_filters_and_land_retention;
+mod m20261202_000002_ingress_deliveries;
 
 /// Every migration, in the order it is applied.
 pub struct Migrator;
@@ -19,6 +20,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000003_record_position::Migration),
             Box::new(m20261201_000001_ingress_routes::Migration),
             Box::new(m20261202_000001_filters_and_land_retention::Migration),
+            Box::new(m20261202_000002_ingress_deliveries::Migration),
         ]
     }
 }

@@ -621,15 +621,40 @@ pub fn cloud_event(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unsigned(pub String);
 
+/// What a verified signature vouches for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The kind's signed delivery id: the default trigger id, and the ledger's key.
+    pub delivery_id: String,
+    /// The signed time (Unix seconds), for kinds that sign one: a replay verifies only
+    /// within TIMESTAMP_TOLERANCE_SECS of it. `None`: a replay verifies for ever (GitHub).
+    pub signed_at: Option<i64>,
+}
+
+impl Verified {
+    /// The ledger's key for the delivery: a fixed-width digest of its id, however long.
+    pub fn key(&self) -> String {
+        use sha2::Digest as _;
+        hex::encode(Sha256::digest(self.delivery_id.as_bytes()))
+    }
+
+    /// When (Unix seconds) a replay stops verifying anywhere, `margin` being the clock skew
+    /// allowed between replicas; `None`: never.
+    pub fn replayable_until(&self, margin: i64) -> Option<i64> {
+        self.signed_at
+            .map(|at| at.saturating_add(TIMESTAMP_TOLERANCE_SECS + margin))
+    }
+}
+
 /// Checks a request's signature against any of a route's secrets, in constant time per
-/// comparison; returns the kind's delivery id (the default trigger id). `now` is Unix seconds.
+/// comparison; returns what it vouches for. `now` is Unix seconds.
 pub fn verify(
     kind: IngressKind,
     secrets: &[String],
     headers: &BTreeMap<String, String>,
     body: &[u8],
     now: i64,
-) -> Result<String, Unsigned> {
+) -> Result<Verified, Unsigned> {
     let header = |name: &str| headers.get(name).map(String::as_str);
     match kind {
         // Not an HTTP route: its messages come over the NATS connection alone.
@@ -671,7 +696,10 @@ pub fn verify(
                     .iter()
                     .any(|sig| mac.clone().verify_slice(sig).is_ok())
                 {
-                    return Ok(id.to_owned());
+                    return Ok(Verified {
+                        delivery_id: id.to_owned(),
+                        signed_at: Some(at),
+                    });
                 }
             }
             Err(Unsigned(
@@ -691,7 +719,10 @@ pub fn verify(
                 };
                 mac.update(body);
                 if mac.verify_slice(&given).is_ok() {
-                    return Ok(github_delivery_id(body));
+                    return Ok(Verified {
+                        delivery_id: github_delivery_id(body),
+                        signed_at: None,
+                    });
                 }
             }
             Err(Unsigned(
@@ -937,9 +968,10 @@ mod tests {
         ]);
         let id = verify(IngressKind::Github, &secrets, &headers, b"{}", 0).expect("signed");
         assert_eq!(
-            id,
+            id.delivery_id,
             "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
+        assert_eq!(id.replayable_until(60), None, "GitHub signs no time");
         headers.insert("x-github-delivery".into(), "d-2".into());
         assert_eq!(
             verify(IngressKind::Github, &secrets, &headers, b"{}", 0),
@@ -979,8 +1011,15 @@ mod tests {
         let both = [other.clone(), secret.clone()];
         assert_eq!(
             verify(IngressKind::StandardWebhooks, &both, &headers, b"{}", 1000),
-            Ok("msg_1".into())
+            Ok(Verified {
+                delivery_id: "msg_1".into(),
+                signed_at: Some(1000)
+            })
         );
+        // A replay verifies until 1000 + 300 s; its ledger row outlives that by the margin.
+        let v = at_ok(&both, &headers);
+        assert_eq!(v.replayable_until(60), Some(1360));
+        assert_eq!(v.key().len(), 64);
         assert!(verify(
             IngressKind::StandardWebhooks,
             &[other],
@@ -994,5 +1033,9 @@ mod tests {
         let at = |now| verify(IngressKind::StandardWebhooks, &both, &headers, b"{}", now);
         assert!(at(1300).is_ok() && at(700).is_ok());
         assert!(at(1301).is_err() && at(699).is_err());
+    }
+
+    fn at_ok(secrets: &[String], headers: &BTreeMap<String, String>) -> Verified {
+        verify(IngressKind::StandardWebhooks, secrets, headers, b"{}", 1000).expect("signed")
     }
 }

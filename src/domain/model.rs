@@ -184,6 +184,12 @@ impl Retention {
         self.default.is_some() || self.lands.values().any(Option::is_some)
     }
 
+    /// The longest any record is kept (`None`: some record is kept for ever).
+    pub fn longest(&self) -> Option<std::time::Duration> {
+        let mut ages = self.lands.values().copied().chain([self.default]);
+        ages.try_fold(std::time::Duration::ZERO, |m, a| a.map(|a| m.max(a)))
+    }
+
     /// Parses `land=age,…` (`user=30d,brain=365d`): an age is a whole number of seconds with
     /// an optional unit `s`, `m`, `h` or `d`; `0` keeps the land's records for ever.
     pub fn parse_lands(
@@ -236,6 +242,22 @@ fn parse_age(s: &str) -> Result<Option<std::time::Duration>, String> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn the_longest_retention_is_none_when_any_record_is_kept_for_ever() {
+        let day = Duration::from_secs(86_400);
+        let mut r = Retention {
+            default: Some(day),
+            lands: [("brain".to_owned(), Some(day * 30))].into(),
+        };
+        assert_eq!(r.longest(), Some(day * 30));
+        r.lands.insert("user".into(), None);
+        assert_eq!(r.longest(), None, "a land kept for ever");
+        r.lands.clear();
+        assert_eq!(r.longest(), Some(day));
+        r.default = None;
+        assert_eq!(r.longest(), None, "every other land kept for ever");
+    }
 
     #[test]
     fn land_retention_parses_ages_and_refuses_what_it_cannot_read() {

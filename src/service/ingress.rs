@@ -8,7 +8,7 @@ use super::{valid_pack_id, Service};
 use crate::domain::decide::{Outcome, RawTrigger};
 use crate::domain::ingress::{
     check_route_id, check_secret, cloud_event, compile, evaluate, verify, Compiled, IngressKind,
-    Mapped, Mapping, Route, MAX_SECRETS,
+    Mapped, Mapping, Route, Verified, MAX_SECRETS,
 };
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, PolicyView};
@@ -107,6 +107,57 @@ fn unsigned_attributes(route: &Route, compiled: &Compiled) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The clock skew allowed between replicas (seconds): a ledger row outlives its signature's
+/// tolerance by this much, so a replica whose clock is behind still finds it.
+pub const LEDGER_SKEW_SECS: i64 = 60;
+
+/// The answer to a signed request: each trigger it became and what became of it, as JSON.
+#[derive(Debug, Clone)]
+pub struct Receipt {
+    /// An array of `{principal, trigger_id, disposition, drop_reason, record_id, duplicate}`.
+    pub triggers: Value,
+    /// The delivery was decided before; this is the first answer (its records marked
+    /// `duplicate`), and nothing was decided again.
+    pub replay: bool,
+}
+
+impl Receipt {
+    fn decided(received: &[Received]) -> Receipt {
+        let triggers = received
+            .iter()
+            .map(|r| {
+                let o = &r.outcome;
+                serde_json::json!({
+                    "principal": r.principal,
+                    "trigger_id": r.trigger_id,
+                    "disposition": o.disposition(),
+                    "drop_reason": o.drop_reason.map(|d| d.as_str()),
+                    "record_id": o.record_id,
+                    "duplicate": o.duplicate,
+                })
+            })
+            .collect();
+        Receipt {
+            triggers: Value::Array(triggers),
+            replay: false,
+        }
+    }
+
+    fn replayed(first: &str) -> Result<Receipt> {
+        let mut triggers: Value = serde_json::from_str(first)
+            .map_err(|e| Error::Internal(format!("bad stored ingress answer: {e}")))?;
+        for t in triggers.as_array_mut().into_iter().flatten() {
+            if t.get("record_id").is_some_and(|r| !r.is_null()) {
+                t["duplicate"] = Value::Bool(true);
+            }
+        }
+        Ok(Receipt {
+            triggers,
+            replay: true,
+        })
+    }
 }
 
 /// One trigger a request became, and what became of it.
@@ -244,7 +295,7 @@ impl Service {
         headers: &BTreeMap<String, String>,
         body: &[u8],
         now: i64,
-    ) -> Result<Vec<Received>> {
+    ) -> Result<Receipt> {
         // An unknown route and a bad signature read alike to the caller: both say only that
         // the request was not accepted, so route ids cannot be probed without a secret.
         let refused = || Error::Unauthenticated("the request is not signed for this route".into());
@@ -254,13 +305,59 @@ impl Service {
         let Some(route) = self.store.ingress_route(route_id).await? else {
             return Err(refused());
         };
-        let delivery_id = verify(route.kind, &route.secrets, headers, body, now).map_err(|u| {
+        let verified = verify(route.kind, &route.secrets, headers, body, now).map_err(|u| {
             // Debug, like refused gRPC credentials: a flood of forged requests must not flood
             // the log; hcp_sense_ingress_refused_total counts them.
             tracing::debug!(route_id, why = %u.0, "ingress request refused");
             refused()
         })?;
-        self.route_message(&route, headers, body, delivery_id).await
+        // A signed delivery is decided once: its replay, whatever its unsigned headers say
+        // and whatever changed since (a grant, an erasure), gets the first answer.
+        let key = verified.key();
+        if let Some(first) = self
+            .store
+            .ingress_delivery(route_id, &key, now_micros())
+            .await?
+        {
+            self.metrics.ingress_replayed(route.kind.as_str());
+            tracing::info!(
+                route_id,
+                "signed delivery decided before: answered with its first outcome"
+            );
+            return Receipt::replayed(&first);
+        }
+        let received = self
+            .route_message(&route, headers, body, verified.delivery_id.clone())
+            .await?;
+        let receipt = Receipt::decided(&received);
+        let until = self.ledger_until(&verified);
+        self.store
+            .keep_ingress_delivery(
+                route_id,
+                &key,
+                now_micros(),
+                until,
+                &receipt.triggers.to_string(),
+            )
+            .await?;
+        Ok(receipt)
+    }
+
+    /// Until when (Unix microseconds) a delivery's ledger row is kept: past the time its
+    /// signature stops verifying (SW, CloudEvents), or, for a kind that signs no time, past
+    /// the longest any record is kept (`None`: for ever, as records are).
+    fn ledger_until(&self, v: &Verified) -> Option<i64> {
+        let micros = |s: i64| s.saturating_mul(1_000_000);
+        if v.signed_at.is_some() {
+            return v.replayable_until(LEDGER_SKEW_SECS).map(micros);
+        }
+        let longest = self.limits.retention.longest()?;
+        let age = i64::try_from(longest.as_micros()).unwrap_or(i64::MAX);
+        Some(
+            now_micros()
+                .saturating_add(age)
+                .saturating_add(micros(LEDGER_SKEW_SECS)),
+        )
     }
 
     /// A message taken by a route (a verified HTTP request, or a NATS message), turned into

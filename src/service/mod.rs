@@ -111,15 +111,14 @@ impl Service {
             limits.batch_timeout,
             limits.sink_writers,
         );
-        if limits.retention.prunes() {
-            retention::start(
-                store.clone(),
-                metrics.clone(),
-                limits.retention.clone(),
-                limits.prune_every,
-                Arc::downgrade(&drops),
-            );
-        }
+        // Always: the ingress ledger expires whatever the records' retention.
+        retention::start(
+            store.clone(),
+            metrics.clone(),
+            limits.retention.clone(),
+            limits.prune_every,
+            Arc::downgrade(&drops),
+        );
         Ok(Service {
             store,
             policy: Arc::new(Policy {

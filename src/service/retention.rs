@@ -1,4 +1,4 @@
-//! Retention: records older than their land's age are deleted in small batches in the background.
+//! Retention: records older than their land's age, and ingress ledger rows past their expiry, are deleted in small batches in the background.
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -13,8 +13,9 @@ pub const PRUNE_BATCH: u64 = 250;
 pub const BATCH_PAUSE: Duration = Duration::from_millis(20);
 
 /// Deletes, every `every`, the records of each land older than its age (the lands listed by
-/// their own, every other land by the default), in batches of PRUNE_BATCH with a pause
-/// between. Stops when `alive` can no longer be upgraded.
+/// their own, every other land by the default) and the expired rows of the ingress ledger,
+/// in batches of PRUNE_BATCH with a pause between. Stops when `alive` can no longer be
+/// upgraded.
 pub fn start<T: Send + Sync + 'static>(
     store: Store,
     metrics: Arc<Metrics>,
@@ -31,6 +32,7 @@ pub fn start<T: Send + Sync + 'static>(
                 return;
             }
             let now = now_micros();
+            prune_ledger(&store, now).await;
             let mut passes: Vec<(Lands<'_>, i64)> = retention
                 .lands
                 .iter()
@@ -42,27 +44,52 @@ pub fn start<T: Send + Sync + 'static>(
                 passes.push((Lands::Except(&listed), now.saturating_sub(micros(age))));
             }
             for (lands, cutoff) in passes {
-                let mut total = 0;
-                loop {
-                    match store.prune_records(cutoff, lands, PRUNE_BATCH).await {
-                        Ok(n) => {
-                            total += n;
-                            metrics.records_deleted("retention", n);
-                            if n < PRUNE_BATCH {
-                                break;
-                            }
-                            tokio::time::sleep(BATCH_PAUSE).await;
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "pruning records failed; will retry");
-                            break;
-                        }
-                    }
-                }
+                let (store, metrics) = (&store, &metrics);
+                let total = in_batches("records", || async move {
+                    let n = store.prune_records(cutoff, lands, PRUNE_BATCH).await?;
+                    metrics.records_deleted("retention", n);
+                    Ok(n)
+                })
+                .await;
                 if total > 0 {
                     tracing::info!(deleted = total, lands = %lands, "pruned records past retention");
                 }
             }
         }
     });
+}
+
+/// Deletes the ingress ledger's rows expired at `now`, a batch at a time.
+async fn prune_ledger(store: &Store, now: i64) {
+    let total = in_batches("the ingress ledger", || {
+        store.prune_ingress_deliveries(now, PRUNE_BATCH)
+    })
+    .await;
+    if total > 0 {
+        tracing::debug!(deleted = total, "pruned expired ingress deliveries");
+    }
+}
+
+/// Runs `batch` (which deletes at most PRUNE_BATCH rows) until it deletes fewer, pausing
+/// BATCH_PAUSE between; a failure ends the pass (the next retries). Returns rows deleted.
+async fn in_batches<F>(what: &str, mut batch: impl FnMut() -> F) -> u64
+where
+    F: std::future::Future<Output = crate::error::Result<u64>>,
+{
+    let mut total = 0;
+    loop {
+        match batch().await {
+            Ok(n) => {
+                total += n;
+                if n < PRUNE_BATCH {
+                    return total;
+                }
+                tokio::time::sleep(BATCH_PAUSE).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "pruning {what} failed; will retry");
+                return total;
+            }
+        }
+    }
 }

@@ -307,3 +307,25 @@ pub mod ingress_routes {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+pub mod ingress_deliveries {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "ingress_deliveries")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub route_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub delivery_key: String,
+        pub decide_time: i64,
+        pub expire_time: Option<i64>,
+        #[sea_orm(column_type = "Text")]
+        pub answer: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

@@ -1,9 +1,9 @@
 //! Ingress routes as stored: written as audited admin changes (their secrets kept out of the audit log) and read by id per request.
-use sea_orm::sea_query::OnConflict;
+use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use super::audit::{Actor, Change};
-use super::entity::ingress_routes;
+use super::entity::{ingress_deliveries, ingress_routes};
 use super::{classify, Store};
 use crate::domain::ingress::{IngressKind, Mapping, Route};
 use crate::error::{Error, Result};
@@ -118,5 +118,87 @@ impl Store {
         let w = self.begin_write().await?;
         self.audited_delete::<ingress_routes::Entity>(w, change, route_id.to_owned())
             .await
+    }
+}
+
+impl Store {
+    /// The first answer to a route's signed delivery (`key`: the digest of its delivery id),
+    /// while the row has not expired at `now` (Unix microseconds).
+    pub async fn ingress_delivery(
+        &self,
+        route_id: &str,
+        key: &str,
+        now: i64,
+    ) -> Result<Option<String>> {
+        use ingress_deliveries::Column as C;
+        Ok(
+            ingress_deliveries::Entity::find_by_id((route_id.to_owned(), key.to_owned()))
+                .filter(C::ExpireTime.is_null().or(C::ExpireTime.gt(now)))
+                .one(&self.db)
+                .await
+                .map_err(classify)?
+                .map(|m| m.answer),
+        )
+    }
+
+    /// Keeps a decided delivery's answer until `expire_time` (`None`: for ever). A row another
+    /// replica kept first stays as it is (its answer was the first); an expired one is replaced.
+    pub async fn keep_ingress_delivery(
+        &self,
+        route_id: &str,
+        key: &str,
+        now: i64,
+        expire_time: Option<i64>,
+        answer: &str,
+    ) -> Result<()> {
+        use ingress_deliveries::Column as C;
+        let row = ingress_deliveries::ActiveModel {
+            route_id: Set(route_id.to_owned()),
+            delivery_key: Set(key.to_owned()),
+            decide_time: Set(now),
+            expire_time: Set(expire_time),
+            answer: Set(answer.to_owned()),
+        };
+        let expired = Expr::col((ingress_deliveries::Entity, C::ExpireTime)).lte(now);
+        let w = self.begin_write().await?;
+        ingress_deliveries::Entity::insert(row)
+            .on_conflict(
+                OnConflict::columns([C::RouteId, C::DeliveryKey])
+                    .update_columns([C::DecideTime, C::ExpireTime, C::Answer])
+                    .action_and_where(expired)
+                    .to_owned(),
+            )
+            .exec_without_returning(&w.txn)
+            .await
+            .map_err(classify)?;
+        w.commit().await
+    }
+
+    /// Deletes ledger rows expired at `now`, the earliest first, about `limit` of them (rows
+    /// expiring at the same microsecond go together); returns how many.
+    pub async fn prune_ingress_deliveries(&self, now: i64, limit: u64) -> Result<u64> {
+        use ingress_deliveries::Column as C;
+        let w = self.begin_write().await?;
+        // The batch's last expiry: one portable bound, where deleting by a subquery of
+        // composite keys is not.
+        let last: Option<Option<i64>> = ingress_deliveries::Entity::find()
+            .select_only()
+            .column(C::ExpireTime)
+            .filter(C::ExpireTime.lte(now))
+            .order_by_asc(C::ExpireTime)
+            .offset(limit.saturating_sub(1))
+            .limit(1)
+            .into_tuple()
+            .one(&w.txn)
+            .await
+            .map_err(classify)?;
+        let cutoff = last.flatten().unwrap_or(now);
+        let r = ingress_deliveries::Entity::delete_many()
+            .filter(C::ExpireTime.lte(cutoff))
+            .exec(&w.txn)
+            .await
+            .map_err(classify)?;
+        w.commit().await?;
+        Ok(r.rows_affected)
     }
 }

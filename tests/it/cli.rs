@@ -394,7 +394,10 @@ fn readme_walkthroughs_run_verbatim() {
         "forged: 401",
         // GitHub signs the body alone: its digest is the trigger id.
         "\"trigger_id\":\"sha256:1de5fdc540b71e1bb3d8557c3025acec33882eabb0086fcd737c49fa56cc842d\"",
-        "pack=\"weather\",ingress=\"standard_webhooks\"} 2",
+        // The retry is answered from the ingress ledger, not decided again.
+        "pack=\"weather\",ingress=\"standard_webhooks\"} 1",
+        "hcp_sense_ingress_replayed_total{ingress=\"standard_webhooks\"} 1",
+        "\"replay\":true",
         "\"trigger_id\":\"/sensors/7#1001\"",
         "7 lines: 4 recorded, 1 dropped, 2 refused",
         "\"triggerId\": \"nats-walkthrough-1\"",

@@ -505,7 +505,7 @@ on_both_stores!(filtered_triggers_are_dropped_counted_and_the_filter_is_kept => 
 async fn a_filter_holds_on_another_replica_and_after_a_restart_postgres() {
     let mut a = spawn_app_with(StoreKind::Postgres, |_| {}).await;
     ready(&mut a, "alice").await;
-    let b = Replica::start(&a.test_db.url).await;
+    let b = crate::helpers::Replica::start(&a.test_db.url).await;
     activate_filtered(&mut a, "alice", Route::Inbox, TYPICAL)
         .await
         .expect("filter on a");
@@ -526,7 +526,7 @@ async fn a_filter_holds_on_another_replica_and_after_a_restart_postgres() {
     }
     b.stop().await;
     // A server started afresh on the store reads the filter with the activation.
-    let b = Replica::start(&a.test_db.url).await;
+    let b = crate::helpers::Replica::start(&a.test_db.url).await;
     let mut ingest = pb::ingest_service_client::IngestServiceClient::new(b.channel.clone());
     let r = ingest
         .deliver_trigger(issue("alice", true))
@@ -541,41 +541,6 @@ async fn a_filter_holds_on_another_replica_and_after_a_restart_postgres() {
         .into_inner();
     assert_eq!(r.disposition, Disposition::RecordedInbox as i32);
     b.stop().await;
-}
-
-/// A second server on a test's database (PostgreSQL), as another replica.
-struct Replica {
-    channel: tonic::transport::Channel,
-    stop: tokio::sync::oneshot::Sender<()>,
-    served: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl Replica {
-    async fn start(url: &str) -> Replica {
-        let mut config = hcp_sense::config::Config::for_database(url.to_owned());
-        config.migrate = false;
-        let b = hcp_sense::app::App::build(config).await.expect("replica");
-        let addr = b.local_addr();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let served = tokio::spawn(b.run_until(async move {
-            let _ = stopped.await;
-        }));
-        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-            .expect("uri")
-            .connect()
-            .await
-            .expect("connect");
-        Replica {
-            channel,
-            stop,
-            served,
-        }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = self.served.await;
-    }
 }
 
 async fn alice_records(app: &mut TestApp) -> Vec<pb::Record> {
@@ -861,7 +826,7 @@ async fn lagging_watch_erased(app: &mut TestApp, watch_on: &tonic::transport::Ch
 async fn a_lagging_watch_on_another_replica_is_not_sent_erased_records_postgres() {
     let mut a = spawn_app_with(StoreKind::Postgres, |_| {}).await;
     ready(&mut a, "alice").await;
-    let b = Replica::start(&a.test_db.url).await;
+    let b = crate::helpers::Replica::start(&a.test_db.url).await;
     lagging_watch_erased(&mut a, &b.channel).await;
     b.stop().await;
 }

@@ -353,3 +353,48 @@ pub fn http_status(url: &str) -> u16 {
         .parse()
         .unwrap_or(0)
 }
+
+/// A second server on a test's database (PostgreSQL), as another replica.
+pub struct Replica {
+    pub channel: tonic::transport::Channel,
+    /// Its HTTP ingress listener, when configured.
+    pub ingress_addr: Option<SocketAddr>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Replica {
+    pub async fn start(url: &str) -> Replica {
+        Replica::start_with(url, |_| {}).await
+    }
+
+    /// A replica whose configuration the test adjusts first.
+    pub async fn start_with(url: &str, adjust: impl FnOnce(&mut Config)) -> Replica {
+        let mut config = Config::for_database(url.to_owned());
+        config.migrate = false;
+        adjust(&mut config);
+        let b = App::build(config).await.expect("replica");
+        let addr = b.local_addr();
+        let ingress_addr = b.ingress_addr();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(b.run_until(async move {
+            let _ = stopped.await;
+        }));
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        Replica {
+            channel,
+            ingress_addr,
+            stop,
+            served,
+        }
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.served.await;
+    }
+}

@@ -156,6 +156,8 @@ async fn standard_webhooks_are_verified_and_recorded_once(kind: StoreKind) {
         replay["duplicate"], true,
         "a replayed webhook-id is the first record"
     );
+    assert_eq!(answers[1].1["replay"], true, "{:?}", answers[1]);
+    assert_eq!(answers[0].1["replay"], false, "{:?}", answers[0]);
     assert_eq!(replay["record_id"], first["record_id"]);
     assert_eq!(
         answers[8].1["violations"][0]["field"], "body",
@@ -182,8 +184,12 @@ async fn standard_webhooks_are_verified_and_recorded_once(kind: StoreKind) {
     );
     let metrics = reqwest_text(&format!("http://{}/metrics", app.metrics_addr)).await;
     assert!(
-        metrics.contains(r#"hcp_sense_deliveries_total{disposition="recorded_inbox",drop_reason="",pack="weather",ingress="standard_webhooks"} 4"#),
-        "three records and one duplicate, counted by ingress:\n{metrics}"
+        metrics.contains(r#"hcp_sense_deliveries_total{disposition="recorded_inbox",drop_reason="",pack="weather",ingress="standard_webhooks"} 3"#),
+        "three records counted by ingress; the replay is not decided again:\n{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"hcp_sense_ingress_replayed_total{ingress="standard_webhooks"} 1"#),
+        "the replay, answered from the ledger:\n{metrics}"
     );
 }
 on_both_stores!(s7_6_standard_webhooks_are_verified_and_recorded_once => standard_webhooks_are_verified_and_recorded_once);
@@ -1128,3 +1134,277 @@ async fn mappings_count_headers_at_what_a_request_may_carry(kind: StoreKind) {
     assert_eq!(ids, ["msg_half"]);
 }
 on_both_stores!(mappings_count_headers_at_what_a_request_may_carry => mappings_count_headers_at_what_a_request_may_carry);
+
+/// The four signed deliveries of the ledger tests, signed at `ts`: a Standard Webhook and a
+/// GitHub one for bob (not granted: dropped), and the same for alice (recorded).
+fn ledger_plan(app_url: &dyn Fn(&str) -> String, ts: u64) -> Vec<Value> {
+    let sw = |msg: &str, user: &str| {
+        let mut r = standard(
+            &app_url("sw"),
+            SECRET_NEW,
+            msg,
+            json!({"level": "warning", "user": user}),
+        );
+        r["ts"] = json!(ts);
+        r
+    };
+    let gh = |user: &str| {
+        json!({"url": app_url("gh"), "sign": "github", "secret": GITHUB_SECRET,
+               "body": json!({"level": "warning", "user": user, "at": ts}).to_string()})
+    };
+    vec![
+        sw("sw-bob", "bob"),
+        gh("bob"),
+        sw("sw-alice", "alice"),
+        gh("alice"),
+    ]
+}
+
+async fn put_ledger_routes(ch: &Channel) {
+    let mut c = IngressServiceClient::new(ch.clone());
+    c.put_ingress_route(weather_route("sw", &[SECRET_NEW]))
+        .await
+        .expect("put sw");
+    let mut gh = weather_route("gh", &[GITHUB_SECRET]);
+    if let Some(r) = gh.route.as_mut() {
+        r.kind = IngressKind::Github as i32;
+    }
+    c.put_ingress_route(gh).await.expect("put gh");
+}
+
+/// `replayed` is the first answer `first` again, marked a replay, its records `duplicate`.
+fn assert_first_answer(first: &(u16, Value), replayed: &(u16, Value), what: &str) {
+    assert_eq!(replayed.0, 202, "{what}: {replayed:?}");
+    assert_eq!(replayed.1["replay"], true, "{what}: {replayed:?}");
+    assert_eq!(first.1["replay"], false, "{what}: {first:?}");
+    let mut expected = first.1["triggers"].clone();
+    for t in expected.as_array_mut().into_iter().flatten() {
+        if !t["record_id"].is_null() {
+            t["duplicate"] = json!(true);
+        }
+    }
+    assert_eq!(replayed.1["triggers"], expected, "{what}");
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A signed delivery is decided once: replayed after what would change its outcome — the
+/// dropped principal granted, the recorded one's records erased — it gets its first answer,
+/// and nothing is recorded or counted again. A new delivery is decided on today's policy.
+async fn a_signed_delivery_is_decided_once_whatever_changes_after(kind: StoreKind) {
+    let app = app_with_ingress(kind, None).await;
+    set_up_weather(&app.channel).await;
+    put_ledger_routes(&app.channel).await;
+    let at = |route: &str| url(&app, route);
+    let plan = ledger_plan(&at, unix_now());
+    let first = send(Value::Array(plan.clone())).await;
+    for (n, (status, b)) in first.iter().enumerate() {
+        assert_eq!(*status, 202, "{b}");
+        let t = &b["triggers"][0];
+        let expected = if n < 2 { "dropped" } else { "recorded_inbox" };
+        assert_eq!(t["disposition"], expected, "{b}");
+    }
+    assert_eq!(first[0].1["triggers"][0]["drop_reason"], "no_grant");
+    grant_bob_weather(&app).await;
+    let erased = app
+        .records
+        .clone()
+        .erase_records(pb::EraseRecordsRequest {
+            principal: "alice".into(),
+            pack_id: "weather".into(),
+        })
+        .await
+        .expect("erase")
+        .into_inner();
+    assert_eq!(erased.erased_count, 2);
+    let mut again = plan.clone();
+    let mut fresh = standard(
+        &at("sw"),
+        SECRET_NEW,
+        "sw-bob-2",
+        json!({"level": "warning", "user": "bob"}),
+    );
+    fresh["ts"] = plan[0]["ts"].clone();
+    again.push(fresh);
+    let replayed = send(Value::Array(again)).await;
+    for (n, what) in [
+        "bob's webhook",
+        "bob's GitHub delivery",
+        "alice's webhook",
+        "alice's GitHub delivery",
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert_first_answer(&first[n], &replayed[n], what);
+    }
+    assert_eq!(replayed[4].0, 202);
+    assert_eq!(
+        replayed[4].1["triggers"][0]["disposition"], "recorded_inbox",
+        "a new delivery is decided on the policy of now: {:?}",
+        replayed[4]
+    );
+    assert_eq!(
+        records_of(&app, "bob").await.len(),
+        1,
+        "only the new delivery"
+    );
+    assert_eq!(
+        alice_records(&app).await.len(),
+        0,
+        "an erased record is not made again by a replay"
+    );
+    assert_eq!(
+        app.count("ingress_deliveries").await,
+        5,
+        "one ledger row per delivery"
+    );
+    let metrics = reqwest_text(&format!("http://{}/metrics", app.metrics_addr)).await;
+    for line in [
+        r#"hcp_sense_ingress_replayed_total{ingress="standard_webhooks"} 2"#,
+        r#"hcp_sense_ingress_replayed_total{ingress="github"} 2"#,
+        r#"hcp_sense_deliveries_total{disposition="dropped",drop_reason="no_grant",pack="weather",ingress="standard_webhooks"} 1"#,
+        r#"hcp_sense_deliveries_total{disposition="dropped",drop_reason="no_grant",pack="weather",ingress="github"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
+}
+on_both_stores!(s7_6_a_signed_delivery_is_decided_once_whatever_changes_after => a_signed_delivery_is_decided_once_whatever_changes_after);
+
+/// The ledger is the store's: a delivery decided on one replica, replayed on another after
+/// the grant that would record it, gets its first answer there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_6_a_signed_delivery_replayed_on_another_replica_gets_its_first_answer_postgres() {
+    let a = app_with_ingress(StoreKind::Postgres, None).await;
+    set_up_weather(&a.channel).await;
+    put_ledger_routes(&a.channel).await;
+    let b = crate::helpers::Replica::start_with(&a.test_db.url, |c| {
+        c.ingress_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    })
+    .await;
+    let b_ingress = b.ingress_addr.expect("b's ingress listener");
+    let plan = ledger_plan(&|route: &str| url(&a, route), unix_now());
+    let first = send(Value::Array(plan.clone())).await;
+    grant_bob_weather(&a).await;
+    let on_b: Vec<Value> = plan
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            let u = r["url"].as_str().unwrap_or_default().to_owned();
+            let path = u.split_once("/v1/").map_or("", |(_, p)| p).to_owned();
+            r["url"] = json!(format!("http://{b_ingress}/v1/{path}"));
+            r
+        })
+        .collect();
+    let replayed = send(Value::Array(on_b)).await;
+    for n in 0..4 {
+        assert_first_answer(
+            &first[n],
+            &replayed[n],
+            &format!("delivery {n} on replica b"),
+        );
+    }
+    assert_eq!(records_of(&a, "bob").await.len(), 0);
+    assert_eq!(alice_records(&a).await.len(), 2);
+    b.stop().await;
+}
+
+/// The ledger's rows at their boundaries: found until the microsecond they expire, not at
+/// it; an expired row is replaced by the next decision, a live one never; a row that never
+/// expires stays; pruning takes the earliest expired rows, about a batch at a time.
+async fn the_ingress_ledger_keeps_a_delivery_until_it_expires(kind: StoreKind) {
+    let db = crate::helpers::TestDb::create(kind).await;
+    let store =
+        hcp_sense::store::Store::connect(&hcp_sense::config::StoreConfig::at(db.url.clone()))
+            .await
+            .expect("connect");
+    store.migrate_up().await.expect("migrate");
+    store
+        .keep_ingress_delivery("r", "k", 1_000, Some(2_000), "[1]")
+        .await
+        .expect("keep");
+    let found = |now| {
+        let store = store.clone();
+        async move { store.ingress_delivery("r", "k", now).await.expect("read") }
+    };
+    assert_eq!(found(1_999).await.as_deref(), Some("[1]"));
+    assert_eq!(found(2_000).await, None, "expired at its expiry");
+    store
+        .keep_ingress_delivery("r", "k", 2_500, Some(5_000), "[2]")
+        .await
+        .expect("keep over an expired row");
+    assert_eq!(found(2_600).await.as_deref(), Some("[2]"));
+    store
+        .keep_ingress_delivery("r", "k", 2_700, Some(9_000), "[3]")
+        .await
+        .expect("keep over a live row");
+    assert_eq!(
+        found(2_800).await.as_deref(),
+        Some("[2]"),
+        "the first answer stays"
+    );
+    assert_eq!(
+        store
+            .ingress_delivery("other", "k", 2_800)
+            .await
+            .expect("read"),
+        None,
+        "a ledger row is its route's"
+    );
+    for (n, expiry) in [100, 101, 102, 103, 104, 105].into_iter().enumerate() {
+        store
+            .keep_ingress_delivery("p", &format!("k{n}"), 0, Some(expiry), "[]")
+            .await
+            .expect("keep");
+    }
+    store
+        .keep_ingress_delivery("p", "for-ever", 0, None, "[]")
+        .await
+        .expect("keep");
+    assert_eq!(
+        store.prune_ingress_deliveries(104, 2).await.expect("prune"),
+        2
+    );
+    assert_eq!(
+        store
+            .prune_ingress_deliveries(104, 250)
+            .await
+            .expect("prune"),
+        3
+    );
+    assert_eq!(
+        store
+            .prune_ingress_deliveries(104, 250)
+            .await
+            .expect("prune"),
+        0
+    );
+    assert!(store
+        .ingress_delivery("p", "k5", 104)
+        .await
+        .expect("read")
+        .is_some());
+    assert!(store
+        .ingress_delivery("p", "for-ever", i64::MAX)
+        .await
+        .expect("read")
+        .is_some());
+    assert_eq!(
+        store
+            .prune_ingress_deliveries(i64::MAX, 250)
+            .await
+            .expect("prune"),
+        2
+    );
+    assert!(store
+        .ingress_delivery("p", "for-ever", 0)
+        .await
+        .expect("read")
+        .is_some());
+    store.close().await;
+}
+on_both_stores!(the_ingress_ledger_keeps_a_delivery_until_it_expires => the_ingress_ledger_keeps_a_delivery_until_it_expires);

@@ -41,6 +41,8 @@ async fn up_down_up(kind: StoreKind) {
         "records",
         "drop_reports",
         "audit_events",
+        "ingress_routes",
+        "ingress_deliveries",
     ];
     let conn = db.connect().await;
     let has = |t: &'static str| {

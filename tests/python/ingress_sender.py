@@ -7,7 +7,9 @@ GitHub documents; CloudEvents are made by the CloudEvents SDK (PyPI's
 JSON list of {"status", "body"} answers, one per request.
 
 A request: {"url": ..., "sign": "standard" | "github" | "none", "secret": ...,
-"msg_id": ..., "ts_offset": seconds added to now, "body": text,
+"msg_id": ..., "ts": the signed time in Unix seconds (default now; the same
+request with the same "ts" is signed byte for byte alike, even by another run),
+"ts_offset": seconds added to it, "body": text,
 "headers": {...}, "tamper": true to change the body after signing}; for
 "sign": "cloudevents" also "mode" ("binary" or "structured"), "event" (its
 attributes) and "data" (its data), which replace "body". {"replay": i,
@@ -29,9 +31,11 @@ from standardwebhooks.webhooks import Webhook
 
 
 def standard_sign(req, headers, body):
-    at = datetime.datetime.now(tz=datetime.timezone.utc) + datetime.timedelta(
-        seconds=req.get("ts_offset", 0)
-    )
+    if "ts" in req:
+        at = datetime.datetime.fromtimestamp(req["ts"], tz=datetime.timezone.utc)
+    else:
+        at = datetime.datetime.now(tz=datetime.timezone.utc)
+    at += datetime.timedelta(seconds=req.get("ts_offset", 0))
     headers["webhook-id"] = req["msg_id"]
     headers["webhook-timestamp"] = str(int(at.timestamp()))
     headers["webhook-signature"] = Webhook(req["secret"]).sign(req["msg_id"], at, body)
