@@ -34,6 +34,11 @@ struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PackLabels {
+    pack: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct IngressLabels {
     ingress: &'static str,
 }
@@ -72,6 +77,7 @@ struct Otel {
     drop_counts_written: opentelemetry::metrics::Counter<u64>,
     ingress_refused: opentelemetry::metrics::Counter<u64>,
     ingress_replayed: opentelemetry::metrics::Counter<u64>,
+    queue_wait_seconds: opentelemetry::metrics::Histogram<f64>,
     sockets_shed: opentelemetry::metrics::Counter<u64>,
     records_deleted: opentelemetry::metrics::Counter<u64>,
     signature_checks: opentelemetry::metrics::Counter<u64>,
@@ -103,6 +109,10 @@ impl Otel {
             drop_counts_written: m.u64_counter("hcp_sense.drop_counts.written").build(),
             ingress_refused: m.u64_counter("hcp_sense.ingress.refused").build(),
             ingress_replayed: m.u64_counter("hcp_sense.ingress.replayed").build(),
+            queue_wait_seconds: m
+                .f64_histogram("hcp_sense.sink.queue.wait")
+                .with_unit("s")
+                .build(),
             sockets_shed: m.u64_counter("hcp_sense.sockets.shed").build(),
             records_deleted: m.u64_counter("hcp_sense.records.deleted").build(),
             signature_checks: m.u64_counter("hcp_sense.auth.signature_checks").build(),
@@ -130,6 +140,8 @@ pub struct Metrics {
     drop_counts_written: Counter,
     ingress_refused: Family<IngressLabels, Counter>,
     ingress_replayed: Family<IngressLabels, Counter>,
+    queue_wait_seconds: Family<PackLabels, Histogram, fn() -> Histogram>,
+    queued_records: Family<PackLabels, Gauge>,
     sockets_shed: Family<ShedLabels, Counter>,
     records_deleted: Family<CauseLabels, Counter>,
     bindings: Family<StateLabels, Gauge>,
@@ -207,6 +219,19 @@ impl Metrics {
             "Signed ingress requests whose delivery was decided before, answered with the first outcome and not decided again",
             ingress_replayed.clone(),
         );
+        let queue_wait_seconds =
+            Family::<PackLabels, Histogram, fn() -> Histogram>::new_with_constructor(seconds);
+        registry.register(
+            "sink_queue_wait_seconds",
+            "Time a record waited in the sink's queue for a writer, by pack: its lane's backlog, and its turn among the packs",
+            queue_wait_seconds.clone(),
+        );
+        let queued_records = Family::<PackLabels, Gauge>::default();
+        registry.register(
+            "sink_queued_records",
+            "Records of a pack waiting in the sink's queue, as the last batch taken from it left them",
+            queued_records.clone(),
+        );
         let sockets_shed = Family::<ShedLabels, Counter>::default();
         registry.register(
             "sockets_shed",
@@ -275,6 +300,8 @@ impl Metrics {
             drop_counts_written,
             ingress_refused,
             ingress_replayed,
+            queue_wait_seconds,
+            queued_records,
             sockets_shed,
             records_deleted,
             bindings,
@@ -418,6 +445,28 @@ impl Metrics {
         if committed {
             self.records_written.inc_by(records as u64);
             self.otel.records_written.add(records as u64, &[]);
+        }
+    }
+
+    /// A record of `pack_id` taken from the sink's queue after waiting `waited`.
+    pub fn queue_waited(&self, pack_id: &str, waited: Duration) {
+        let pack = self.pack_label(pack_id, true);
+        self.otel
+            .queue_wait_seconds
+            .record(waited.as_secs_f64(), &[KeyValue::new("pack", pack.clone())]);
+        self.queue_wait_seconds
+            .get_or_create(&PackLabels { pack })
+            .observe(waited.as_secs_f64());
+    }
+
+    /// Records of `pack_id` left in the sink's queue. Packs past the label cap share `other`,
+    /// which no single pack's depth may stand for: it is left unset.
+    pub fn queue_depth(&self, pack_id: &str, queued: usize) {
+        let pack = self.pack_label(pack_id, true);
+        if pack != OTHER_PACK {
+            self.queued_records
+                .get_or_create(&PackLabels { pack })
+                .set(i64::try_from(queued).unwrap_or(i64::MAX));
         }
     }
 

@@ -49,6 +49,7 @@ pub fn decision_span(t: &Trigger, d: &Decision, hash_principal: bool, ingress: &
         hcp.ingress = ingress,
         hcp.drop_reason = Empty,
         hcp.record_id = Empty,
+        hcp.queue_wait_us = Empty,
     );
     if !reason.is_empty() {
         span.record("hcp.drop_reason", reason);
@@ -196,7 +197,13 @@ impl Service {
     async fn record(&self, r: Record) -> Result<Outcome> {
         let route = r.route;
         let trigger_id = r.trigger_id.clone().unwrap_or_default();
-        Ok(match self.sink.write(r).await? {
+        let written = self.sink.write(r).await?;
+        // The time this record waited for a writer behind others (its lane's, or its turn).
+        Span::current().record(
+            "hcp.queue_wait_us",
+            u64::try_from(written.waited.as_micros()).unwrap_or(u64::MAX),
+        );
+        Ok(match written.stored {
             Stored::Inserted { record_id } => Outcome::recorded(route, record_id, false),
             Stored::Duplicate { record_id, route } => Outcome::recorded(route, record_id, true),
             Stored::Conflict => return Err(conflict(&trigger_id)),

@@ -2,6 +2,7 @@
 pub mod audit;
 pub mod changes;
 pub mod entity;
+pub mod fair;
 mod ingress;
 mod nodelay;
 mod packs;
@@ -10,7 +11,7 @@ mod records;
 mod sink;
 
 pub use records::{Lands, Listed, RecordCursor};
-pub use sink::{Sink, Stored, MAX_BATCH};
+pub use sink::{Sink, Stored, Written, MAX_BATCH};
 
 use sea_orm::sqlx;
 use sea_orm::{

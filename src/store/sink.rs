@@ -3,9 +3,10 @@ use std::sync::Arc;
 
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement};
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{oneshot, Mutex};
 
 use super::entity::records;
+use super::fair::{FairQueue, LANE_BOUND, TOTAL_BOUND};
 use super::{classify, Engine, Store};
 use crate::domain::model::Record;
 use crate::domain::policy::Route;
@@ -25,13 +26,31 @@ pub enum Stored {
 
 struct Job {
     record: Record,
-    done: oneshot::Sender<Result<Stored>>,
+    done: oneshot::Sender<Result<Written>>,
+}
+
+/// A record written, and how long it waited in the sink's queue for a writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub stored: Stored,
+    pub waited: std::time::Duration,
 }
 
 /// The writer side of the sink. Cheap to clone; writers stop when every clone is gone.
 #[derive(Clone, Debug)]
 pub struct Sink {
-    tx: mpsc::Sender<Job>,
+    queue: Arc<FairQueue<Job>>,
+    _open: Arc<Open>,
+}
+
+/// Closes the queue when the last Sink goes: writers take what is queued, then stop.
+#[derive(Debug)]
+struct Open(Arc<FairQueue<Job>>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 impl std::fmt::Debug for Job {
@@ -55,31 +74,32 @@ const INSERT_POSTGRES: &str = "INSERT INTO records (record_id, principal, bindin
 
 /// Most records in one batch.
 pub const MAX_BATCH: usize = 512;
-/// Records waiting for a writer before callers wait to enqueue.
-const QUEUE: usize = 16 * MAX_BATCH;
 
 impl Sink {
     /// Starts `writers` writers, each on a thread and runtime of its own with a connection of
     /// its own, so a busy gRPC runtime never delays a commit that a whole batch waits for. They
-    /// take batches from one queue and commit independently: the store, not a lock, orders
-    /// their records (see `Position`). SQLite has one writer whatever is asked.
+    /// take batches from one fair queue (lanes per pack and principal, served in turn; see
+    /// `fair`) and commit independently: the store, not a lock, orders their records (see
+    /// `Position`). SQLite has one writer whatever is asked.
     pub fn start(
         store: Store,
         metrics: Arc<Metrics>,
         batch_timeout: std::time::Duration,
         writers: usize,
     ) -> Sink {
-        let (tx, rx) = mpsc::channel::<Job>(QUEUE);
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new(FairQueue::<Job>::new(LANE_BOUND, TOTAL_BOUND));
+        // Writers take batches in turn, so one waits on the queue at a time.
+        let turn = Arc::new(Mutex::new(()));
         let committing = Arc::new(Committing::default());
         let writers = match store.engine() {
             Engine::Sqlite => 1,
             Engine::Postgres => writers.max(1),
         };
         for n in 0..writers {
-            let (store, rx, metrics, committing) = (
+            let (store, queue, turn, metrics, committing) = (
                 store.clone(),
-                rx.clone(),
+                queue.clone(),
+                turn.clone(),
                 metrics.clone(),
                 committing.clone(),
             );
@@ -98,7 +118,7 @@ impl Sink {
                     };
                     rt.block_on(write_batches(
                         &store,
-                        rx,
+                        (&queue, &turn),
                         &committing,
                         metrics,
                         batch_timeout,
@@ -108,14 +128,19 @@ impl Sink {
                 tracing::error!(error = %e, "sink thread did not start");
             }
         }
-        Sink { tx }
+        Sink {
+            _open: Arc::new(Open(queue.clone())),
+            queue,
+        }
     }
 
-    /// Writes one record durably; returns once its batch has committed.
-    pub async fn write(&self, record: Record) -> Result<Stored> {
+    /// Writes one record durably; returns once its batch has committed. Waits first, not
+    /// answered, while its (pack, principal) lane of the queue is full.
+    pub async fn write(&self, record: Record) -> Result<Written> {
         let (done, answer) = oneshot::channel();
-        self.tx
-            .send(Job { record, done })
+        let (pack, principal) = (record.pack_id.clone(), record.principal.clone());
+        self.queue
+            .push(&pack, &principal, Job { record, done })
             .await
             .map_err(|_| Error::Unavailable("the sink is shutting down".into()))?;
         answer.await.map_err(|_| {
@@ -140,8 +165,11 @@ impl Committing {
     }
 }
 
-/// Takes what is queued (at least one record, at most MAX_BATCH) into `batch`; false once the
-/// queue is closed and empty.
+/// A record taken from the queue: its pack, the job, and how long it waited.
+type Taken<T> = (String, T, std::time::Duration);
+
+/// Takes what is queued (at least one record, at most MAX_BATCH, packs and principals in
+/// turn) into `batch`; false once the queue is closed and empty.
 ///
 /// While another writer's batch commits, more writers only help once the backlog is deep: a
 /// second commit of a handful of records costs a round trip and a WAL flush of its own, where
@@ -149,21 +177,15 @@ impl Committing {
 /// collecting until the other commit ends or it reaches ENGAGE, whichever comes first. A lone
 /// writer never waits.
 async fn take_batch<T>(
-    rx: &mut mpsc::Receiver<T>,
+    queue: &FairQueue<T>,
     committing: &Committing,
-    batch: &mut Vec<T>,
+    batch: &mut Vec<Taken<T>>,
 ) -> bool {
-    match rx.recv().await {
-        Some(job) => batch.push(job),
-        None => return false,
+    if !queue.take(batch, MAX_BATCH).await {
+        return false;
     }
     loop {
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+        queue.try_take(batch, MAX_BATCH);
         if batch.len() >= ENGAGE.min(MAX_BATCH) {
             return true;
         }
@@ -175,9 +197,8 @@ async fn take_batch<T>(
             return true;
         }
         tokio::select! {
-            job = rx.recv() => match job {
-                Some(job) => batch.push(job),
-                None => return true,
+            open = queue.take(batch, MAX_BATCH) => if !open {
+                return true;
             },
             () = &mut ended => return true,
         }
@@ -194,7 +215,7 @@ async fn take_batch<T>(
 /// hold every later record until the kernel gives up on it.
 async fn write_batches(
     parent: &Store,
-    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    (queue, turn): (&FairQueue<Job>, &Mutex<()>),
     committing: &Committing,
     metrics: Arc<Metrics>,
     batch_timeout: std::time::Duration,
@@ -204,8 +225,8 @@ async fn write_batches(
     loop {
         let mut batch = Vec::new();
         {
-            let mut rx = rx.lock().await;
-            if !take_batch(&mut rx, committing, &mut batch).await {
+            let _turn = turn.lock().await;
+            if !take_batch(queue, committing, &mut batch).await {
                 break;
             }
             // Counted before the next writer may look at the queue.
@@ -213,8 +234,18 @@ async fn write_batches(
                 .batches
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
-        let (mut records, answers): (Vec<Record>, Vec<_>) =
-            batch.into_iter().map(|j| (j.record, j.done)).unzip();
+        let mut records = Vec::with_capacity(batch.len());
+        let mut answers = Vec::with_capacity(batch.len());
+        for (pack, job, waited) in batch {
+            metrics.queue_waited(&pack, waited);
+            records.push(job.record);
+            answers.push((job.done, waited));
+        }
+        let packs: std::collections::BTreeSet<&str> =
+            records.iter().map(|r| r.pack_id.as_str()).collect();
+        for pack in packs {
+            metrics.queue_depth(pack, queue.queued(pack));
+        }
         let started = std::time::Instant::now();
         let result = tokio::time::timeout(batch_timeout, async {
             if writer.is_none() {
@@ -252,13 +283,13 @@ async fn write_batches(
         match result {
             Ok(stored) => {
                 parent.commits().local.notify_one();
-                for (answer, s) in answers.into_iter().zip(stored) {
-                    let _ = answer.send(Ok(s));
+                for ((answer, waited), stored) in answers.into_iter().zip(stored) {
+                    let _ = answer.send(Ok(Written { stored, waited }));
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, records = records.len(), "batch not committed; every caller in it is told");
-                for answer in answers {
+                for (answer, _) in answers {
                     let _ = answer.send(Err(match &e {
                         Error::Unavailable(m) => Error::Unavailable(m.clone()),
                         _ => Error::Unavailable("the record could not be written; retry".into()),
@@ -512,24 +543,24 @@ mod tests {
     use std::sync::atomic::Ordering::SeqCst;
     use std::time::Duration;
 
-    async fn sent(n: usize) -> (mpsc::Sender<usize>, mpsc::Receiver<usize>) {
-        let (tx, rx) = mpsc::channel(QUEUE);
+    async fn sent(n: usize) -> (Arc<FairQueue<usize>>, Arc<FairQueue<usize>>) {
+        let q = Arc::new(FairQueue::new(LANE_BOUND, TOTAL_BOUND));
         for i in 0..n {
-            tx.send(i).await.expect("send");
+            q.push("p", "a", i).await.expect("send");
         }
-        (tx, rx)
+        (q.clone(), q)
     }
 
     #[tokio::test]
     async fn a_lone_writer_takes_what_is_queued_at_once_up_to_max_batch() {
         let committing = Committing::default();
-        let (_tx, mut rx) = sent(1).await;
+        let (_tx, rx) = sent(1).await;
         let mut batch = Vec::new();
-        assert!(take_batch(&mut rx, &committing, &mut batch).await);
+        assert!(take_batch(&rx, &committing, &mut batch).await);
         assert_eq!(batch.len(), 1);
-        let (_tx, mut rx) = sent(MAX_BATCH + 1).await;
+        let (_tx, rx) = sent(MAX_BATCH + 1).await;
         let mut batch = Vec::new();
-        assert!(take_batch(&mut rx, &committing, &mut batch).await);
+        assert!(take_batch(&rx, &committing, &mut batch).await);
         assert_eq!(batch.len(), MAX_BATCH);
     }
 
@@ -537,20 +568,20 @@ mod tests {
     async fn beside_a_commit_a_writer_waits_for_engage_records() {
         let committing = Committing::default();
         committing.batches.store(1, SeqCst);
-        let (tx, mut rx) = sent(ENGAGE - 1).await;
+        let (tx, rx) = sent(ENGAGE - 1).await;
         let mut batch = Vec::new();
         let taken = tokio::time::timeout(
             Duration::from_millis(100),
-            take_batch(&mut rx, &committing, &mut batch),
+            take_batch(&rx, &committing, &mut batch),
         )
         .await;
         assert!(taken.is_err(), "{} records do not engage", ENGAGE - 1);
         assert_eq!(batch.len(), ENGAGE - 1);
         // One more engages it: the 64th record arrives while the other commit still runs.
-        tx.send(ENGAGE).await.expect("send");
+        tx.push("p", "a", ENGAGE).await.expect("send");
         let taken = tokio::time::timeout(
             Duration::from_millis(100),
-            take_batch(&mut rx, &committing, &mut batch),
+            take_batch(&rx, &committing, &mut batch),
         )
         .await;
         assert_eq!(taken.ok(), Some(true));
@@ -561,7 +592,7 @@ mod tests {
     async fn a_waiting_writer_goes_when_the_other_commit_ends() {
         let committing = Arc::new(Committing::default());
         committing.batches.store(1, SeqCst);
-        let (_tx, mut rx) = sent(3).await;
+        let (_tx, rx) = sent(3).await;
         let other = committing.clone();
         let end = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -571,7 +602,7 @@ mod tests {
         let mut batch = Vec::new();
         let taken = tokio::time::timeout(
             Duration::from_secs(5),
-            take_batch(&mut rx, &committing, &mut batch),
+            take_batch(&rx, &committing, &mut batch),
         )
         .await;
         assert_eq!(taken.ok(), Some(true));
@@ -582,13 +613,13 @@ mod tests {
     #[tokio::test]
     async fn a_closed_queue_ends_the_writer_after_its_last_batch() {
         let committing = Committing::default();
-        let (tx, mut rx) = sent(2).await;
-        drop(tx);
+        let (tx, rx) = sent(2).await;
+        tx.close();
         let mut batch = Vec::new();
-        assert!(take_batch(&mut rx, &committing, &mut batch).await);
+        assert!(take_batch(&rx, &committing, &mut batch).await);
         assert_eq!(batch.len(), 2);
         let mut batch = Vec::new();
-        assert!(!take_batch(&mut rx, &committing, &mut batch).await);
+        assert!(!take_batch(&rx, &committing, &mut batch).await);
         assert!(batch.is_empty());
     }
 }

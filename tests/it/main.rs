@@ -12,6 +12,7 @@ mod cli;
 mod contract;
 mod decisions;
 mod deploy;
+mod fair;
 mod ingress;
 mod migrations;
 mod nats;

@@ -1,0 +1,387 @@
+//! The sink's queue: records wait in lanes per pack and, within a pack, per principal, and writers take them round-robin, so one lane's backlog delays only that lane.
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+/// Records one (pack, principal) lane holds queued; its next callers wait, not answered, until
+/// a writer takes one: a flood queues this much and no more, whatever its callers number.
+pub const LANE_BOUND: usize = 1024;
+/// Records every lane holds together. Each lane's callers wait for a lane permit first, so at
+/// most LANE_BOUND of one lane's callers ever wait here beside the others'.
+pub const TOTAL_BOUND: usize = 8192;
+/// Idle lanes kept before they are swept.
+const IDLE_LANES: usize = 4096;
+
+/// Round robin over packs, and within each pack over its principals, one record per turn: deficit
+/// round robin where every record costs one. One pack alone takes every turn.
+#[derive(Debug)]
+pub struct Rounds<T> {
+    /// Packs with queued records, in the order their next turns come.
+    ring: VecDeque<String>,
+    packs: HashMap<String, Principals<T>>,
+    len: usize,
+}
+
+#[derive(Debug)]
+struct Principals<T> {
+    ring: VecDeque<String>,
+    queues: HashMap<String, VecDeque<T>>,
+    len: usize,
+}
+
+impl<T> Default for Rounds<T> {
+    fn default() -> Self {
+        Rounds {
+            ring: VecDeque::new(),
+            packs: HashMap::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> Rounds<T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Records queued for a pack.
+    pub fn queued(&self, pack: &str) -> usize {
+        self.packs.get(pack).map_or(0, |p| p.len)
+    }
+
+    /// Queues `item` last in its (pack, principal) lane; a lane new to the rounds takes its
+    /// first turn after every lane waiting now.
+    pub fn push(&mut self, pack: &str, principal: &str, item: T) {
+        let p = match self.packs.get_mut(pack) {
+            Some(p) => p,
+            None => {
+                self.ring.push_back(pack.to_owned());
+                self.packs.entry(pack.to_owned()).or_insert(Principals {
+                    ring: VecDeque::new(),
+                    queues: HashMap::new(),
+                    len: 0,
+                })
+            }
+        };
+        match p.queues.get_mut(principal) {
+            Some(q) => q.push_back(item),
+            None => {
+                p.ring.push_back(principal.to_owned());
+                p.queues
+                    .insert(principal.to_owned(), VecDeque::from([item]));
+            }
+        }
+        p.len += 1;
+        self.len += 1;
+    }
+
+    /// Moves up to `max - out.len()` records into `out`: one from each pack in turn, each pack's
+    /// from its principals in turn.
+    pub fn take(&mut self, out: &mut Vec<(String, T)>, max: usize) {
+        while out.len() < max {
+            let Some(pack) = self.ring.pop_front() else {
+                return;
+            };
+            let Some(p) = self.packs.get_mut(&pack) else {
+                continue;
+            };
+            if let Some(principal) = p.ring.pop_front() {
+                if let Some(q) = p.queues.get_mut(&principal) {
+                    if let Some(item) = q.pop_front() {
+                        self.len -= 1;
+                        p.len -= 1;
+                        out.push((pack.clone(), item));
+                    }
+                    if q.is_empty() {
+                        p.queues.remove(&principal);
+                    } else {
+                        p.ring.push_back(principal);
+                    }
+                }
+            }
+            if p.ring.is_empty() {
+                self.packs.remove(&pack);
+            } else {
+                self.ring.push_back(pack);
+            }
+        }
+    }
+}
+
+/// A record queued with the permits that hold its place, and when its caller came.
+struct Queued<T> {
+    item: T,
+    since: Instant,
+    _lane: OwnedSemaphorePermit,
+    _total: OwnedSemaphorePermit,
+}
+
+/// The async queue between callers and writers: `push` waits while the caller's lane (or the
+/// whole queue) is full; `take` hands writers records in `Rounds` order.
+pub struct FairQueue<T> {
+    inner: Mutex<Inner<T>>,
+    ready: Notify,
+    total: Arc<Semaphore>,
+    closed: AtomicBool,
+    lane_bound: usize,
+}
+
+struct Inner<T> {
+    rounds: Rounds<Queued<T>>,
+    lanes: HashMap<(String, String), Arc<Semaphore>>,
+}
+
+impl<T> std::fmt::Debug for FairQueue<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FairQueue").finish_non_exhaustive()
+    }
+}
+
+/// The queue was closed: the sink is shutting down.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Closed;
+
+impl<T> FairQueue<T> {
+    pub fn new(lane_bound: usize, total_bound: usize) -> FairQueue<T> {
+        FairQueue {
+            inner: Mutex::new(Inner {
+                rounds: Rounds::default(),
+                lanes: HashMap::new(),
+            }),
+            ready: Notify::new(),
+            total: Arc::new(Semaphore::new(total_bound)),
+            closed: AtomicBool::new(false),
+            lane_bound,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `item` in its lane, waiting first (callers of a lane in arrival order) while
+    /// the lane holds `lane_bound` records or the queue its total.
+    pub async fn push(&self, pack: &str, principal: &str, item: T) -> Result<(), Closed> {
+        let since = Instant::now();
+        let lane = {
+            let mut inner = self.lock();
+            if inner.lanes.len() > IDLE_LANES {
+                let bound = self.lane_bound;
+                inner
+                    .lanes
+                    .retain(|_, s| s.available_permits() < bound || Arc::strong_count(s) > 1);
+            }
+            inner
+                .lanes
+                .entry((pack.to_owned(), principal.to_owned()))
+                .or_insert_with(|| Arc::new(Semaphore::new(self.lane_bound)))
+                .clone()
+        };
+        let lane = lane.acquire_owned().await.map_err(|_| Closed)?;
+        let total = self
+            .total
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Closed)?;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Closed);
+        }
+        self.lock().rounds.push(
+            pack,
+            principal,
+            Queued {
+                item,
+                since,
+                _lane: lane,
+                _total: total,
+            },
+        );
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// Moves up to `max - out.len()` queued records into `out` with the time each waited
+    /// since its caller came; their places go to the callers waiting.
+    pub fn try_take(&self, out: &mut Vec<(String, T, std::time::Duration)>, max: usize) {
+        let mut taken = Vec::new();
+        self.lock()
+            .rounds
+            .take(&mut taken, max.saturating_sub(out.len()));
+        // The permits are released here, outside the lock.
+        out.extend(
+            taken
+                .into_iter()
+                .map(|(pack, q)| (pack, q.item, q.since.elapsed())),
+        );
+    }
+
+    /// `try_take`, first waiting until a record is queued; false once the queue is closed and
+    /// empty. Cancel-safe: nothing is taken unless it returns.
+    pub async fn take(&self, out: &mut Vec<(String, T, std::time::Duration)>, max: usize) -> bool {
+        loop {
+            let before = out.len();
+            self.try_take(out, max);
+            if out.len() > before || out.len() >= max {
+                return true;
+            }
+            if self.closed.load(Ordering::SeqCst) && self.lock().rounds.is_empty() {
+                return false;
+            }
+            let ready = self.ready.notified();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            if !self.lock().rounds.is_empty() || self.closed.load(Ordering::SeqCst) {
+                continue;
+            }
+            ready.await;
+        }
+    }
+
+    /// Records queued for a pack now.
+    pub fn queued(&self, pack: &str) -> usize {
+        self.lock().rounds.queued(pack)
+    }
+
+    /// Refuses new records; writers take what is queued, then stop.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.total.close();
+        for lane in self.lock().lanes.values() {
+            lane.close();
+        }
+        self.ready.notify_waiters();
+        self.ready.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(r: &mut Rounds<u32>, max: usize) -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        r.take(&mut out, max);
+        out
+    }
+
+    #[test]
+    fn packs_take_turns_one_record_each_and_a_lone_pack_takes_them_all() {
+        let mut r = Rounds::default();
+        for n in 0..5 {
+            r.push("flood", "alice", n);
+        }
+        r.push("quiet", "bob", 100);
+        r.push("quiet", "bob", 101);
+        let got: Vec<u32> = order(&mut r, 4).into_iter().map(|(_, n)| n).collect();
+        assert_eq!(
+            got,
+            vec![0, 100, 1, 101],
+            "the quiet pack waits one turn, not five"
+        );
+        let got: Vec<u32> = order(&mut r, 10).into_iter().map(|(_, n)| n).collect();
+        assert_eq!(got, vec![2, 3, 4], "alone, the flood takes every turn");
+        assert!(r.is_empty());
+        assert_eq!(r.queued("flood"), 0);
+    }
+
+    #[test]
+    fn within_a_pack_principals_take_turns() {
+        let mut r = Rounds::default();
+        for n in 0..3 {
+            r.push("public", "alice", n);
+        }
+        r.push("public", "bob", 10);
+        r.push("other", "carol", 20);
+        let got: Vec<(String, u32)> = order(&mut r, 10);
+        let ids: Vec<u32> = got.iter().map(|(_, n)| *n).collect();
+        assert_eq!(ids, vec![0, 20, 10, 1, 2]);
+        assert_eq!(got[1].0, "other");
+    }
+
+    #[test]
+    fn ten_packs_flooding_share_the_turns_evenly() {
+        let mut r = Rounds::default();
+        for pack in 0..10 {
+            for n in 0..1000 {
+                r.push(&format!("p{pack}"), "x", n);
+            }
+        }
+        let got = order(&mut r, 5000);
+        let mut per: HashMap<String, usize> = HashMap::new();
+        for (pack, _) in got {
+            *per.entry(pack).or_default() += 1;
+        }
+        assert_eq!(per.len(), 10);
+        assert!(per.values().all(|&n| n == 500), "{per:?}");
+    }
+
+    #[tokio::test]
+    async fn a_full_lane_holds_its_next_caller_and_no_other_lanes() {
+        let q = Arc::new(FairQueue::<u32>::new(3, 5));
+        for n in 0..3 {
+            q.push("flood", "a", n).await.expect("queued");
+        }
+        // The fourth of the lane is held: not queued until a record of it is taken.
+        let held = {
+            let q = q.clone();
+            tokio::spawn(async move { q.push("flood", "a", 3).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!held.is_finished(), "n+1 is held");
+        assert_eq!(q.queued("flood"), 3, "n queued");
+        // Another lane is not held by it.
+        tokio::time::timeout(std::time::Duration::from_secs(1), q.push("quiet", "b", 9))
+            .await
+            .expect("another lane queues at once")
+            .expect("queued");
+        let mut out = Vec::new();
+        q.try_take(&mut out, 2);
+        let ids: Vec<u32> = out.iter().map(|(_, n, _)| *n).collect();
+        assert_eq!(ids, vec![0, 9]);
+        held.await
+            .expect("join")
+            .expect("queued once a place is free");
+        assert_eq!(q.queued("flood"), 3);
+        // The total: 3 queued of 5; two more fit, the next waits whatever its lane.
+        q.push("third", "c", 20).await.expect("fits the total");
+        q.push("fourth", "d", 30).await.expect("fits the total");
+        let over = {
+            let q = q.clone();
+            tokio::spawn(async move { q.push("fifth", "e", 40).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!over.is_finished(), "past the total, held");
+        let mut out = Vec::new();
+        q.try_take(&mut out, 1);
+        over.await.expect("join").expect("queued");
+        q.close();
+        let mut rest = Vec::new();
+        while q.take(&mut rest, 100).await {}
+        assert_eq!(rest.len(), 5, "what was queued is taken after close");
+        assert_eq!(q.push("late", "e", 1).await, Err(Closed));
+    }
+
+    #[tokio::test]
+    async fn a_waiting_taker_wakes_for_the_next_record() {
+        let q = Arc::new(FairQueue::<u32>::new(8, 8));
+        let taker = {
+            let q = q.clone();
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                let open = q.take(&mut out, 8).await;
+                (open, out.len())
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        q.push("p", "a", 1).await.expect("queued");
+        assert_eq!(taker.await.expect("join"), (true, 1));
+    }
+}

@@ -1,0 +1,91 @@
+//! The sink's fair queue seen from outside: a flooding pack and a quiet one, each trigger recorded once, each pack's wait measured and traced apart.
+use hcp_sense::grpc::pb::{self, Disposition};
+
+use crate::helpers::{example, spawn_app, StoreKind, TestApp};
+use crate::support::trigger::trigger;
+
+/// Registers `weather` under another id, grants alice and turns Sense on for it.
+async fn weather_as(app: &TestApp, pack_id: &str) {
+    let mut manifest = example("weather.pack.yaml");
+    manifest["id"] = serde_json::json!(pack_id);
+    app.packs
+        .clone()
+        .register_pack(crate::packs::register_req(&manifest))
+        .await
+        .expect("register");
+    let mut policy = app.policy.clone();
+    policy
+        .grant_sense_enable(pb::GrantSenseEnableRequest {
+            principal: "alice".into(),
+            pack_id: pack_id.into(),
+        })
+        .await
+        .expect("grant");
+    policy
+        .activate_sense(pb::ActivateSenseRequest {
+            pack_id: pack_id.into(),
+            route: pb::Route::Inbox as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("activate");
+}
+
+/// 64 callers flood one pack with 2,560 triggers while another pack delivers 20, one at a
+/// time: every trigger is recorded once, each pack's queue wait is its own series, the
+/// flood's queue is empty once it is answered, and each decision's span carries its wait.
+async fn a_flood_and_a_quiet_pack_are_recorded_once_with_waits_per_pack(kind: StoreKind) {
+    let app = spawn_app(kind).await;
+    let (flood, quiet) = ("flood-fair", format!("quiet-fair-{kind:?}").to_lowercase());
+    weather_as(&app, flood).await;
+    weather_as(&app, &quiet).await;
+    let mut callers = tokio::task::JoinSet::new();
+    for c in 0..64 {
+        let mut ingest = app.ingest.clone();
+        callers.spawn(async move {
+            for n in 0..40 {
+                let r = ingest
+                    .deliver_trigger(pb::DeliverTriggerRequest {
+                        trigger_id: format!("f-{c}-{n}"),
+                        ..trigger(flood, "storm.warning", "alice", "user")
+                    })
+                    .await
+                    .expect("flood delivered")
+                    .into_inner();
+                assert_eq!(r.disposition, Disposition::RecordedInbox as i32);
+                assert!(!r.duplicate);
+            }
+        });
+    }
+    let mut ingest = app.ingest.clone();
+    for n in 0..20 {
+        let r = ingest
+            .deliver_trigger(pb::DeliverTriggerRequest {
+                trigger_id: format!("q-{n}"),
+                ..trigger(&quiet, "storm.warning", "alice", "user")
+            })
+            .await
+            .expect("quiet delivered")
+            .into_inner();
+        assert_eq!(r.disposition, Disposition::RecordedInbox as i32);
+    }
+    while let Some(done) = callers.join_next().await {
+        done.expect("a flood caller");
+    }
+    assert_eq!(app.count("records").await, 2_580, "each trigger once");
+    let metrics = crate::helpers::http_get(&format!("http://{}/metrics", app.metrics_addr));
+    for line in [
+        format!(r#"hcp_sense_sink_queue_wait_seconds_count{{pack="{quiet}"}} 20"#),
+        format!(r#"hcp_sense_sink_queue_wait_seconds_count{{pack="{flood}"}} 2560"#),
+        format!(r#"hcp_sense_sink_queued_records{{pack="{flood}"}} 0"#),
+    ] {
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
+    let spans = crate::trace::decisions(&[("hcp.pack_id", quiet.as_str())]);
+    assert_eq!(spans.len(), 20, "{spans:?}");
+    for s in &spans {
+        let wait = s.get("hcp.queue_wait_us").map(|w| w.parse::<u64>());
+        assert!(matches!(wait, Some(Ok(_))), "{s:?}");
+    }
+}
+on_both_stores!(a_flood_and_a_quiet_pack_are_recorded_once_with_waits_per_pack => a_flood_and_a_quiet_pack_are_recorded_once_with_waits_per_pack);
