@@ -12,7 +12,7 @@ pub const LANE_BOUND: usize = 1024;
 /// Records every lane holds together. Each lane's callers wait for a lane permit first, so at
 /// most LANE_BOUND of one lane's callers ever wait here beside the others'.
 pub const TOTAL_BOUND: usize = 8192;
-/// Idle lanes kept before they are swept.
+/// Lanes kept before those idle are swept.
 const IDLE_LANES: usize = 4096;
 
 /// Round robin over packs, and within each pack over its principals, one record per turn: deficit
@@ -135,7 +135,11 @@ pub struct FairQueue<T> {
 
 struct Inner<T> {
     rounds: Rounds<Queued<T>>,
-    lanes: HashMap<(String, String), Arc<Semaphore>>,
+    /// Each lane's places, by pack and principal.
+    lanes: HashMap<String, HashMap<String, Arc<Semaphore>>>,
+    /// Lanes in `lanes`, and the count at which idle ones are next swept.
+    count: usize,
+    sweep_at: usize,
 }
 
 impl<T> std::fmt::Debug for FairQueue<T> {
@@ -154,6 +158,8 @@ impl<T> FairQueue<T> {
             inner: Mutex::new(Inner {
                 rounds: Rounds::default(),
                 lanes: HashMap::new(),
+                count: 0,
+                sweep_at: IDLE_LANES,
             }),
             ready: Notify::new(),
             total: Arc::new(Semaphore::new(total_bound)),
@@ -172,17 +178,32 @@ impl<T> FairQueue<T> {
         let since = Instant::now();
         let lane = {
             let mut inner = self.lock();
-            if inner.lanes.len() > IDLE_LANES {
+            if inner.count >= inner.sweep_at {
                 let bound = self.lane_bound;
-                inner
-                    .lanes
-                    .retain(|_, s| s.available_permits() < bound || Arc::strong_count(s) > 1);
+                let busy =
+                    |s: &Arc<Semaphore>| s.available_permits() < bound || Arc::strong_count(s) > 1;
+                for principals in inner.lanes.values_mut() {
+                    principals.retain(|_, s| busy(s));
+                }
+                inner.lanes.retain(|_, p| !p.is_empty());
+                inner.count = inner.lanes.values().map(HashMap::len).sum();
+                // Lanes still busy are not swept again until as many more are made.
+                inner.sweep_at = IDLE_LANES.max(2 * inner.count);
             }
-            inner
-                .lanes
-                .entry((pack.to_owned(), principal.to_owned()))
-                .or_insert_with(|| Arc::new(Semaphore::new(self.lane_bound)))
-                .clone()
+            // Looked up by reference: a lane's names are copied only when it is new.
+            match inner.lanes.get(pack).and_then(|p| p.get(principal)) {
+                Some(lane) => lane.clone(),
+                None => {
+                    inner.count += 1;
+                    let lane = Arc::new(Semaphore::new(self.lane_bound));
+                    inner
+                        .lanes
+                        .entry(pack.to_owned())
+                        .or_default()
+                        .insert(principal.to_owned(), lane.clone());
+                    lane
+                }
+            }
         };
         let lane = lane.acquire_owned().await.map_err(|_| Closed)?;
         let total = self
@@ -254,7 +275,7 @@ impl<T> FairQueue<T> {
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.total.close();
-        for lane in self.lock().lanes.values() {
+        for lane in self.lock().lanes.values().flat_map(HashMap::values) {
             lane.close();
         }
         self.ready.notify_waiters();
@@ -367,6 +388,26 @@ mod tests {
         while q.take(&mut rest, 100).await {}
         assert_eq!(rest.len(), 5, "what was queued is taken after close");
         assert_eq!(q.push("late", "e", 1).await, Err(Closed));
+    }
+
+    #[tokio::test]
+    async fn idle_lanes_are_swept_and_busy_ones_kept() {
+        let q = FairQueue::<u32>::new(4, 100_000);
+        q.push("busy", "a", 1).await.expect("queued");
+        for n in 0..IDLE_LANES as u32 {
+            q.push("many", &format!("p{n}"), n).await.expect("queued");
+            let mut out = Vec::new();
+            if n > 0 {
+                q.try_take(&mut out, 1);
+            }
+        }
+        // The push that reached the count swept: left are the lanes that still have records.
+        q.push("late", "z", 0).await.expect("queued");
+        let inner = q.lock();
+        assert_eq!(inner.rounds.len(), 3, "nothing queued is lost");
+        assert!(inner.count <= 4, "{} lanes kept", inner.count);
+        let kept: usize = inner.lanes.values().map(HashMap::len).sum();
+        assert_eq!(kept, inner.count);
     }
 
     #[tokio::test]

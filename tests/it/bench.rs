@@ -81,6 +81,8 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
             "200",
             "--watch-idle",
             "50",
+            "--flood-callers",
+            "16",
             "--json",
             json.to_str().expect("path"),
         ])
@@ -167,6 +169,23 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
                 assert_eq!(phase["errors"], 0, "{store} {load} {kind}: {phase}");
             }
         }
+        // The flood phase: the quiet pack and Health measured beside a flood, the flood's rate
+        // alone and beside it, and every pack of the spread recorded.
+        let f = find(store, "flood");
+        assert_eq!(f["errors"], 0, "{f}");
+        assert_eq!(f["quiet_errors"], 0, "{f}");
+        for k in [
+            "calm_quiet_p50_ms",
+            "quiet_p50_ms",
+            "quiet_p99_ms",
+            "health_p99_ms",
+            "flood_alone_per_sec",
+            "flood_beside_quiet_per_sec",
+            "spread_share_min",
+        ] {
+            assert!(f[k].as_f64() > Some(0.0), "{store} flood {k}: {f}");
+        }
+        assert_eq!(f["spread_packs"], 2, "{f}");
         // Reached by paging 2,000 records down, a page of 100 is still full.
         for page in ["ListRecords first page", "ListRecords deep page"] {
             let r = find(store, page);

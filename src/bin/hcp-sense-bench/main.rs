@@ -3,6 +3,7 @@
 //! measured in the same run.
 mod cpu;
 mod filter;
+mod flood;
 mod load;
 mod nats;
 // The server's own fix for sqlx's PostgreSQL sockets, compiled into this binary as a module of
@@ -114,6 +115,13 @@ struct Options {
     /// with every activation filtered against unfiltered.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     filter: bool,
+    /// Measure fairness: a quiet pack's latency beside Health/Check while another pack floods
+    /// with --flood-callers, the flood's rate alone and beside it, and ten packs flooding.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    flood: bool,
+    /// Closed-loop callers of the flood phase.
+    #[arg(long, default_value_t = 1024)]
+    flood_callers: usize,
     /// Also write every result to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -229,6 +237,11 @@ async fn run(o: &Options) -> anyhow::Result<()> {
     if o.stores.iter().any(|s| s == "postgres") && !o.writers_compare.is_empty() {
         writers_compare(o).await?;
     }
+    if o.flood {
+        for kind in &o.stores {
+            flood_phase(o, kind).await?;
+        }
+    }
     if o.filter {
         filter_phase(o).await?;
     }
@@ -264,6 +277,64 @@ async fn run(o: &Options) -> anyhow::Result<()> {
             }))?,
         )?;
     }
+    Ok(())
+}
+
+/// Fairness on one store: pack 1 delivering every 20 ms beside Health/Check, with no flood and
+/// while pack 0 floods; pack 0's rate alone and beside it; up to ten packs flooding at once,
+/// with as many callers each.
+async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
+    let pop = o.population(o.principals);
+    let (db, server) = prepare(o, kind, "flood", pop, &[]).await?;
+    let chs = server.channels(o.channels).await?;
+    let (d, c) = (o.duration(), o.flood_callers);
+    anyhow::ensure!(pop.packs >= 2, "the flood phase needs --packs 2 or more");
+    let spread = pop.packs.min(10);
+    let calm = flood::run(&chs, d, 0, 1, Some(1), pop, "calm").await;
+    let alone = flood::run(&chs, d, c, 1, None, pop, "alone").await;
+    let during = flood::run(&chs, d, c, 1, Some(1), pop, "during").await;
+    let ten = flood::run(&chs, d, c, spread, None, pop, "ten").await;
+    let rate = |m: &flood::Measured| m.rates.get(&0).copied().unwrap_or(0.0);
+    let (q, h) = (&during.quiet, &during.health);
+    println!(
+        "{kind:<9} flood: quiet pack alone p50 {:.1} / p99 {:.1} ms; Health alone {:.1} / {:.1} ms",
+        calm.quiet.pct(0.5),
+        calm.quiet.pct(0.99),
+        calm.health.pct(0.5),
+        calm.health.pct(0.99)
+    );
+    println!(
+        "{kind:<9} flood: {c} callers on one pack: quiet pack p50 {:.1} / p99 {:.1} ms, Health {:.1} / {:.1} ms: {:.2}x / {:.2}x Health's ({} quiet errors)",
+        q.pct(0.5), q.pct(0.99), h.pct(0.5), h.pct(0.99),
+        q.pct(0.5) / h.pct(0.5), q.pct(0.99) / h.pct(0.99), q.errors
+    );
+    println!(
+        "{kind:<9} flood: flooding pack {:.0}/s alone, {:.0}/s beside the quiet pack ({:.2}x); {} flood errors",
+        rate(&alone), rate(&during), rate(&during) / rate(&alone), alone.errors + during.errors
+    );
+    let total: f64 = ten.rates.values().sum();
+    let shares: Vec<f64> = (0..spread)
+        .map(|p| ten.rates.get(&p).copied().unwrap_or(0.0) * spread as f64 / total.max(1.0))
+        .collect();
+    let (lo, hi) = shares
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(*s), hi.max(*s)));
+    println!(
+        "{kind:<9} flood: {spread} packs flooding ({} callers each): {total:.0}/s in all, each pack's rate over an even share {lo:.2}x to {hi:.2}x; {} errors",
+        c / spread, ten.errors
+    );
+    result(json!({
+        "store": kind, "phase": "flood", "callers": c,
+        "calm_quiet_p50_ms": calm.quiet.pct(0.5), "calm_quiet_p99_ms": calm.quiet.pct(0.99),
+        "calm_health_p50_ms": calm.health.pct(0.5), "calm_health_p99_ms": calm.health.pct(0.99),
+        "quiet_p50_ms": q.pct(0.5), "quiet_p99_ms": q.pct(0.99), "quiet_errors": q.errors,
+        "health_p50_ms": h.pct(0.5), "health_p99_ms": h.pct(0.99),
+        "flood_alone_per_sec": rate(&alone), "flood_beside_quiet_per_sec": rate(&during),
+        "spread_packs": spread, "spread_per_sec": total, "spread_share_min": lo, "spread_share_max": hi,
+        "errors": alone.errors + during.errors + ten.errors,
+    }));
+    server.stop();
+    db.drop_db().await;
     Ok(())
 }
 

@@ -1,0 +1,194 @@
+//! The flood phase: one pack floods while a quiet pack delivers at a steady pace, measured against gRPC Health on the same server at the same moment, and ten packs flooding at once.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+
+use crate::load::{trigger, Load, Population};
+use crate::pb::ingest_service_client::IngestServiceClient;
+
+/// One paced series: a call every `every`, latencies in microseconds, sorted.
+pub struct Paced {
+    pub lat_us: Vec<u64>,
+    pub errors: usize,
+}
+
+impl Paced {
+    /// The `q` quantile, in milliseconds.
+    pub fn pct(&self, q: f64) -> f64 {
+        if self.lat_us.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((self.lat_us.len() as f64) * q) as usize;
+        self.lat_us[i.min(self.lat_us.len() - 1)] as f64 / 1000.0
+    }
+}
+
+/// The `n`th trigger of `pack` (principal `pack + packs·k` is on pack `pack`), with an id of
+/// its own so every one is a new record.
+fn of_pack(pack: usize, n: usize, pop: Population, tag: &str) -> crate::pb::DeliverTriggerRequest {
+    let per_pack = (pop.principals / pop.packs.max(1)).max(1);
+    let i = pack + pop.packs * (n % per_pack);
+    let mut t = trigger(i, pop, Load::Recorded);
+    t.trigger_id = format!("{tag}-{pack}-{n}");
+    t
+}
+
+/// A call every `every` until `stop`, each on its own (open loop: a slow answer does not
+/// delay the next call): a quiet pack's DeliverTrigger (`pack` Some) or Health/Check (None).
+/// Latency counts from each call's scheduled start.
+async fn paced(
+    ch: Channel,
+    pack: Option<usize>,
+    pop: Population,
+    every: Duration,
+    stop: Arc<AtomicBool>,
+    tag: String,
+) -> Paced {
+    let start = Instant::now();
+    let mut calls = Vec::new();
+    for n in 0.. {
+        let due = start + every.mul_f64(n as f64);
+        tokio::time::sleep_until(due.into()).await;
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let (ch, tag) = (ch.clone(), tag.clone());
+        calls.push(tokio::spawn(async move {
+            let ok = match pack {
+                Some(p) => IngestServiceClient::new(ch)
+                    .deliver_trigger(of_pack(p, n, pop, &tag))
+                    .await
+                    .is_ok(),
+                None => HealthClient::new(ch)
+                    .check(HealthCheckRequest::default())
+                    .await
+                    .is_ok(),
+            };
+            ok.then(|| due.elapsed().as_micros() as u64)
+        }));
+    }
+    let (mut lat, mut errors) = (Vec::new(), 0);
+    for c in calls {
+        match c.await {
+            Ok(Some(us)) => lat.push(us),
+            _ => errors += 1,
+        }
+    }
+    lat.sort_unstable();
+    Paced {
+        lat_us: lat,
+        errors,
+    }
+}
+
+/// The pack of flooding caller `w` among `spread` packs, as many callers on each.
+fn pack_of(w: usize, spread: usize) -> usize {
+    w % spread.max(1)
+}
+
+/// Closed-loop callers flooding (`pack_of`), until `stop`; returns recorded triggers per pack.
+async fn flood(
+    chs: &[Channel],
+    callers: usize,
+    spread: usize,
+    pop: Population,
+    stop: Arc<AtomicBool>,
+    tag: &str,
+) -> (HashMap<usize, usize>, usize) {
+    let mut tasks = Vec::new();
+    for w in 0..callers {
+        let mut ingest = IngestServiceClient::new(chs[w % chs.len()].clone());
+        let (stop, tag) = (stop.clone(), format!("{tag}-{w}"));
+        let pack = pack_of(w, spread);
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut errors) = (0, 0);
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                match ingest.deliver_trigger(of_pack(pack, n, pop, &tag)).await {
+                    Ok(_) => ok += 1,
+                    Err(_) => errors += 1,
+                }
+                n += 1;
+            }
+            (pack, ok, errors)
+        }));
+    }
+    let mut per: HashMap<usize, usize> = HashMap::new();
+    let mut errors = 0;
+    for t in tasks {
+        if let Ok((pack, ok, e)) = t.await {
+            *per.entry(pack).or_default() += ok;
+            errors += e;
+        }
+    }
+    (per, errors)
+}
+
+/// What one flood run measured.
+pub struct Measured {
+    pub quiet: Paced,
+    pub health: Paced,
+    /// Recorded per second per flooding pack.
+    pub rates: HashMap<usize, f64>,
+    pub errors: usize,
+}
+
+/// Runs for `duration`: `callers` flooding `spread` packs (`pack_of`; none when 0),
+/// with pack `quiet` (not flooded, when given) delivering and Health/Check called, each
+/// every 20 ms.
+pub async fn run(
+    chs: &[Channel],
+    duration: Duration,
+    callers: usize,
+    spread: usize,
+    quiet: Option<usize>,
+    pop: Population,
+    tag: &str,
+) -> Measured {
+    let stop = Arc::new(AtomicBool::new(false));
+    let every = Duration::from_millis(20);
+    let q = quiet.map(|quiet| {
+        tokio::spawn(paced(
+            chs[0].clone(),
+            Some(quiet),
+            pop,
+            every,
+            stop.clone(),
+            format!("{tag}-quiet"),
+        ))
+    });
+    let h = tokio::spawn(paced(
+        chs[chs.len() - 1].clone(),
+        None,
+        pop,
+        every,
+        stop.clone(),
+        String::new(),
+    ));
+    let started = Instant::now();
+    let f = {
+        let (chs, stop, tag) = (chs.to_vec(), stop.clone(), tag.to_owned());
+        tokio::spawn(async move { flood(&chs, callers, spread, pop, stop, &tag).await })
+    };
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let (per, errors) = f.await.unwrap_or_default();
+    let secs = started.elapsed().as_secs_f64();
+    let empty = || Paced {
+        lat_us: Vec::new(),
+        errors: 0,
+    };
+    Measured {
+        quiet: match q {
+            Some(q) => q.await.unwrap_or_else(|_| empty()),
+            None => empty(),
+        },
+        health: h.await.unwrap_or_else(|_| empty()),
+        rates: per.into_iter().map(|(p, n)| (p, n as f64 / secs)).collect(),
+        errors,
+    }
+}
