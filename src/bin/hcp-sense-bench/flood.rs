@@ -10,22 +10,8 @@ use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 use crate::load::{trigger, Load, Population};
 use crate::pb::ingest_service_client::IngestServiceClient;
 
-/// One paced series: a call every `every`, latencies in microseconds, sorted.
-pub struct Paced {
-    pub lat_us: Vec<u64>,
-    pub errors: usize,
-}
-
-impl Paced {
-    /// The `q` quantile, in milliseconds.
-    pub fn pct(&self, q: f64) -> f64 {
-        if self.lat_us.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((self.lat_us.len() as f64) * q) as usize;
-        self.lat_us[i.min(self.lat_us.len() - 1)] as f64 / 1000.0
-    }
-}
+/// One paced series: `Phase`'s latencies (sorted, µs) and errors; its `pct` reads them.
+pub use crate::load::Phase as Paced;
 
 /// The `n`th trigger of `pack` (principal `pack + packs·k` is on pack `pack`), with an id of
 /// its own so every one is a new record.
@@ -80,8 +66,10 @@ async fn paced(
     }
     lat.sort_unstable();
     Paced {
-        lat_us: lat,
+        calls: lat.len(),
         errors,
+        secs: start.elapsed().as_secs_f64(),
+        lat_us: lat,
     }
 }
 
@@ -179,8 +167,10 @@ pub async fn run(
     let (per, errors) = f.await.unwrap_or_default();
     let secs = started.elapsed().as_secs_f64();
     let empty = || Paced {
-        lat_us: Vec::new(),
+        calls: 0,
         errors: 0,
+        secs: 0.0,
+        lat_us: Vec::new(),
     };
     Measured {
         quiet: match q {
