@@ -27,6 +27,12 @@ pub enum Error {
     /// A rate limit or a bound on open streams; the call may be retried later.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// Over a quota: nothing was decided; the caller may retry after `retry_after`.
+    #[error("{message}")]
+    Throttled {
+        message: String,
+        retry_after: std::time::Duration,
+    },
     /// The store (or another dependency) cannot be reached; the call may be retried.
     #[error("{0}")]
     Unavailable(String),

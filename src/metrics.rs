@@ -142,6 +142,8 @@ pub struct Metrics {
     ingress_replayed: Family<IngressLabels, Counter>,
     queue_wait_seconds: Family<PackLabels, Histogram, fn() -> Histogram>,
     queued_records: Family<PackLabels, Gauge>,
+    quota_admitted: Family<PackLabels, Counter>,
+    quota_throttled: Family<PackLabels, Counter>,
     sockets_shed: Family<ShedLabels, Counter>,
     records_deleted: Family<CauseLabels, Counter>,
     bindings: Family<StateLabels, Gauge>,
@@ -232,6 +234,18 @@ impl Metrics {
             "Records of a pack waiting in the sink's queue, as the last batch taken from it left them",
             queued_records.clone(),
         );
+        let quota_admitted = Family::<PackLabels, Counter>::default();
+        registry.register(
+            "quota_admitted",
+            "Triggers of packs with a quota (the pack's or a principal's) that the quota admitted to the decision",
+            quota_admitted.clone(),
+        );
+        let quota_throttled = Family::<PackLabels, Counter>::default();
+        registry.register(
+            "quota_throttled",
+            "Triggers refused over a quota: answered RESOURCE_EXHAUSTED (HTTP 429, NATS redelivered later), neither recorded nor dropped",
+            quota_throttled.clone(),
+        );
         let sockets_shed = Family::<ShedLabels, Counter>::default();
         registry.register(
             "sockets_shed",
@@ -302,6 +316,8 @@ impl Metrics {
             ingress_replayed,
             queue_wait_seconds,
             queued_records,
+            quota_admitted,
+            quota_throttled,
             sockets_shed,
             records_deleted,
             bindings,
@@ -468,6 +484,22 @@ impl Metrics {
                 .get_or_create(&PackLabels { pack })
                 .set(i64::try_from(queued).unwrap_or(i64::MAX));
         }
+    }
+
+    /// `n` triggers of `pack_id` admitted by its quotas.
+    pub fn quota_admitted(&self, pack_id: &str, n: u64) {
+        let pack = self.pack_label(pack_id, true);
+        self.quota_admitted
+            .get_or_create(&PackLabels { pack })
+            .inc_by(n);
+    }
+
+    /// `n` triggers of `pack_id` refused over a quota.
+    pub fn quota_throttled(&self, pack_id: &str, n: u64) {
+        let pack = self.pack_label(pack_id, true);
+        self.quota_throttled
+            .get_or_create(&PackLabels { pack })
+            .inc_by(n);
     }
 
     pub fn drop_counts_written(&self, n: u64) {

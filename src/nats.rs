@@ -37,6 +37,8 @@ const RETRY: Duration = Duration::from_secs(1);
 /// The longest pause between two attempts to start a route's consumer (a stream not created
 /// yet is looked for again at least this often).
 const MAX_RETRY: Duration = Duration::from_secs(30);
+/// Longest a route pauses its pulling over a quota: well inside ACK_WAIT.
+const MAX_PAUSE: Duration = Duration::from_secs(2);
 /// Most consumers of deleted or moved routes waiting to be removed while NATS does not answer.
 const MAX_RETIRED: usize = 4096;
 /// The description of every consumer of a route, followed by the route id: how a replica knows
@@ -414,13 +416,20 @@ async fn consume_once(
     state.store(CONSUMING, Ordering::Relaxed);
     tracing::info!(route_id = %route.route_id, stream = %route.nats_stream, consumer = %name, "NATS consumer started");
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    // Over a quota the route pulls nothing until the quota would admit again: what it would
+    // pull stays in the stream.
+    let paused = std::sync::Arc::new(std::sync::Mutex::new(None::<tokio::time::Instant>));
     let mut work = JoinSet::new();
     while let Some(m) = messages.next().await {
         let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let until = *paused.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(until) = until {
+            tokio::time::sleep_until(until).await;
+        }
         let slot = slots.clone().acquire_owned().await?;
-        let (service, route) = (service.clone(), route.clone());
+        let (service, route, paused) = (service.clone(), route.clone(), paused.clone());
         work.spawn(async move {
-            let done = take(&service, &route, m).await;
+            let done = take(&service, &route, m, &paused).await;
             drop(slot);
             if let Err(e) = done {
                 tracing::warn!(route_id = %route.route_id, error = %e, "NATS acknowledgement not sent");
@@ -436,7 +445,12 @@ async fn consume_once(
 /// Decides one message and answers NATS: acknowledged once its triggers are recorded or
 /// counted, terminated (never redelivered) when it is malformed, redelivered later when the
 /// store could not take it.
-async fn take(service: &Service, route: &Route, m: jetstream::Message) -> anyhow::Result<()> {
+async fn take(
+    service: &Service,
+    route: &Route,
+    m: jetstream::Message,
+    paused: &std::sync::Mutex<Option<tokio::time::Instant>>,
+) -> anyhow::Result<()> {
     let mut headers: BTreeMap<String, String> = BTreeMap::new();
     if let Some(h) = &m.headers {
         for (name, values) in h.iter() {
@@ -467,6 +481,17 @@ async fn take(service: &Service, route: &Route, m: jetstream::Message) -> anyhow
     });
     let answer = match decided {
         Ok(_) => AckKind::Ack,
+        Err(Error::Throttled { retry_after, .. }) => {
+            // Redelivered once the quota would admit it; nothing of it was decided. The pause
+            // stays below the ack wait, so messages pulled meanwhile are not redelivered.
+            let delay = retry_after.clamp(Duration::from_millis(1), MAX_PAUSE);
+            let until = tokio::time::Instant::now() + delay;
+            let mut p = paused.lock().unwrap_or_else(|p| p.into_inner());
+            if p.is_none_or(|u| u < until) {
+                *p = Some(until);
+            }
+            AckKind::Nak(Some(delay))
+        }
         Err(Error::Unavailable(e)) => {
             tracing::debug!(route_id = %route.route_id, error = %e, "NATS message to be redelivered");
             AckKind::Nak(Some(RETRY))

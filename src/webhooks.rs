@@ -91,6 +91,13 @@ fn refusal(e: Error) -> Response {
         Error::AlreadyExists(m) => (StatusCode::CONFLICT, json!({ "error": m })),
         Error::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, json!({ "error": m })),
         Error::ResourceExhausted(m) => (StatusCode::TOO_MANY_REQUESTS, json!({ "error": m })),
+        Error::Throttled {
+            message,
+            retry_after,
+        } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            json!({ "error": message, "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX).max(1) }),
+        ),
         Error::FailedPrecondition(m) | Error::PermissionDenied(m) => {
             (StatusCode::UNPROCESSABLE_ENTITY, json!({ "error": m }))
         }
@@ -106,7 +113,13 @@ fn refusal(e: Error) -> Response {
         }
     };
     let mut r = (status, Json(body)).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
+    if let Error::Throttled { retry_after, .. } = &e {
+        // Whole seconds (RFC 9110), rounded up: a sender retrying sooner finds no token.
+        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        if let Ok(v) = HeaderValue::from_str(&secs.max(1).to_string()) {
+            r.headers_mut().insert("retry-after", v);
+        }
+    } else if status == StatusCode::SERVICE_UNAVAILABLE {
         // Webhook senders retry; tell them when.
         r.headers_mut()
             .insert("retry-after", HeaderValue::from_static("1"));

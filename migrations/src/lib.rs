@@ -7,6 +7,7 @@ mod m20261130_000003_record_position;
 mod m20261201_000001_ingress_routes;
 mod m20261202_000001_filters_and_land_retention;
 mod m20261202_000002_ingress_deliveries;
+mod m20261202_000003_quotas;
 
 /// Every migration, in the order it is applied.
 pub struct Migrator;
@@ -21,6 +22,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000001_ingress_routes::Migration),
             Box::new(m20261202_000001_filters_and_land_retention::Migration),
             Box::new(m20261202_000002_ingress_deliveries::Migration),
+            Box::new(m20261202_000003_quotas::Migration),
         ]
     }
 }

@@ -474,6 +474,7 @@ mod tests {
                 } else {
                     Activation::On(route, filter)
                 }),
+                quota: None,
             },
         );
         let view = PolicyView::from_packs([("p".to_owned(), pack)]);
@@ -667,6 +668,7 @@ mod tests {
                 granted: true,
                 binding: None,
                 activation: None,
+                quota: None,
             },
         );
         pack.activation = Some(Activation::On(Route::Inbox, None));
@@ -689,6 +691,7 @@ mod tests {
                 granted: true,
                 binding: None,
                 activation: None,
+                quota: None,
             },
         );
         let (_, t) = case(Fail::default(), Route::Inbox);

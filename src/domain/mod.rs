@@ -37,3 +37,4 @@ pub mod pack;
 pub mod policy;
 #[cfg(test)]
 mod props;
+pub mod quota;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::filter::Filter;
 use super::pack::{BindingMode, Manifest};
+use super::quota::Rule;
 
 /// Where a recorded trigger goes (§7.4.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,11 +58,13 @@ pub struct PrincipalPolicy {
     pub binding: Option<BindingRef>,
     /// The principal's own activation; `None` falls back to the pack-wide one.
     pub activation: Option<Activation>,
+    /// The principal's own quota for the pack, besides the pack's.
+    pub quota: Option<Rule>,
 }
 
 impl PrincipalPolicy {
     pub fn is_empty(&self) -> bool {
-        !self.granted && self.binding.is_none() && self.activation.is_none()
+        !self.granted && self.binding.is_none() && self.activation.is_none() && self.quota.is_none()
     }
 }
 
@@ -73,6 +76,8 @@ pub struct PackPolicy {
     pub lands: HashMap<String, String>,
     /// Pack-wide activation, for principals without one of their own.
     pub activation: Option<Activation>,
+    /// The quota on all the pack's deliveries, whoever they are for.
+    pub quota: Option<Rule>,
     pub principals: HashMap<String, PrincipalPolicy>,
 }
 
@@ -102,6 +107,7 @@ impl PackPolicy {
                 .filter(|(r, _)| refs.contains(&r.as_str()))
                 .collect(),
             activation: None,
+            quota: None,
             principals: HashMap::new(),
         }
     }
@@ -173,6 +179,27 @@ impl PolicyView {
         let mut pack = PackPolicy::clone(pack);
         pack.activation = activation;
         self.with_pack(pack_id, Some(pack))
+    }
+
+    /// A copy with a pack-wide quota changed.
+    pub fn with_pack_quota(&self, pack_id: &str, quota: Option<Rule>) -> PolicyView {
+        let Some(pack) = self.packs.get(pack_id) else {
+            return self.clone();
+        };
+        let mut pack = PackPolicy::clone(pack);
+        pack.quota = quota;
+        self.with_pack(pack_id, Some(pack))
+    }
+
+    /// The quotas a delivery of `pack_id` for `principal` must pass: the principal's, then the pack's.
+    pub fn quotas(&self, pack_id: &str, principal: &str) -> (Option<Rule>, Option<Rule>) {
+        let Some(pack) = self.packs.get(pack_id) else {
+            return (None, None);
+        };
+        (
+            pack.principals.get(principal).and_then(|p| p.quota),
+            pack.quota,
+        )
     }
 
     /// Builds a view from whole packs.

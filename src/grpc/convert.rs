@@ -291,6 +291,26 @@ pub fn disposition(o: &Outcome) -> pb::Disposition {
     }
 }
 
+pub fn quota(q: &crate::domain::quota::Quota) -> pb::Quota {
+    pb::Quota {
+        pack_id: q.pack_id.clone(),
+        principal: q.principal.clone(),
+        rate_per_second: q.rule.rate,
+        burst: q.rule.burst,
+        update_time: Some(timestamp(q.update_time)),
+    }
+}
+
+/// A wait as a protobuf Duration.
+pub fn duration(d: std::time::Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        // Below 1e9, so it fits.
+        #[allow(clippy::cast_possible_wrap)]
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
 pub fn grant(g: &Grant) -> pb::Grant {
     pb::Grant {
         principal: g.principal.clone(),

@@ -16,8 +16,9 @@ use super::pb::{
 };
 use crate::domain::decide::{Decision, Outcome, RawTrigger};
 use crate::domain::explain::{Check, Verdict};
+use crate::domain::quota::Rule;
 use crate::error::Error;
-use crate::service::Service;
+use crate::service::{QuotaCheck, Service};
 
 /// Triggers of one DeliverTriggers stream being decided and written at once: enough to fill
 /// the sink's batches from a single producer, bounded so a fast producer waits on HTTP/2 flow
@@ -118,12 +119,36 @@ async fn deliver_one(
     }
 }
 
+/// ExplainTrigger's quotas: the rules a trigger meets, as quotas, and whether they admit it now.
+fn quota_check(pack_id: &str, principal: &str, q: &QuotaCheck) -> pb::QuotaCheck {
+    let as_quota = |rule: Option<Rule>, principal: Option<&str>| {
+        rule.map(|rule| pb::Quota {
+            pack_id: pack_id.to_owned(),
+            principal: principal.map(str::to_owned),
+            rate_per_second: rule.rate,
+            burst: rule.burst,
+            update_time: None,
+        })
+    };
+    pb::QuotaCheck {
+        pack_quota: as_quota(q.pack, None),
+        principal_quota: as_quota(q.principal, Some(principal)),
+        admits: q.retry_after.is_zero(),
+        retry_delay: (!q.retry_after.is_zero()).then(|| super::convert::duration(q.retry_after)),
+    }
+}
+
 /// A trigger refused with the status DeliverTrigger would have answered.
 fn refused(e: Error) -> deliver_triggers_response::Result {
+    let retry_delay = match &e {
+        Error::Throttled { retry_after, .. } => Some(super::convert::duration(*retry_after)),
+        _ => None,
+    };
     let status = Status::from(e);
     deliver_triggers_response::Result::Error(pb::TriggerError {
         code: status.code() as i32,
         message: status.message().to_owned(),
+        retry_delay,
     })
 }
 
@@ -160,6 +185,7 @@ impl IngestService for Ingest {
             e => e,
         };
         let raw = raw_trigger(r).map_err(under)?;
+        let (pack_id, principal) = (raw.pack_id.clone(), raw.principal.clone());
         let e = self.service.explain(raw).await.map_err(under)?;
         let o = e.outcome();
         Ok(Response::new(pb::ExplainTriggerResponse {
@@ -174,6 +200,7 @@ impl IngestService for Ingest {
                 (None, Decision::Drop(_)) => String::new(),
             },
             duplicate_record_id: e.duplicate.map(|r| r.record_id).unwrap_or_default(),
+            quota: Some(quota_check(&pack_id, &principal, &e.quota)),
         }))
     }
 

@@ -3,8 +3,8 @@ use tonic::{Request, Response, Status};
 
 use super::actor_of;
 use super::convert::{
-    activation, binding, binding_state, binding_state_from, execute_state, grant, outcome, route,
-    route_from, timestamp,
+    activation, binding, binding_state, binding_state_from, execute_state, grant, outcome, quota,
+    route, route_from, timestamp,
 };
 use super::paging::{fingerprint, next_token, page_size as page_size_of, PageTokens, SEP};
 use super::pb::{self, policy_service_server::PolicyService};
@@ -206,6 +206,73 @@ impl PolicyService for Policy {
                 .collect(),
             next_page_token,
         }))
+    }
+
+    async fn put_quota(&self, req: Request<pb::PutQuotaRequest>) -> Reply<pb::PutQuotaResponse> {
+        let actor = actor_of(&req);
+        let r = req.into_inner();
+        let svc = self.service.clone();
+        let q = detached(async move {
+            svc.put_quota(
+                &actor,
+                &r.pack_id,
+                r.principal.as_deref(),
+                r.rate_per_second,
+                r.burst,
+            )
+            .await
+        })
+        .await?;
+        Ok(Response::new(pb::PutQuotaResponse {
+            quota: Some(quota(&q)),
+        }))
+    }
+
+    async fn get_quota(&self, req: Request<pb::GetQuotaRequest>) -> Reply<pb::GetQuotaResponse> {
+        let r = req.into_inner();
+        let q = self
+            .service
+            .get_quota(&r.pack_id, r.principal.as_deref())
+            .await?;
+        Ok(Response::new(pb::GetQuotaResponse {
+            quota: Some(quota(&q)),
+        }))
+    }
+
+    async fn list_quotas(
+        &self,
+        req: Request<pb::ListQuotasRequest>,
+    ) -> Reply<pb::ListQuotasResponse> {
+        let r = req.into_inner();
+        let l = self.listing(
+            "quotas",
+            (&r.pack_id, &r.principal),
+            r.page_size,
+            &r.page_token,
+        )?;
+        let mut rows = self.service.list_quotas(&l.page()).await?;
+        let next_page_token = self.next_page(&l, &mut rows, |q| {
+            (q.pack_id.as_str(), q.principal.as_deref().unwrap_or(""))
+        });
+        Ok(Response::new(pb::ListQuotasResponse {
+            quotas: rows.iter().map(quota).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn delete_quota(
+        &self,
+        req: Request<pb::DeleteQuotaRequest>,
+    ) -> Reply<pb::DeleteQuotaResponse> {
+        let actor = actor_of(&req);
+        let r = req.into_inner();
+        let svc = self.service.clone();
+        detached(async move {
+            svc.delete_quota(&actor, &r.pack_id, r.principal.as_deref())
+                .await
+        })
+        .await?;
+        Ok(Response::new(pb::DeleteQuotaResponse {}))
     }
 
     async fn activate_sense(

@@ -21,6 +21,19 @@ impl From<Error> for Status {
             Error::PermissionDenied(m) => Status::permission_denied(m),
             Error::Unauthenticated(m) => Status::unauthenticated(m),
             Error::ResourceExhausted(m) => Status::resource_exhausted(m),
+            Error::Throttled {
+                message,
+                retry_after,
+            } => {
+                let mut details = ErrorDetails::new();
+                details.set_retry_info(Some(retry_after));
+                details.set_error_info(
+                    "QUOTA_EXCEEDED",
+                    "hcp.sense.v1",
+                    std::collections::HashMap::new(),
+                );
+                Status::with_error_details(Code::ResourceExhausted, message, details)
+            }
             Error::Unavailable(m) => Status::unavailable(m),
             Error::Interrupted {
                 cause,

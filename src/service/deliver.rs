@@ -99,8 +99,53 @@ impl Service {
     /// attribute and the `ingress` label of the delivery counts).
     pub async fn deliver_from(&self, raw: RawTrigger, ingress: &'static str) -> Result<Outcome> {
         let t = self.admissible(raw)?;
+        let view = self.policy.view.load_full();
+        self.admitted(&view, &t).await?;
+        self.decide_one(&view, t, ingress).await
+    }
+
+    /// `deliver_from`, for a trigger whose quotas were taken already (with the rest of the
+    /// message it came in).
+    pub(super) async fn deliver_admitted(
+        &self,
+        raw: RawTrigger,
+        ingress: &'static str,
+    ) -> Result<Outcome> {
+        let t = self.admissible(raw)?;
+        let view = self.policy.view.load_full();
+        self.decide_one(&view, t, ingress).await
+    }
+
+    /// Takes the trigger's tokens from its quotas. Over quota it is refused (`Throttled`)
+    /// unless its trigger id was recorded before: idempotency comes first, and a retry of a
+    /// recorded trigger is answered with its record whatever the quota.
+    async fn admitted(&self, view: &PolicyView, t: &Trigger) -> Result<()> {
+        match self.admit(view, &t.pack_id, &[t.principal.as_str()]).await {
+            Err(e @ Error::Throttled { .. }) => match &t.trigger_id {
+                Some(id)
+                    if self
+                        .store
+                        .record_for_trigger(&t.pack_id, id)
+                        .await?
+                        .is_some() =>
+                {
+                    Ok(())
+                }
+                _ => Err(e),
+            },
+            other => other,
+        }
+    }
+
+    /// Decides an admitted trigger, then records or drops it.
+    async fn decide_one(
+        &self,
+        view: &PolicyView,
+        t: Trigger,
+        ingress: &'static str,
+    ) -> Result<Outcome> {
         let started = Instant::now();
-        let mut decision = decide(&self.policy.view.load(), &t);
+        let mut decision = decide(view, &t);
         let decided = started.elapsed();
         // Idempotency comes before policy: a retry of a trigger that was recorded is answered
         // with its record, even if policy has changed since (a grant revoked meanwhile must
@@ -177,7 +222,9 @@ impl Service {
     /// answered with that record (or refused as a conflict) whatever the checks say now.
     pub async fn explain(&self, raw: RawTrigger) -> Result<Explained> {
         let t = self.admissible(raw)?;
-        let explanation = explain(&self.policy.view.load(), &t);
+        let view = self.policy.view.load_full();
+        let explanation = explain(&view, &t);
+        let quota = self.quota_check(&view, &t.pack_id, &t.principal).await?;
         let mut duplicate = None;
         if let Some(id) = &t.trigger_id {
             if let Some(r) = self.store.record_for_trigger(&t.pack_id, id).await? {
@@ -190,6 +237,7 @@ impl Service {
         Ok(Explained {
             explanation,
             duplicate,
+            quota,
         })
     }
 
@@ -284,10 +332,12 @@ impl Service {
 pub struct Explained {
     pub explanation: Explanation,
     pub duplicate: Option<Record>,
+    /// The quotas the trigger meets, and whether they would admit it now.
+    pub quota: super::QuotaCheck,
 }
 
 impl Explained {
-    /// What DeliverTrigger would answer.
+    /// What DeliverTrigger would answer, when its quotas admit it (see `quota`).
     pub fn outcome(&self) -> Outcome {
         match (&self.duplicate, &self.explanation.decision) {
             (Some(r), _) => Outcome::recorded(r.route, r.record_id.clone(), true),

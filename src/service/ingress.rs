@@ -491,6 +491,14 @@ impl Service {
                 source: None,
             });
         }
+        // The message is admitted whole or refused whole: a fan-out takes a token per trigger
+        // from the pack's quota (and each principal's), and none is decided when one is short.
+        let principals: Vec<&str> = triggers.iter().map(|t| t.principal.as_str()).collect();
+        if let Err(e) = self.admit(&view, &route.pack_id, &principals).await {
+            if !self.all_recorded(&triggers).await? {
+                return Err(e);
+            }
+        }
         // A fan-out's triggers are decided FAN_OUT_AT_ONCE at a time, so the sink commits
         // them together instead of one batch each.
         let mut out = Vec::with_capacity(triggers.len());
@@ -501,7 +509,7 @@ impl Service {
                 let svc = self.clone();
                 set.spawn(async move {
                     let (principal, trigger_id) = (raw.principal.clone(), raw.trigger_id.clone());
-                    let outcome = svc.deliver_from(raw, kind).await;
+                    let outcome = svc.deliver_admitted(raw, kind).await;
                     (n, principal, trigger_id, outcome)
                 });
             }
@@ -522,6 +530,23 @@ impl Service {
             out.extend(chunk.into_iter().map(|(_, r)| r));
         }
         Ok(out)
+    }
+
+    /// Whether every trigger names its id and was recorded before: a redelivered message whose
+    /// triggers were all recorded is answered with its records whatever the quota.
+    async fn all_recorded(&self, triggers: &[RawTrigger]) -> Result<bool> {
+        for t in triggers {
+            if t.trigger_id.is_empty()
+                || self
+                    .store
+                    .record_for_trigger(&t.pack_id, &t.trigger_id)
+                    .await?
+                    .is_none()
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The principals a request goes to: the mapped principal, the holder of the mapped

@@ -4,6 +4,7 @@ mod drops;
 pub mod ingress;
 mod packs;
 mod policy;
+mod quota;
 mod records;
 mod replicas;
 mod retention;
@@ -17,6 +18,7 @@ pub use deliver::decision_span;
 pub use drops::DropLog;
 pub use packs::Registered;
 pub use policy::PackState;
+pub use quota::QuotaCheck;
 pub use records::ERASE_BATCH;
 pub use watch::{Watch, WatchEvent, WatchLimits, MAX_PER_MESSAGE};
 
@@ -91,6 +93,7 @@ pub struct Service {
     pub metrics: Arc<Metrics>,
     tail: Arc<watch::Tail>,
     mappings: Arc<ingress::Mappings>,
+    quotas: Arc<quota::Quotas>,
 }
 
 impl Service {
@@ -119,6 +122,7 @@ impl Service {
             limits.prune_every,
             Arc::downgrade(&drops),
         );
+        let quotas = Arc::new(quota::Quotas::new(store.engine()));
         Ok(Service {
             store,
             policy: Arc::new(Policy {
@@ -131,6 +135,7 @@ impl Service {
             sink,
             tail: Arc::new(watch::Tail::new(limits.watch)),
             mappings: Arc::default(),
+            quotas,
             limits,
             metrics,
         })

@@ -24,7 +24,7 @@ pub struct PackState {
 }
 
 impl Service {
-    fn publish(&self, view: PolicyView) {
+    pub(super) fn publish(&self, view: PolicyView) {
         self.policy.view.store(Arc::new(view));
     }
 

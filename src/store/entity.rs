@@ -329,3 +329,30 @@ pub mod ingress_deliveries {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+pub mod sense_quotas {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, DeriveEntityModel, serde::Serialize)]
+    #[sea_orm(table_name = "sense_quotas")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub pack_id: String,
+        /// Empty: the pack-wide quota.
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub principal: String,
+        pub rate_per_second: f64,
+        pub burst: i64,
+        /// The fleet's bucket, which the audit log leaves out.
+        #[serde(skip)]
+        pub tokens: f64,
+        #[serde(skip)]
+        pub refill_time: i64,
+        pub update_time: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

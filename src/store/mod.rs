@@ -7,6 +7,7 @@ mod ingress;
 mod nodelay;
 mod packs;
 mod policy;
+pub(crate) mod quota;
 mod records;
 mod sink;
 

@@ -7,6 +7,7 @@ use sea_orm::{
 
 use super::entity::{
     pack_commands, pack_stimuli, pack_triggers, packs, sense_activations, sense_grants,
+    sense_quotas,
 };
 use super::{classify, Engine, Store};
 use crate::domain::pack::{
@@ -127,7 +128,7 @@ impl Store {
         self.assemble(rows).await
     }
 
-    /// Removes a pack's declaration and its Sense grants and activations.
+    /// Removes a pack's declaration and its Sense grants, activations and quotas.
     /// Bindings, Execute state and records are not Sense's to remove.
     pub async fn delete_pack(&self, actor: &Actor, pack_id: &str) -> Result<bool> {
         let w = self.begin_write().await?;
@@ -147,6 +148,12 @@ impl Store {
             .map_err(classify)?;
         sense_activations::Entity::delete_many()
             .filter(sense_activations::Column::PackId.eq(pack_id))
+            .exec(txn)
+            .await
+            .map_err(classify)?;
+        // A quota left behind would meet the pack if it were registered again, unlooked for.
+        sense_quotas::Entity::delete_many()
+            .filter(sense_quotas::Column::PackId.eq(pack_id))
             .exec(txn)
             .await
             .map_err(classify)?;

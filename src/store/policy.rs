@@ -9,7 +9,7 @@ use sea_orm::{
 
 use super::entity::{
     bindings, execute_states, pack_stimuli, pack_triggers, packs, project_members,
-    sense_activations, sense_grants,
+    sense_activations, sense_grants, sense_quotas,
 };
 use super::{classify, Store};
 use crate::domain::filter::Filter;
@@ -242,6 +242,14 @@ impl Store {
                 policy.principals.entry(a.principal).or_default().activation = Some(act);
             }
         });
+        each_row!(sense_quotas, |q| {
+            let q = super::quota::quota(q)?;
+            if let Some(p) = &q.principal {
+                policy.principals.entry(p.clone()).or_default().quota = Some(q.rule);
+            } else {
+                policy.quota = Some(q.rule);
+            }
+        });
         Ok(Some(policy))
     }
 
@@ -299,7 +307,7 @@ impl Store {
     }
 
     /// A page of a table keyed by the two columns `key`, mapped to the domain by `map`.
-    async fn key_page<E: EntityTrait, T>(
+    pub(super) async fn key_page<E: EntityTrait, T>(
         &self,
         key: (E::Column, E::Column),
         p: &KeyPage<'_>,

@@ -14,12 +14,12 @@ use crate::cli::set_up_weather;
 use crate::helpers::{spawn_app_with, StoreKind, TestApp};
 
 /// A Standard Webhooks secret: `whsec_` and base64 of 32 bytes.
-const SECRET_NEW: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub const SECRET_NEW: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const SECRET_OLD: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 const SECRET_OTHER: &str = "whsec_dGhpcyBpcyBub3QgdGhlIHJvdXRlJ3Mga2V5ISE=";
 const GITHUB_SECRET: &str = "It's a Secret to Everybody";
 
-async fn app_with_ingress(kind: StoreKind, max_payload: Option<usize>) -> TestApp {
+pub async fn app_with_ingress(kind: StoreKind, max_payload: Option<usize>) -> TestApp {
     spawn_app_with(kind, |c| {
         c.ingress_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
         if let Some(n) = max_payload {
@@ -29,7 +29,7 @@ async fn app_with_ingress(kind: StoreKind, max_payload: Option<usize>) -> TestAp
     .await
 }
 
-fn url(app: &TestApp, route: &str) -> String {
+pub fn url(app: &TestApp, route: &str) -> String {
     format!(
         "http://{}/v1/ingress/{route}",
         app.ingress_addr.expect("ingress listener")
@@ -38,6 +38,15 @@ fn url(app: &TestApp, route: &str) -> String {
 
 /// Sends each request of `plan` with tests/python/ingress_sender.py; returns the answers.
 async fn send(plan: Value) -> Vec<(u16, Value)> {
+    send_plan(plan)
+        .await
+        .into_iter()
+        .map(|a| (a["status"].as_u64().unwrap_or(0) as u16, a["body"].clone()))
+        .collect()
+}
+
+/// The sender's answers as it gives them: status, body and Retry-After.
+pub async fn send_plan(plan: Value) -> Vec<Value> {
     let out = tokio::task::spawn_blocking(move || {
         let mut child = Command::new("python3")
             .arg("tests/python/ingress_sender.py")
@@ -62,11 +71,7 @@ async fn send(plan: Value) -> Vec<(u16, Value)> {
         "sender failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let answers: Vec<Value> = serde_json::from_slice(&out.stdout).expect("answers");
-    answers
-        .into_iter()
-        .map(|a| (a["status"].as_u64().unwrap_or(0) as u16, a["body"].clone()))
-        .collect()
+    serde_json::from_slice(&out.stdout).expect("answers")
 }
 
 pub fn weather_route(route_id: &str, secrets: &[&str]) -> pb::PutIngressRouteRequest {
@@ -86,11 +91,11 @@ pub fn weather_route(route_id: &str, secrets: &[&str]) -> pb::PutIngressRouteReq
     }
 }
 
-fn ingress(app: &TestApp) -> IngressServiceClient<Channel> {
+pub fn ingress(app: &TestApp) -> IngressServiceClient<Channel> {
     IngressServiceClient::new(app.channel.clone())
 }
 
-fn standard(url: &str, secret: &str, msg_id: &str, body: Value) -> Value {
+pub fn standard(url: &str, secret: &str, msg_id: &str, body: Value) -> Value {
     json!({"url": url, "sign": "standard", "secret": secret, "msg_id": msg_id, "body": body.to_string()})
 }
 

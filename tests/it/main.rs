@@ -18,6 +18,7 @@ mod migrations;
 mod nats;
 mod packs;
 mod position;
+mod quota;
 mod security;
 mod sense;
 mod slowloris;

@@ -725,3 +725,50 @@ async fn s7_6_nats_route_change_on_two_replicas_leaves_one_consumer() {
     }
     python(&[NATS, &stream, "-", "0", "delete"]);
 }
+
+/// A route over its pack's quota leaves the backlog in the stream (NAKed with the delay, and
+/// pulled no faster than the quota admits): every message is recorded exactly once, at the
+/// quota's pace, and some were refused on the way.
+async fn nats_over_quota_waits_in_the_stream(kind: StoreKind) {
+    let db = TestDb::create(kind).await;
+    let stream = unique(kind, "QUOTA");
+    let subject = format!("hcp.test.{}", stream.to_lowercase());
+    let served = Served::start(&db.url, &["--nats-url", NATS]);
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    pb::policy_service_client::PolicyServiceClient::new(ch.clone())
+        .put_quota(pb::PutQuotaRequest {
+            pack_id: "weather".into(),
+            principal: None,
+            rate_per_second: 100.0,
+            burst: 10,
+        })
+        .await
+        .expect("quota");
+    put_nats_route(&ch, "storms-quota", &stream, &subject).await;
+    const N: i64 = 300;
+    let started = std::time::Instant::now();
+    let published = python(&[NATS, &stream, &subject, &N.to_string(), "create"]);
+    assert_eq!(published["published"], N + 2);
+    let conn = db.connect().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    all_recorded_once(&conn, N + 1, deadline, "over quota").await;
+    let took = started.elapsed();
+    // 301 tokens at 100 a second after a burst of 10: no sooner than 2.9 s.
+    assert!(
+        took >= Duration::from_millis(2_800),
+        "{took:?}: the quota held"
+    );
+    let metrics = http_get(&format!("http://{}/metrics", served.metrics_addr));
+    assert!(
+        sample(
+            &metrics,
+            r#"hcp_sense_quota_throttled_total{pack="weather"}"#
+        ) > 0.0,
+        "{metrics}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(counts(&conn).await, (N + 1, N + 1), "exactly once");
+    python(&[NATS, &stream, &subject, "0", "delete"]);
+}
+on_both_stores!(nats_over_quota_waits_in_the_stream => nats_over_quota_waits_in_the_stream);

@@ -4,7 +4,7 @@ Standard Webhooks requests are signed by the reference implementation (PyPI's
 `standardwebhooks`); GitHub-style ones with the standard library's HMAC, as
 GitHub documents; CloudEvents are made by the CloudEvents SDK (PyPI's
 `cloudevents`) in binary or structured mode, then signed as Standard Webhooks. Reads a plan (a JSON list of requests) on stdin and prints a
-JSON list of {"status", "body"} answers, one per request.
+JSON list of {"status", "body", "retry_after"} answers, one per request.
 
 A request: {"url": ..., "sign": "standard" | "github" | "none", "secret": ...,
 "msg_id": ..., "ts": the signed time in Unix seconds (default now; the same
@@ -79,14 +79,14 @@ def post(url, headers, body):
     r = urllib.request.Request(url, data=body.encode(), headers=headers, method="POST")
     try:
         with urllib.request.urlopen(r, timeout=30) as resp:
-            status, text = resp.status, resp.read().decode()
+            status, text, retry_after = resp.status, resp.read().decode(), resp.headers.get("retry-after")
     except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
+        status, text, retry_after = e.code, e.read().decode(), e.headers.get("retry-after")
     try:
         parsed = json.loads(text)
     except ValueError:
         parsed = text
-    return {"status": status, "body": parsed}
+    return {"status": status, "body": parsed, "retry_after": retry_after}
 
 
 def main():

@@ -1,0 +1,372 @@
+//! Quotas: admin writes of them, and admission — before a delivery is decided it takes a token from its principal's quota and its pack's; over either it is refused with the time to retry, neither decided nor recorded.
+//!
+//! On PostgreSQL each quota's bucket is the fleet's, kept in its row: a replica leases a
+//! twentieth of a second's tokens at a time (`Rule::lease`) and spends them locally, so every
+//! replica together admits no more than the bucket allows, give or take the tokens leased and
+//! not yet spent (at most one lease per replica, and only for a second). On SQLite one process
+//! serves the store and the bucket is kept in memory.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{unknown_pack, valid_id, valid_pack_id, Service};
+use crate::domain::model::KeyPage;
+use crate::domain::policy::PolicyView;
+use crate::domain::quota::{Bucket, Quota, Rule};
+use crate::error::{Error, Result};
+use crate::store::audit::Actor;
+use crate::store::{now_micros, Engine};
+
+/// Leased tokens not spent within this long go back to nobody: a replica that stopped taking a
+/// pack's deliveries holds none of the fleet's tokens for longer.
+const LEASE_TTL: Duration = Duration::from_secs(1);
+/// Quota lanes kept before idle ones are let go.
+const MAX_LANES: usize = 65_536;
+
+/// The quota lanes of this replica, one per (pack, principal or "" for the pack) with a quota.
+#[derive(Debug)]
+pub(super) struct Quotas {
+    lanes: Mutex<HashMap<(String, String), Arc<Lane>>>,
+    /// Buckets are the store's, shared by every replica (PostgreSQL).
+    fleet: bool,
+}
+
+#[derive(Debug)]
+struct Lane {
+    rule: Rule,
+    state: tokio::sync::Mutex<LaneState>,
+}
+
+#[derive(Debug)]
+struct LaneState {
+    /// The bucket itself, when it is kept in memory.
+    bucket: Bucket,
+    /// Tokens leased from the store's bucket and not yet spent, and when they were leased.
+    leased: u32,
+    leased_at: Instant,
+    /// The store's bucket was found short: no lease is asked for before then.
+    short_until: Option<Instant>,
+}
+
+/// A delivery refused over quota: which quota, and how long until it would admit.
+#[derive(Debug, Clone)]
+pub struct Throttle {
+    pub pack_id: String,
+    pub principal: Option<String>,
+    pub rule: Rule,
+    pub retry_after: Duration,
+}
+
+impl Throttle {
+    pub fn error(self) -> Error {
+        let whose = match &self.principal {
+            Some(p) => format!("principal `{p}` of pack `{}`", self.pack_id),
+            None => format!("pack `{}`", self.pack_id),
+        };
+        Error::Throttled {
+            message: format!(
+                "the quota of {whose} ({} per second, burst {}) is spent: nothing was recorded; retry in {} ms",
+                self.rule.rate,
+                self.rule.burst,
+                self.retry_after.as_millis().max(1)
+            ),
+            retry_after: self.retry_after,
+        }
+    }
+}
+
+/// What ExplainTrigger says of the quotas a trigger meets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaCheck {
+    pub pack: Option<Rule>,
+    pub principal: Option<Rule>,
+    /// How long until both would admit it; zero: now.
+    pub retry_after: Duration,
+}
+
+impl Quotas {
+    pub(super) fn new(engine: Engine) -> Quotas {
+        Quotas {
+            lanes: Mutex::default(),
+            fleet: engine == Engine::Postgres,
+        }
+    }
+
+    /// The lane of a quota under `rule`; a lane made under another rule is started over.
+    fn lane(&self, pack_id: &str, principal: Option<&str>, rule: Rule) -> Arc<Lane> {
+        let key = (pack_id.to_owned(), principal.unwrap_or("").to_owned());
+        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = lanes.get(&key).filter(|l| l.rule == rule) {
+            return l.clone();
+        }
+        if lanes.len() >= MAX_LANES {
+            // Lanes nobody else holds are idle; their buckets are refilled by now or the
+            // store's (fleet) anyway. A memory bucket let go starts full again: bounded memory
+            // is worth one burst.
+            lanes.retain(|_, l| Arc::strong_count(l) > 1);
+        }
+        let lane = Arc::new(Lane {
+            rule,
+            state: tokio::sync::Mutex::new(LaneState {
+                bucket: Bucket::full(&rule, now_micros()),
+                leased: 0,
+                leased_at: Instant::now(),
+                short_until: None,
+            }),
+        });
+        lanes.insert(key, lane.clone());
+        lane
+    }
+}
+
+impl Service {
+    /// Takes one token per trigger from the quotas of `pack_id` and of each principal, all or
+    /// none: a fan-out is admitted whole or refused whole.
+    pub(super) async fn admit(
+        &self,
+        view: &PolicyView,
+        pack_id: &str,
+        principals: &[&str],
+    ) -> Result<()> {
+        let Some(pack) = view.pack(pack_id) else {
+            return Ok(());
+        };
+        let mut demands: Vec<(Option<&str>, Rule, u32)> = Vec::new();
+        for p in principals {
+            if let Some(rule) = pack.principals.get(*p).and_then(|pp| pp.quota) {
+                match demands.iter_mut().find(|d| d.0 == Some(*p)) {
+                    Some(d) => d.2 += 1,
+                    None => demands.push((Some(*p), rule, 1)),
+                }
+            }
+        }
+        if let Some(rule) = pack.quota {
+            let n = u32::try_from(principals.len()).unwrap_or(u32::MAX);
+            demands.push((None, rule, n));
+        }
+        if demands.is_empty() {
+            return Ok(());
+        }
+        let mut taken: Vec<(Arc<Lane>, u32)> = Vec::with_capacity(demands.len());
+        for (principal, rule, n) in demands {
+            let lane = self.quotas.lane(pack_id, principal, rule);
+            match self.take(&lane, pack_id, principal, n).await {
+                Ok(()) => taken.push((lane, n)),
+                Err(e) => {
+                    for (lane, n) in taken {
+                        give_back(&lane, n).await;
+                    }
+                    if let Error::Throttled { retry_after, .. } = e {
+                        self.metrics
+                            .quota_throttled(pack_id, principals.len() as u64);
+                        return Err(Throttle {
+                            pack_id: pack_id.to_owned(),
+                            principal: principal.map(str::to_owned),
+                            rule,
+                            retry_after,
+                        }
+                        .error());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.metrics
+            .quota_admitted(pack_id, principals.len() as u64);
+        Ok(())
+    }
+
+    /// Takes `n` tokens from a lane: from its memory bucket, or from what it leased, leasing
+    /// more from the store's bucket when that is short. Over quota: `Throttled`.
+    async fn take(
+        &self,
+        lane: &Lane,
+        pack_id: &str,
+        principal: Option<&str>,
+        n: u32,
+    ) -> Result<()> {
+        let rule = lane.rule;
+        let mut s = lane.state.lock().await;
+        let throttled = |retry_after: Duration| Error::Throttled {
+            message: String::new(),
+            retry_after,
+        };
+        if !self.quotas.fleet {
+            return s.bucket.take(&rule, now_micros(), n).map_err(throttled);
+        }
+        let now = Instant::now();
+        if s.leased > 0 && now.duration_since(s.leased_at) > LEASE_TTL {
+            s.leased = 0;
+        }
+        if s.leased >= n {
+            s.leased -= n;
+            return Ok(());
+        }
+        if let Some(until) = s.short_until {
+            if now < until {
+                return Err(throttled(until - now));
+            }
+            s.short_until = None;
+        }
+        let want = (n - s.leased).max(rule.lease());
+        let Some(lease) = self
+            .store
+            .lease_quota(pack_id, principal, want, now_micros())
+            .await?
+        else {
+            // The quota was deleted; this replica's view follows shortly.
+            return Ok(());
+        };
+        if s.leased == 0 {
+            s.leased_at = now;
+        }
+        s.leased = s.leased.saturating_add(lease.granted);
+        if s.leased >= n {
+            s.leased -= n;
+            return Ok(());
+        }
+        let wait = rule.time_for(f64::from(n - s.leased) - lease.left);
+        s.short_until = Some(now + wait);
+        Err(throttled(wait))
+    }
+
+    /// Whether the quotas of a trigger would admit it now, with nothing taken.
+    pub(super) async fn quota_check(
+        &self,
+        view: &PolicyView,
+        pack_id: &str,
+        principal: &str,
+    ) -> Result<QuotaCheck> {
+        let (own, pack) = view.quotas(pack_id, principal);
+        let mut retry_after = Duration::ZERO;
+        for (who, rule) in [(Some(principal), own), (None, pack)] {
+            let Some(rule) = rule else { continue };
+            let lane = self.quotas.lane(pack_id, who, rule);
+            let s = lane.state.lock().await;
+            let wait = if !self.quotas.fleet {
+                s.bucket.peek(&rule, now_micros(), 1).err()
+            } else if s.leased > 0 && s.leased_at.elapsed() <= LEASE_TTL {
+                None
+            } else {
+                match self.store.get_quota_bucket(pack_id, who).await? {
+                    Some(b) => b.peek(&rule, now_micros(), 1).err(),
+                    None => None,
+                }
+            };
+            retry_after = retry_after.max(wait.unwrap_or_default());
+        }
+        Ok(QuotaCheck {
+            pack,
+            principal: own,
+            retry_after,
+        })
+    }
+
+    /// Sets a quota on a pack, or on one principal's deliveries of it.
+    pub async fn put_quota(
+        &self,
+        actor: &Actor,
+        pack_id: &str,
+        principal: Option<&str>,
+        rate: f64,
+        burst: u32,
+    ) -> Result<Quota> {
+        valid_quota_key(pack_id, principal)?;
+        let rule = Rule::new(rate, burst).map_err(|(f, d)| Error::invalid(f, d))?;
+        let _turn = self.policy.writer.lock().await;
+        let view = self.policy.view.load_full();
+        if view.pack(pack_id).is_none() {
+            return Err(unknown_pack(pack_id));
+        }
+        let q = Quota {
+            pack_id: pack_id.to_owned(),
+            principal: principal.map(str::to_owned),
+            rule,
+            update_time: 0,
+        };
+        let q = self.store.put_quota(actor, &q, now_micros()).await?;
+        self.publish(with_quota(&view, pack_id, principal, Some(rule)));
+        tracing::info!(
+            pack_id,
+            principal,
+            rate = rule.rate,
+            burst = rule.burst,
+            "quota set"
+        );
+        Ok(q)
+    }
+
+    pub async fn get_quota(&self, pack_id: &str, principal: Option<&str>) -> Result<Quota> {
+        valid_quota_key(pack_id, principal)?;
+        self.store
+            .get_quota(pack_id, principal)
+            .await?
+            .ok_or_else(|| no_quota(pack_id, principal))
+    }
+
+    /// Quotas; `first` filters by pack, `second` by principal.
+    pub async fn list_quotas(&self, p: &KeyPage<'_>) -> Result<Vec<Quota>> {
+        p.first.map(valid_pack_id).transpose()?;
+        p.second.map(|v| valid_id("principal", v)).transpose()?;
+        self.store.list_quotas(p).await
+    }
+
+    pub async fn delete_quota(
+        &self,
+        actor: &Actor,
+        pack_id: &str,
+        principal: Option<&str>,
+    ) -> Result<()> {
+        valid_quota_key(pack_id, principal)?;
+        let _turn = self.policy.writer.lock().await;
+        if !self.store.delete_quota(actor, pack_id, principal).await? {
+            return Err(no_quota(pack_id, principal));
+        }
+        let view = self.policy.view.load_full();
+        self.publish(with_quota(&view, pack_id, principal, None));
+        tracing::info!(pack_id, principal, "quota deleted");
+        Ok(())
+    }
+}
+
+async fn give_back(lane: &Lane, n: u32) {
+    let mut s = lane.state.lock().await;
+    let rule = lane.rule;
+    s.bucket.give_back(&rule, n);
+    s.leased = s.leased.saturating_add(n);
+}
+
+fn with_quota(
+    view: &PolicyView,
+    pack_id: &str,
+    principal: Option<&str>,
+    rule: Option<Rule>,
+) -> PolicyView {
+    match principal {
+        Some(p) => view.with_principal(pack_id, p, |pp| pp.quota = rule),
+        None => view.with_pack_quota(pack_id, rule),
+    }
+}
+
+/// A quota's key: a pack id, and a principal that, when given, is a principal's id (never
+/// empty: leaving it out is what names the pack-wide quota).
+fn valid_quota_key(pack_id: &str, principal: Option<&str>) -> Result<()> {
+    valid_pack_id(pack_id)?;
+    if let Some(p) = principal {
+        if p.is_empty() {
+            return Err(Error::invalid(
+                "principal",
+                "is empty: leave it out for the pack-wide quota, or name a principal",
+            ));
+        }
+        valid_id("principal", p)?;
+    }
+    Ok(())
+}
+
+fn no_quota(pack_id: &str, principal: Option<&str>) -> Error {
+    Error::NotFound(match principal {
+        Some(p) => format!("principal `{p}` has no quota of its own on pack `{pack_id}`"),
+        None => format!("pack `{pack_id}` has no pack-wide quota"),
+    })
+}
