@@ -9,6 +9,7 @@ use hcp_sense_api::v1::{
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic::Code;
+use tonic_types::StatusExt;
 
 use crate::client::ServerArgs;
 
@@ -139,6 +140,18 @@ pub async fn run(a: PipeArgs) -> anyhow::Result<i32> {
                         tally.recorded += 1;
                     }
                     break;
+                }
+                // Over a quota: the line waits the delay it is told, however long, and holds
+                // the command's output meanwhile (it is backpressure, not an outage).
+                Err(s)
+                    if s.code() == Code::ResourceExhausted
+                        && s.get_details_retry_info().is_some() =>
+                {
+                    let delay = s
+                        .get_details_retry_info()
+                        .and_then(|r| r.retry_delay)
+                        .unwrap_or(pause);
+                    tokio::time::sleep(delay.max(Duration::from_millis(1))).await;
                 }
                 Err(s)
                     if matches!(s.code(), Code::Unavailable | Code::ResourceExhausted)

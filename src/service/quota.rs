@@ -34,7 +34,11 @@ pub(super) struct Quotas {
 #[derive(Debug)]
 struct Lane {
     rule: Rule,
-    state: tokio::sync::Mutex<LaneState>,
+    /// Held only to read and change the state, never across a wait: a flood's callers refused
+    /// over quota take turns at a plain lock, not an async queue.
+    state: Mutex<LaneState>,
+    /// The one lease from the store in flight for this lane (fleet).
+    leasing: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -107,12 +111,13 @@ impl Quotas {
         }
         let lane = Arc::new(Lane {
             rule,
-            state: tokio::sync::Mutex::new(LaneState {
+            state: Mutex::new(LaneState {
                 bucket: Bucket::full(&rule, now_micros()),
                 leased: 0,
                 leased_at: Instant::now(),
                 short_until: None,
             }),
+            leasing: tokio::sync::Mutex::new(()),
         });
         lanes.insert(key, lane.clone());
         lane
@@ -141,8 +146,10 @@ impl Service {
             }
         }
         if let Some(rule) = pack.quota {
+            // A fan-out wider than the burst could never be admitted whole: it takes the whole
+            // burst instead, waiting for a full bucket.
             let n = u32::try_from(principals.len()).unwrap_or(u32::MAX);
-            demands.push((None, rule, n));
+            demands.push((None, rule, n.min(rule.burst)));
         }
         if demands.is_empty() {
             return Ok(());
@@ -154,7 +161,7 @@ impl Service {
                 Ok(()) => taken.push((lane, n)),
                 Err(e) => {
                     for (lane, n) in taken {
-                        give_back(&lane, n).await;
+                        give_back(&lane, n);
                     }
                     if let Error::Throttled { retry_after, .. } = e {
                         self.metrics
@@ -186,47 +193,59 @@ impl Service {
         n: u32,
     ) -> Result<()> {
         let rule = lane.rule;
-        let mut s = lane.state.lock().await;
-        let throttled = |retry_after: Duration| Error::Throttled {
-            message: String::new(),
-            retry_after,
-        };
         if !self.quotas.fleet {
-            return s.bucket.take(&rule, now_micros(), n).map_err(throttled);
+            return lane
+                .state()
+                .bucket
+                .take(&rule, now_micros(), n)
+                .map_err(throttled);
         }
-        let now = Instant::now();
-        if s.leased > 0 && now.duration_since(s.leased_at) > LEASE_TTL {
-            s.leased = 0;
+        if let Some(done) = lane.state().spend(n, Instant::now()) {
+            return done;
         }
-        if s.leased >= n {
-            s.leased -= n;
-            return Ok(());
+        // One lease at a time per lane; whoever waited for it looks again first, as the lease
+        // before may have brought enough.
+        let _leasing = lane.leasing.lock().await;
+        if let Some(done) = lane.state().spend(n, Instant::now()) {
+            return done;
         }
-        if let Some(until) = s.short_until {
-            if now < until {
-                return Err(throttled(until - now));
-            }
-            s.short_until = None;
-        }
-        let want = (n - s.leased).max(rule.lease());
-        let Some(lease) = self
-            .store
-            .lease_quota(pack_id, principal, want, now_micros())
-            .await?
-        else {
+        let want = (n - lane.state().leased).max(rule.lease());
+        // Bounded: the lane's callers wait behind this lease, and a store gone silent must
+        // not hold them past their deadline.
+        let leased = tokio::time::timeout(
+            self.call_timeout(),
+            self.store
+                .lease_quota(pack_id, principal, want, now_micros()),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Unavailable(
+                "the store did not answer in time; retry".into(),
+            ))
+        })?;
+        let Some(lease) = leased else {
             // The quota was deleted; this replica's view follows shortly.
             return Ok(());
         };
-        if s.leased == 0 {
-            s.leased_at = now;
-        }
+        let now = Instant::now();
+        let mut s = lane.state();
+        s.leased_at = now;
         s.leased = s.leased.saturating_add(lease.granted);
+        if lease.granted < want {
+            // The bucket held less than a lease: its tokens go as fast as they come. What was
+            // leased is spent; after it the lane refuses on its own until a whole lease has
+            // come, rather than ask the store for every token (and make its callers wait on
+            // each other for them).
+            let refill = rule.time_for(f64::from(rule.lease()) - lease.left);
+            s.short_until = Some(now + refill);
+        }
         if s.leased >= n {
             s.leased -= n;
             return Ok(());
         }
         let wait = rule.time_for(f64::from(n - s.leased) - lease.left);
-        s.short_until = Some(now + wait);
+        let until = now + wait;
+        s.short_until = Some(s.short_until.map_or(until, |u| u.max(until)));
         Err(throttled(wait))
     }
 
@@ -242,10 +261,13 @@ impl Service {
         for (who, rule) in [(Some(principal), own), (None, pack)] {
             let Some(rule) = rule else { continue };
             let lane = self.quotas.lane(pack_id, who, rule);
-            let s = lane.state.lock().await;
+            let (bucket, leased) = {
+                let s = lane.state();
+                (s.bucket, s.leased > 0 && s.leased_at.elapsed() <= LEASE_TTL)
+            };
             let wait = if !self.quotas.fleet {
-                s.bucket.peek(&rule, now_micros(), 1).err()
-            } else if s.leased > 0 && s.leased_at.elapsed() <= LEASE_TTL {
+                bucket.peek(&rule, now_micros(), 1).err()
+            } else if leased {
                 None
             } else {
                 match self.store.get_quota_bucket(pack_id, who).await? {
@@ -329,11 +351,46 @@ impl Service {
     }
 }
 
-async fn give_back(lane: &Lane, n: u32) {
-    let mut s = lane.state.lock().await;
+fn give_back(lane: &Lane, n: u32) {
     let rule = lane.rule;
+    let mut s = lane.state();
     s.bucket.give_back(&rule, n);
     s.leased = s.leased.saturating_add(n);
+}
+
+fn throttled(retry_after: Duration) -> Error {
+    Error::Throttled {
+        message: String::new(),
+        retry_after,
+    }
+}
+
+impl Lane {
+    fn state(&self) -> std::sync::MutexGuard<'_, LaneState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl LaneState {
+    /// Spends `n` leased tokens if there are so many (`Some(Ok)`), or refuses while the store's
+    /// bucket is known short (`Some(Err)`); `None`: a lease is needed. Leases unspent for
+    /// LEASE_TTL are let go.
+    fn spend(&mut self, n: u32, now: Instant) -> Option<Result<()>> {
+        if self.leased > 0 && now.duration_since(self.leased_at) > LEASE_TTL {
+            self.leased = 0;
+        }
+        if self.leased >= n {
+            self.leased -= n;
+            return Some(Ok(()));
+        }
+        match self.short_until {
+            Some(until) if now < until => Some(Err(throttled(until - now))),
+            _ => {
+                self.short_until = None;
+                None
+            }
+        }
+    }
 }
 
 fn with_quota(

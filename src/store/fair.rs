@@ -56,6 +56,11 @@ impl<T> Rounds<T> {
         self.packs.get(pack).map_or(0, |p| p.len)
     }
 
+    /// Packs with records queued.
+    pub fn packs(&self) -> usize {
+        self.ring.len()
+    }
+
     /// Queues `item` last in its (pack, principal) lane; a lane new to the rounds takes its
     /// first turn after every lane waiting now.
     pub fn push(&mut self, pack: &str, principal: &str, item: T) {
@@ -131,6 +136,8 @@ pub struct FairQueue<T> {
     total: Arc<Semaphore>,
     closed: AtomicBool,
     lane_bound: usize,
+    /// When a take last found more than one pack queued.
+    mixed_at: Mutex<Option<Instant>>,
 }
 
 struct Inner<T> {
@@ -165,6 +172,7 @@ impl<T> FairQueue<T> {
             total: Arc::new(Semaphore::new(total_bound)),
             closed: AtomicBool::new(false),
             lane_bound,
+            mixed_at: Mutex::new(None),
         }
     }
 
@@ -233,9 +241,15 @@ impl<T> FairQueue<T> {
     /// since its caller came; their places go to the callers waiting.
     pub fn try_take(&self, out: &mut Vec<(String, T, std::time::Duration)>, max: usize) {
         let mut taken = Vec::new();
-        self.lock()
-            .rounds
-            .take(&mut taken, max.saturating_sub(out.len()));
+        let mixed = {
+            let mut inner = self.lock();
+            let mixed = inner.rounds.packs() > 1;
+            inner.rounds.take(&mut taken, max.saturating_sub(out.len()));
+            mixed
+        };
+        if mixed {
+            *self.mixed_at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        }
         // The permits are released here, outside the lock.
         out.extend(
             taken
@@ -269,6 +283,15 @@ impl<T> FairQueue<T> {
     /// Records queued for a pack now.
     pub fn queued(&self, pack: &str) -> usize {
         self.lock().rounds.queued(pack)
+    }
+
+    /// Whether a take found more than one pack queued within `within`: packs are sharing the
+    /// writers, and a long batch of one of them is a wait for the others.
+    pub fn shared_within(&self, within: std::time::Duration) -> bool {
+        self.mixed_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|t| t.elapsed() <= within)
     }
 
     /// Refuses new records; writers take what is queued, then stop.
@@ -408,6 +431,21 @@ mod tests {
         assert!(inner.count <= 4, "{} lanes kept", inner.count);
         let kept: usize = inner.lanes.values().map(HashMap::len).sum();
         assert_eq!(kept, inner.count);
+    }
+
+    #[tokio::test]
+    async fn a_take_finding_two_packs_marks_the_queue_shared_and_one_pack_does_not() {
+        let q = FairQueue::<u32>::new(8, 64);
+        let within = std::time::Duration::from_secs(60);
+        q.push("flood", "a", 1).await.expect("queued");
+        q.push("flood", "b", 2).await.expect("queued");
+        let mut out = Vec::new();
+        q.try_take(&mut out, 1);
+        assert!(!q.shared_within(within), "one pack alone is not sharing");
+        q.push("quiet", "c", 3).await.expect("queued");
+        q.try_take(&mut out, 2);
+        assert!(q.shared_within(within));
+        assert_eq!(out.len(), 2);
     }
 
     #[tokio::test]

@@ -156,6 +156,12 @@ struct Committing {
     done: tokio::sync::Notify,
 }
 
+/// How long after a batch found more than one pack queued the writers keep batches short.
+const SHARED_FOR: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Most records in one batch while packs share the writers (see `take_batch`).
+pub const SHARED_BATCH: usize = 64;
+
 /// Records a writer must hold before it commits alongside another writer's batch.
 const ENGAGE: usize = 64;
 
@@ -181,12 +187,19 @@ async fn take_batch<T>(
     committing: &Committing,
     batch: &mut Vec<Taken<T>>,
 ) -> bool {
-    if !queue.take(batch, MAX_BATCH).await {
+    if !queue.take(batch, 1).await {
         return false;
     }
+    // While packs share the writers, batches are shorter: a record of a pack arriving during a
+    // commit waits for that commit, and a shorter one is a shorter wait.
+    let max = if queue.shared_within(SHARED_FOR) {
+        SHARED_BATCH
+    } else {
+        MAX_BATCH
+    };
     loop {
-        queue.try_take(batch, MAX_BATCH);
-        if batch.len() >= ENGAGE.min(MAX_BATCH) {
+        queue.try_take(batch, max);
+        if batch.len() >= ENGAGE.min(max) {
             return true;
         }
         let ended = committing.done.notified();
@@ -197,7 +210,7 @@ async fn take_batch<T>(
             return true;
         }
         tokio::select! {
-            open = queue.take(batch, MAX_BATCH) => if !open {
+            open = queue.take(batch, max) => if !open {
                 return true;
             },
             () = &mut ended => return true,
@@ -562,6 +575,24 @@ mod tests {
         let mut batch = Vec::new();
         assert!(take_batch(&rx, &committing, &mut batch).await);
         assert_eq!(batch.len(), MAX_BATCH);
+    }
+
+    #[tokio::test]
+    async fn while_packs_share_the_writer_batches_are_short() {
+        let committing = Committing::default();
+        let (_tx, rx) = sent(MAX_BATCH).await;
+        rx.push("quiet", "b", 0).await.expect("send");
+        let mut batch = Vec::new();
+        assert!(take_batch(&rx, &committing, &mut batch).await);
+        assert_eq!(batch.len(), SHARED_BATCH, "two packs queued: a short batch");
+        assert!(
+            batch.iter().any(|(pack, _, _)| pack == "quiet"),
+            "in its turn"
+        );
+        // Only the flood is left, but it shared the writer a moment ago: still short.
+        let mut batch = Vec::new();
+        assert!(take_batch(&rx, &committing, &mut batch).await);
+        assert_eq!(batch.len(), SHARED_BATCH);
     }
 
     #[tokio::test]

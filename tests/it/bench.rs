@@ -186,6 +186,36 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
             assert!(f[k].as_f64() > Some(0.0), "{store} flood {k}: {f}");
         }
         assert_eq!(f["spread_packs"], 2, "{f}");
+        // With a quota on the flooding pack: refusals carried RetryInfo, and the server
+        // recorded exactly what it answered as recorded and dropped none of pack 0.
+        for k in [
+            "refused_per_sec",
+            "dropped_per_sec",
+            "quota_recorded_per_sec",
+            "quota_refused_per_sec",
+        ] {
+            assert!(f[k].as_f64() > Some(0.0), "{store} flood {k}: {f}");
+        }
+        assert_eq!(f["quota_counted_dropped"], 0.0, "{f}");
+        assert_eq!(
+            f["quota_counted_recorded"].as_f64(),
+            f["quota_answered_recorded"].as_f64(),
+            "{f}"
+        );
+        if store == "postgres" {
+            // Two replicas: the quiet pack measured on the flooded one and on the other.
+            let r = find(store, "flood replicas");
+            assert_eq!(r["errors"], 0, "{r}");
+            assert_eq!(r["quiet_errors"], 0, "{r}");
+            for k in [
+                "flooded_quiet_p99_ms",
+                "other_quiet_p99_ms",
+                "other_health_p99_ms",
+                "flood_per_sec",
+            ] {
+                assert!(r[k].as_f64() > Some(0.0), "{k}: {r}");
+            }
+        }
         // Reached by paging 2,000 records down, a page of 100 is still full.
         for page in ["ListRecords first page", "ListRecords deep page"] {
             let r = find(store, page);

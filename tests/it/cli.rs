@@ -409,6 +409,10 @@ fn readme_walkthroughs_run_verbatim() {
         "uses a comprehension",
         "\"erasedCount\": \"3\"",
         "erased_records",
+        "Code: ResourceExhausted",
+        "is spent: nothing was recorded",
+        // `admits: false` is proto3 JSON's default, left out.
+        "\"burst\":2},\"retryDelay\":\"",
     ] {
         assert!(
             out.contains(want),

@@ -74,6 +74,20 @@ pub async fn send_plan(plan: Value) -> Vec<Value> {
     serde_json::from_slice(&out.stdout).expect("answers")
 }
 
+/// `broadcast`: a Standard Webhooks route of the weather pack that fans each webhook out, as a
+/// storm warning, to every principal granted and activated.
+pub fn broadcast_route() -> pb::PutIngressRouteRequest {
+    let mut route = weather_route("broadcast", &[SECRET_NEW]);
+    if let Some(r) = route.route.as_mut() {
+        r.fan_out = true;
+        r.mapping = Some(IngressMapping {
+            r#ref: "'storm.warning'".into(),
+            ..Default::default()
+        });
+    }
+    route
+}
+
 pub fn weather_route(route_id: &str, secrets: &[&str]) -> pb::PutIngressRouteRequest {
     pb::PutIngressRouteRequest {
         route: Some(IngressRoute {
@@ -565,16 +579,8 @@ async fn s7_6_a_public_pack_fans_one_event_out_to_every_activated_principal() {
         })
         .await
         .expect("grant bob");
-    let mut route = weather_route("broadcast", &[SECRET_NEW]);
-    if let Some(r) = route.route.as_mut() {
-        r.fan_out = true;
-        r.mapping = Some(IngressMapping {
-            r#ref: "'storm.warning'".into(),
-            ..Default::default()
-        });
-    }
     ingress(&app)
-        .put_ingress_route(route)
+        .put_ingress_route(broadcast_route())
         .await
         .expect("put fan-out route");
     let u = url(&app, "broadcast");

@@ -11,7 +11,7 @@ use tonic_types::StatusExt;
 use crate::cli::{connect, set_up_weather, storm_warning};
 use crate::helpers::{http_get, spawn_app, violations, Replica, StoreKind, TestDb};
 use crate::ingress::{
-    app_with_ingress, ingress, send_plan, standard, url, weather_route, SECRET_NEW,
+    app_with_ingress, broadcast_route, ingress, send_plan, standard, url, weather_route, SECRET_NEW,
 };
 use crate::support::served::Served;
 
@@ -22,6 +22,15 @@ fn put(pack_id: &str, principal: Option<&str>, rate: f64, burst: u32) -> pb::Put
         rate_per_second: rate,
         burst,
     }
+}
+
+/// Sets the weather pack's quota through the admin API.
+async fn pack_quota(app: &crate::helpers::TestApp, rate: f64, burst: u32) {
+    app.policy
+        .clone()
+        .put_quota(put("weather", None, rate, burst))
+        .await
+        .expect("quota");
 }
 
 fn series(metrics: &str, name: &str) -> f64 {
@@ -304,11 +313,7 @@ on_both_stores!(over_quota_a_trigger_is_refused_with_retry_info_and_never_record
 async fn run_a_stream_refuses_each_trigger_over_quota_on_its_own(kind: StoreKind) {
     let app = spawn_app(kind).await;
     set_up_weather(&app.channel).await;
-    app.policy
-        .clone()
-        .put_quota(put("weather", None, 0.01, 2))
-        .await
-        .expect("quota");
+    pack_quota(&app, 0.01, 2).await;
     let items: Vec<pb::DeliverTriggersRequest> = (0..5)
         .map(|n| pb::DeliverTriggersRequest {
             trigger: Some(storm_warning(format!("s-{n}"))),
@@ -350,11 +355,7 @@ async fn run_a_webhook_over_quota_is_429_with_retry_after(kind: StoreKind) {
         .put_ingress_route(weather_route("alerts", &[SECRET_NEW]))
         .await
         .expect("route");
-    app.policy
-        .clone()
-        .put_quota(put("weather", None, 1.0, 1))
-        .await
-        .expect("quota");
+    pack_quota(&app, 1.0, 1).await;
     let u = url(&app, "alerts");
     let alert = json!({"level": "warning", "user": "alice"});
     let answers = send_plan(json!([
@@ -386,11 +387,7 @@ async fn a_quota_holds_across_replicas_postgres() {
     let app = spawn_app(StoreKind::Postgres).await;
     set_up_weather(&app.channel).await;
     let other = Replica::start(&app.test_db.url).await;
-    app.policy
-        .clone()
-        .put_quota(put("weather", None, 0.001, 10))
-        .await
-        .expect("quota");
+    pack_quota(&app, 0.001, 10).await;
     // The other replica hears of the quota through the policy channel.
     let mut other_policy =
         pb::policy_service_client::PolicyServiceClient::new(other.channel.clone());
@@ -547,3 +544,116 @@ async fn run_a_kill_during_a_throttled_flood_loses_nothing_acknowledged(kind: St
     );
 }
 on_both_stores!(a_kill_during_a_throttled_flood_loses_nothing_acknowledged => run_a_kill_during_a_throttled_flood_loses_nothing_acknowledged);
+
+/// `hcp-sense pipe` over a quota waits the delay it is told and delivers every line: the same
+/// tally as without a quota, at the quota's pace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipe_over_quota_waits_and_delivers_every_line() {
+    let app = spawn_app(StoreKind::Sqlite).await;
+    set_up_weather(&app.channel).await;
+    pack_quota(&app, 2.0, 1).await;
+    let server = format!("http://{}", app.addr);
+    let started = std::time::Instant::now();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(crate::support::served::BIN)
+            .args([
+                "pipe",
+                "--server",
+                &server,
+                "--pack",
+                "weather",
+                "--principal",
+                "alice",
+                "--",
+            ])
+            .arg(crate::helpers::repo_path("examples/packs/storm-feed.sh"))
+            .output()
+            .expect("hcp-sense pipe")
+    })
+    .await
+    .expect("join");
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("7 lines: 4 recorded, 1 dropped, 2 refused"),
+        "{stderr}"
+    );
+    // Four new triggers (the repeated id is its first record whatever the quota), one token
+    // at a time at two a second: three waits of half a second.
+    assert!(took >= Duration::from_millis(1_400), "{took:?}");
+    let metrics = http_get(&format!("http://{}/metrics", app.metrics_addr));
+    assert!(
+        series(
+            &metrics,
+            r#"hcp_sense_quota_throttled_total{pack="weather"}"#
+        ) >= 1.0
+    );
+}
+
+/// A webhook fanning out to three principals is admitted whole or refused whole: with a burst
+/// of five, one is recorded for all three, the next (which would need three of two left) is 429
+/// with nothing recorded; one wider than the burst waits for a full bucket rather than never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_is_admitted_whole_or_refused_whole() {
+    let app = app_with_ingress(StoreKind::Postgres, None).await;
+    set_up_weather(&app.channel).await;
+    let mut policy = app.policy.clone();
+    for p in ["bob", "carol"] {
+        policy
+            .grant_sense_enable(pb::GrantSenseEnableRequest {
+                principal: p.into(),
+                pack_id: "weather".into(),
+            })
+            .await
+            .expect("grant");
+    }
+    ingress(&app)
+        .put_ingress_route(broadcast_route())
+        .await
+        .expect("route");
+    policy
+        .put_quota(put("weather", None, 0.001, 5))
+        .await
+        .expect("quota");
+    let u = url(&app, "broadcast");
+    let answers = send_plan(json!([
+        standard(&u, SECRET_NEW, "evt_1", json!({"area": "north"})),
+        standard(&u, SECRET_NEW, "evt_2", json!({"area": "south"})),
+    ]))
+    .await;
+    assert_eq!(answers[0]["status"], 202, "{answers:?}");
+    assert_eq!(
+        answers[0]["body"]["triggers"].as_array().map(Vec::len),
+        Some(3)
+    );
+    assert_eq!(answers[1]["status"], 429, "{answers:?}");
+    assert_eq!(
+        app.count("records").await,
+        3,
+        "all of the first, none of the second"
+    );
+    // A burst of two: the three-way fan-out takes the whole (full) bucket.
+    policy
+        .put_quota(put("weather", None, 0.001, 2))
+        .await
+        .expect("narrower");
+    policy
+        .delete_quota(pb::DeleteQuotaRequest {
+            pack_id: "weather".into(),
+            principal: None,
+        })
+        .await
+        .expect("delete");
+    policy
+        .put_quota(put("weather", None, 0.001, 2))
+        .await
+        .expect("a full bucket of two");
+    let wide = send_plan(json!([
+        standard(&u, SECRET_NEW, "evt_3", json!({"area": "east"})),
+        standard(&u, SECRET_NEW, "evt_4", json!({"area": "west"})),
+    ]))
+    .await;
+    assert_eq!(wide[0]["status"], 202, "{wide:?}");
+    assert_eq!(wide[1]["status"], 429, "{wide:?}");
+    assert_eq!(app.count("records").await, 6);
+}

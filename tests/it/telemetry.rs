@@ -381,16 +381,22 @@ both_stores! {
         app.policy.put_binding(PutBindingRequest { principal: "otel-alice".into(), pack_id: "github".into(), binding_id: "b".into(), state: BindingState::Stale as i32 }).await.expect("bind");
         app.policy.put_binding(PutBindingRequest { principal: "otel-alice".into(), pack_id: "github".into(), binding_id: "b".into(), state: BindingState::Linked as i32 }).await.expect("bind");
         app.policy.activate_sense(ActivateSenseRequest { principal: "otel-alice".into(), pack_id: "github".into(), route: Route::Inbox as i32, filter: String::new() }).await.expect("activate");
-        app.ingest.deliver_trigger(t).await.expect("recorded");
+        app.ingest.deliver_trigger(t.clone()).await.expect("recorded");
+        // A quota of one: the next is admitted, the one after refused.
+        app.policy.put_quota(hcp_sense::grpc::pb::PutQuotaRequest { pack_id: "github".into(), principal: Some("otel-alice".into()), rate_per_second: 0.001, burst: 1 }).await.expect("quota");
+        app.ingest.deliver_trigger(t.clone()).await.expect("admitted");
+        app.ingest.deliver_trigger(t).await.expect_err("throttled");
         let text = http_get(&format!("{base}/metrics"));
         for want in [
             r#"hcp_sense_deliveries_total{disposition="dropped",drop_reason="undeclared_ref",pack="github",ingress="grpc"} 1"#,
             r#"hcp_sense_deliveries_total{disposition="dropped",drop_reason="no_grant",pack="github",ingress="grpc"} 1"#,
-            r#"hcp_sense_deliveries_total{disposition="recorded_inbox",drop_reason="",pack="github",ingress="grpc"} 1"#,
-            r#"hcp_sense_records_written_total 1"#,
+            r#"hcp_sense_deliveries_total{disposition="recorded_inbox",drop_reason="",pack="github",ingress="grpc"} 2"#,
+            r#"hcp_sense_records_written_total 2"#,
+            r#"hcp_sense_quota_admitted_total{pack="github"} 1"#,
+            r#"hcp_sense_quota_throttled_total{pack="github"} 1"#,
             r#"hcp_sense_bindings{state="linked"} 1"#,
             r#"hcp_sense_build_info{version=""#,
-            r#"hcp_sense_rpc_duration_seconds_count{method="/hcp.sense.v1.IngestService/DeliverTrigger"} 3"#,
+            r#"hcp_sense_rpc_duration_seconds_count{method="/hcp.sense.v1.IngestService/DeliverTrigger"} 5"#,
         ] {
             assert!(text.contains(want), "{want} missing from /metrics:\n{text}");
         }

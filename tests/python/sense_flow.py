@@ -147,6 +147,43 @@ def main():
             assert [r.record_id for r in message.records] == [later.record_id], message
             break
     resumed.cancel()
+
+    # A quota of one on py-alice: the next trigger is recorded, the one after refused with
+    # RESOURCE_EXHAUSTED and a google.rpc.RetryInfo that grpcio-status reads; a retried
+    # recorded trigger id is its first record whatever the quota.
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    policy.PutQuota(policy_pb2.PutQuotaRequest(pack_id="github", principal="py-alice", rate_per_second=0.01, burst=1))
+    first = ingest.DeliverTrigger(
+        ingest_pb2.DeliverTriggerRequest(
+            pack_id="github", ref="issue.opened", principal="py-alice", land="user", trigger_id="py-quota-1"
+        )
+    )
+    assert first.record_id and not first.duplicate, first
+    try:
+        ingest.DeliverTrigger(
+            ingest_pb2.DeliverTriggerRequest(
+                pack_id="github", ref="issue.opened", principal="py-alice", land="user", trigger_id="py-quota-2"
+            )
+        )
+        raise AssertionError("a trigger over quota was accepted")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+        status = rpc_status.from_call(e)
+        delays = []
+        for detail in status.details:
+            if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                info = error_details_pb2.RetryInfo()
+                detail.Unpack(info)
+                delays.append(info.retry_delay.ToTimedelta().total_seconds())
+        assert len(delays) == 1 and 0 < delays[0] <= 100, delays
+    again = ingest.DeliverTrigger(
+        ingest_pb2.DeliverTriggerRequest(
+            pack_id="github", ref="issue.opened", principal="py-alice", land="user", trigger_id="py-quota-1"
+        )
+    )
+    assert again.duplicate and again.record_id == first.record_id, again
     print("python flow ok", rec.record_id)
 
 

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+use tonic_types::StatusExt;
 
 use crate::load::{trigger, Load, Population};
 use crate::pb::ingest_service_client::IngestServiceClient;
@@ -78,7 +79,9 @@ fn pack_of(w: usize, spread: usize) -> usize {
     w % spread.max(1)
 }
 
-/// Closed-loop callers flooding (`pack_of`), until `stop`; returns recorded triggers per pack.
+/// Closed-loop callers flooding (`pack_of`), until `stop`; returns recorded triggers per pack,
+/// errors, and the calls refused over a quota with RetryInfo (sent again at once: a producer
+/// that ignores the delay it is told).
 async fn flood(
     chs: &[Channel],
     callers: usize,
@@ -86,34 +89,47 @@ async fn flood(
     pop: Population,
     stop: Arc<AtomicBool>,
     tag: &str,
-) -> (HashMap<usize, usize>, usize) {
+) -> (HashMap<usize, usize>, usize, usize) {
     let mut tasks = Vec::new();
     for w in 0..callers {
         let mut ingest = IngestServiceClient::new(chs[w % chs.len()].clone());
         let (stop, tag) = (stop.clone(), format!("{tag}-{w}"));
         let pack = pack_of(w, spread);
         tasks.push(tokio::spawn(async move {
-            let (mut ok, mut errors) = (0, 0);
+            let (mut ok, mut errors, mut refused) = (0, 0, 0);
             let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
                 match ingest.deliver_trigger(of_pack(pack, n, pop, &tag)).await {
-                    Ok(_) => ok += 1,
-                    Err(_) => errors += 1,
+                    Ok(_) => {
+                        ok += 1;
+                        n += 1;
+                    }
+                    // The same trigger again: refused, it was not recorded.
+                    Err(s)
+                        if s.code() == tonic::Code::ResourceExhausted
+                            && s.get_details_retry_info().is_some() =>
+                    {
+                        refused += 1
+                    }
+                    Err(_) => {
+                        errors += 1;
+                        n += 1;
+                    }
                 }
-                n += 1;
             }
-            (pack, ok, errors)
+            (pack, ok, errors, refused)
         }));
     }
     let mut per: HashMap<usize, usize> = HashMap::new();
-    let mut errors = 0;
+    let (mut errors, mut refused) = (0, 0);
     for t in tasks {
-        if let Ok((pack, ok, e)) = t.await {
+        if let Ok((pack, ok, e, r)) = t.await {
             *per.entry(pack).or_default() += ok;
             errors += e;
+            refused += r;
         }
     }
-    (per, errors)
+    (per, errors, refused)
 }
 
 /// What one flood run measured.
@@ -123,6 +139,10 @@ pub struct Measured {
     /// Recorded per second per flooding pack.
     pub rates: HashMap<usize, f64>,
     pub errors: usize,
+    /// Calls refused over a quota, with RetryInfo, per second.
+    pub refused_per_sec: f64,
+    /// Recorded triggers in all.
+    pub recorded: usize,
 }
 
 /// Runs for `duration`: `callers` flooding `spread` packs (`pack_of`; none when 0),
@@ -164,7 +184,7 @@ pub async fn run(
     };
     tokio::time::sleep(duration).await;
     stop.store(true, Ordering::Relaxed);
-    let (per, errors) = f.await.unwrap_or_default();
+    let (per, errors, refused) = f.await.unwrap_or_default();
     let secs = started.elapsed().as_secs_f64();
     let empty = || Paced {
         calls: 0,
@@ -178,7 +198,147 @@ pub async fn run(
             None => empty(),
         },
         health: h.await.unwrap_or_else(|_| empty()),
+        recorded: per.values().sum(),
         rates: per.into_iter().map(|(p, n)| (p, n as f64 / secs)).collect(),
         errors,
+        refused_per_sec: refused as f64 / secs,
     }
+}
+
+/// Two replicas on one store: what one replica's flood does to a quiet pack and to Health on
+/// that replica and on the other.
+pub struct Replicas {
+    /// The quiet pack and Health on the replica taking the flood.
+    pub quiet_flooded: Paced,
+    pub health_flooded: Paced,
+    /// The same on the other replica.
+    pub quiet_other: Paced,
+    pub health_other: Paced,
+    /// Recorded per second by the flood.
+    pub flood_rate: f64,
+    pub errors: usize,
+}
+
+/// Runs for `duration`: `callers` flooding pack 0 on `flooded`, pack `quiet` delivering and
+/// Health called every 20 ms on each replica.
+pub async fn run_replicas(
+    flooded: &[Channel],
+    other: &Channel,
+    duration: Duration,
+    callers: usize,
+    quiet: usize,
+    pop: Population,
+    tag: &str,
+) -> Replicas {
+    let stop = Arc::new(AtomicBool::new(false));
+    let every = Duration::from_millis(20);
+    let pace = |ch: &Channel, pack: Option<usize>, name: &str| {
+        tokio::spawn(paced(
+            ch.clone(),
+            pack,
+            pop,
+            every,
+            stop.clone(),
+            format!("{tag}-{name}"),
+        ))
+    };
+    let qa = pace(&flooded[0], Some(quiet), "quiet-a");
+    let ha = pace(&flooded[flooded.len() - 1], None, "health-a");
+    let qb = pace(other, Some(quiet), "quiet-b");
+    let hb = pace(other, None, "health-b");
+    let started = Instant::now();
+    let f = {
+        let (chs, stop, tag) = (flooded.to_vec(), stop.clone(), tag.to_owned());
+        tokio::spawn(async move { flood(&chs, callers, 1, pop, stop, &tag).await })
+    };
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let (per, errors, _) = f.await.unwrap_or_default();
+    let secs = started.elapsed().as_secs_f64();
+    let got = |h: tokio::task::JoinHandle<Paced>| async move {
+        h.await.unwrap_or_else(|_| Paced {
+            calls: 0,
+            errors: 1,
+            secs: 0.0,
+            lat_us: Vec::new(),
+        })
+    };
+    Replicas {
+        quiet_flooded: got(qa).await,
+        health_flooded: got(ha).await,
+        quiet_other: got(qb).await,
+        health_other: got(hb).await,
+        flood_rate: per.get(&0).copied().unwrap_or(0) as f64 / secs,
+        errors,
+    }
+}
+
+/// Closed-loop callers sending `make(caller, n)` until `duration` is over: every answer per
+/// second (recorded, dropped, or refused over a quota with RetryInfo), and the errors besides.
+pub async fn answers(
+    chs: &[Channel],
+    duration: Duration,
+    callers: usize,
+    make: fn(usize, usize, Population) -> crate::pb::DeliverTriggerRequest,
+    pop: Population,
+) -> (f64, usize) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..callers {
+        let mut ingest = IngestServiceClient::new(chs[w % chs.len()].clone());
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut answered, mut errors, mut n) = (0usize, 0usize, 0usize);
+            while !stop.load(Ordering::Relaxed) {
+                match ingest.deliver_trigger(make(w, n, pop)).await {
+                    Ok(_) => answered += 1,
+                    Err(s)
+                        if s.code() == tonic::Code::ResourceExhausted
+                            && s.get_details_retry_info().is_some() =>
+                    {
+                        answered += 1
+                    }
+                    Err(_) => errors += 1,
+                }
+                n += 1;
+            }
+            (answered, errors)
+        }));
+    }
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut answered, mut errors) = (0, 0);
+    for t in tasks {
+        if let Ok((a, e)) = t.await {
+            answered += a;
+            errors += e;
+        }
+    }
+    (answered as f64 / start.elapsed().as_secs_f64(), errors)
+}
+
+/// A trigger of pack 0 for a principal never granted (dropped as no_grant), `id`: with a
+/// trigger id of its own.
+pub fn dropped(w: usize, n: usize, pop: Population, id: bool) -> crate::pb::DeliverTriggerRequest {
+    let mut t = trigger(pop.packs * (w + n * 1024), pop, Load::Dropped);
+    t.pack_id = "pack-0".into();
+    if id {
+        t.trigger_id = format!("drop-{w}-{n}");
+    }
+    t
+}
+
+/// A trigger of pack 0 for a principal granted on it, `id`: with a trigger id of its own.
+pub fn of_pack_0(
+    w: usize,
+    n: usize,
+    pop: Population,
+    id: bool,
+) -> crate::pb::DeliverTriggerRequest {
+    let mut t = of_pack(0, w * 1_000_000 + n, pop, "refuse");
+    if !id {
+        t.trigger_id.clear();
+    }
+    t
 }

@@ -241,6 +241,9 @@ async fn run(o: &Options) -> anyhow::Result<()> {
         for kind in &o.stores {
             flood_phase(o, kind).await?;
         }
+        if o.stores.iter().any(|s| s == "postgres") {
+            flood_replicas_phase(o).await?;
+        }
     }
     if o.filter {
         filter_phase(o).await?;
@@ -277,6 +280,43 @@ async fn run(o: &Options) -> anyhow::Result<()> {
             }))?,
         )?;
     }
+    Ok(())
+}
+
+/// Fairness across two replicas on one PostgreSQL: one replica flooded (pack 0), the quiet pack
+/// (pack 1) and Health measured on both at once.
+async fn flood_replicas_phase(o: &Options) -> anyhow::Result<()> {
+    let pop = o.population(o.principals);
+    let (db, server) = prepare(o, "postgres", "flood2", pop, &[]).await?;
+    let other = Server::start(bin(o), &db.url, &[])?;
+    let flooded = server.channels(o.channels).await?;
+    let beside = other.channels(1).await?;
+    let c = o.flood_callers;
+    let r = flood::run_replicas(&flooded, &beside[0], o.duration(), c, 1, pop, "replicas").await;
+    let ratio = |q: &flood::Paced, h: &flood::Paced, p: f64| q.pct(p) / h.pct(p).max(1e-9);
+    println!(
+        "postgres  flood, two replicas: {c} callers on one: there the quiet pack p50 {:.1} / p99 {:.1} ms, Health {:.1} / {:.1} ms ({:.2}x / {:.2}x); on the other the quiet pack {:.1} / {:.1} ms, Health {:.1} / {:.1} ms ({:.2}x / {:.2}x); flood {:.0}/s",
+        r.quiet_flooded.pct(0.5), r.quiet_flooded.pct(0.99),
+        r.health_flooded.pct(0.5), r.health_flooded.pct(0.99),
+        ratio(&r.quiet_flooded, &r.health_flooded, 0.5), ratio(&r.quiet_flooded, &r.health_flooded, 0.99),
+        r.quiet_other.pct(0.5), r.quiet_other.pct(0.99),
+        r.health_other.pct(0.5), r.health_other.pct(0.99),
+        ratio(&r.quiet_other, &r.health_other, 0.5), ratio(&r.quiet_other, &r.health_other, 0.99),
+        r.flood_rate
+    );
+    result(json!({
+        "store": "postgres", "phase": "flood replicas", "callers": c,
+        "flooded_quiet_p50_ms": r.quiet_flooded.pct(0.5), "flooded_quiet_p99_ms": r.quiet_flooded.pct(0.99),
+        "flooded_health_p50_ms": r.health_flooded.pct(0.5), "flooded_health_p99_ms": r.health_flooded.pct(0.99),
+        "other_quiet_p50_ms": r.quiet_other.pct(0.5), "other_quiet_p99_ms": r.quiet_other.pct(0.99),
+        "other_health_p50_ms": r.health_other.pct(0.5), "other_health_p99_ms": r.health_other.pct(0.99),
+        "flood_per_sec": r.flood_rate,
+        "quiet_errors": r.quiet_flooded.errors + r.quiet_other.errors,
+        "errors": r.errors,
+    }));
+    other.stop();
+    server.stop();
+    db.drop_db().await;
     Ok(())
 }
 
@@ -323,8 +363,82 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         "{kind:<9} flood: {spread} packs flooding ({} callers each): {total:.0}/s in all, each pack's rate over an even share {lo:.2}x to {hi:.2}x; {} errors",
         c / spread, ten.errors
     );
+    // Quotas: what a refusal costs against a drop (the same callers, each sent again at once),
+    // and a quota on the flooding pack held while it floods beside the quiet pack.
+    let drops = [
+        flood::answers(&chs, d, c, |w, n, p| flood::dropped(w, n, p, false), pop).await,
+        flood::answers(&chs, d, c, |w, n, p| flood::dropped(w, n, p, true), pop).await,
+    ];
+    let mut admin = pb::policy_service_client::PolicyServiceClient::new(chs[0].clone());
+    let quota = |rate: f64, burst: u32| pb::PutQuotaRequest {
+        pack_id: "pack-0".into(),
+        principal: None,
+        rate_per_second: rate,
+        burst,
+    };
+    admin.put_quota(quota(0.001, 1)).await?;
+    let refusals = [
+        flood::answers(&chs, d, c, |w, n, p| flood::of_pack_0(w, n, p, false), pop).await,
+        flood::answers(&chs, d, c, |w, n, p| flood::of_pack_0(w, n, p, true), pop).await,
+    ];
+    let limit = (rate(&alone) * 0.25).round().max(100.0);
+    let before = server.scrape().await;
+    admin
+        .put_quota(quota(limit, (limit / 10.0).ceil() as u32))
+        .await?;
+    let held = flood::run(&chs, d, c, 1, Some(1), pop, "quota").await;
+    let after = server.scrape().await;
+    admin
+        .delete_quota(pb::DeleteQuotaRequest {
+            pack_id: "pack-0".into(),
+            principal: None,
+        })
+        .await?;
+    // What the server counted for pack 0 meanwhile: decided as recorded or dropped.
+    let counted = |disposition: &str| -> f64 {
+        after
+            .iter()
+            .filter(|(k, _)| {
+                k.starts_with("hcp_sense_deliveries_total{")
+                    && k.contains(r#"pack="pack-0""#)
+                    && k.contains(&format!(r#"disposition="{disposition}"#))
+            })
+            .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+            .sum()
+    };
+    let held_rate = rate(&held);
+    for (i, what) in ["without trigger ids", "with trigger ids"]
+        .iter()
+        .enumerate()
+    {
+        println!(
+            "{kind:<9} flood: {c} callers {what}: refused over quota {:.0}/s vs dropped {:.0}/s ({:.2}x); {} errors",
+            refusals[i].0,
+            drops[i].0,
+            refusals[i].0 / drops[i].0.max(1e-9),
+            refusals[i].1 + drops[i].1
+        );
+    }
+    println!(
+        "{kind:<9} flood: quota {limit:.0}/s on the flooding pack: recorded {held_rate:.0}/s ({:.3}x the quota), refused {:.0}/s with RetryInfo; server counted {:.0} recorded (of {} answered), {:.0} dropped; quiet pack p50 {:.1} / p99 {:.1} ms",
+        held_rate / limit,
+        held.refused_per_sec,
+        counted("recorded"),
+        held.recorded,
+        counted("dropped"),
+        held.quiet.pct(0.5),
+        held.quiet.pct(0.99)
+    );
     result(json!({
         "store": kind, "phase": "flood", "callers": c,
+        "dropped_per_sec": drops[0].0, "refused_per_sec": refusals[0].0,
+        "dropped_with_ids_per_sec": drops[1].0, "refused_with_ids_per_sec": refusals[1].0,
+        "drop_refuse_errors": drops[0].1 + drops[1].1 + refusals[0].1 + refusals[1].1,
+        "quota_per_sec": limit, "quota_recorded_per_sec": held_rate,
+        "quota_refused_per_sec": held.refused_per_sec,
+        "quota_counted_recorded": counted("recorded"), "quota_answered_recorded": held.recorded,
+        "quota_counted_dropped": counted("dropped"),
+        "quota_quiet_p50_ms": held.quiet.pct(0.5), "quota_quiet_p99_ms": held.quiet.pct(0.99),
         "calm_quiet_p50_ms": calm.quiet.pct(0.5), "calm_quiet_p99_ms": calm.quiet.pct(0.99),
         "calm_health_p50_ms": calm.health.pct(0.5), "calm_health_p99_ms": calm.health.pct(0.99),
         "quiet_p50_ms": q.pct(0.5), "quiet_p99_ms": q.pct(0.99), "quiet_errors": q.errors,
