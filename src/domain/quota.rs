@@ -26,7 +26,7 @@ impl Rule {
     /// A rule from what an admin sent: `rate` within [MIN_RATE, MAX_RATE]; `burst` 0 means one
     /// second's worth of the rate (at least 1), else at most MAX_BURST. Errors name the field.
     pub fn new(rate: f64, burst: u32) -> Result<Rule, (&'static str, String)> {
-        if !rate.is_finite() || rate < MIN_RATE || rate > MAX_RATE {
+        if !rate.is_finite() || !(MIN_RATE..=MAX_RATE).contains(&rate) {
             return Err((
                 "rate_per_second",
                 format!(

@@ -26,7 +26,9 @@ const MAX_LANES: usize = 65_536;
 /// The quota lanes of this replica, one per (pack, principal or "" for the pack) with a quota.
 #[derive(Debug)]
 pub(super) struct Quotas {
-    lanes: Mutex<HashMap<(String, String), Arc<Lane>>>,
+    /// By pack, then by principal ("" for the pack-wide quota): looked up by reference, so an
+    /// admission allocates nothing.
+    lanes: Mutex<HashMap<String, HashMap<String, Arc<Lane>>>>,
     /// Buckets are the store's, shared by every replica (PostgreSQL).
     fleet: bool,
 }
@@ -98,16 +100,23 @@ impl Quotas {
 
     /// The lane of a quota under `rule`; a lane made under another rule is started over.
     fn lane(&self, pack_id: &str, principal: Option<&str>, rule: Rule) -> Arc<Lane> {
-        let key = (pack_id.to_owned(), principal.unwrap_or("").to_owned());
+        let who = principal.unwrap_or("");
         let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(l) = lanes.get(&key).filter(|l| l.rule == rule) {
+        if let Some(l) = lanes
+            .get(pack_id)
+            .and_then(|p| p.get(who))
+            .filter(|l| l.rule == rule)
+        {
             return l.clone();
         }
-        if lanes.len() >= MAX_LANES {
+        if lanes.values().map(HashMap::len).sum::<usize>() >= MAX_LANES {
             // Lanes nobody else holds are idle; their buckets are refilled by now or the
             // store's (fleet) anyway. A memory bucket let go starts full again: bounded memory
             // is worth one burst.
-            lanes.retain(|_, l| Arc::strong_count(l) > 1);
+            for p in lanes.values_mut() {
+                p.retain(|_, l| Arc::strong_count(l) > 1);
+            }
+            lanes.retain(|_, p| !p.is_empty());
         }
         let lane = Arc::new(Lane {
             rule,
@@ -119,7 +128,10 @@ impl Quotas {
             }),
             leasing: tokio::sync::Mutex::new(()),
         });
-        lanes.insert(key, lane.clone());
+        lanes
+            .entry(pack_id.to_owned())
+            .or_default()
+            .insert(who.to_owned(), lane.clone());
         lane
     }
 }

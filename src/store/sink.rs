@@ -91,9 +91,9 @@ impl Sink {
         // Writers take batches in turn, so one waits on the queue at a time.
         let turn = Arc::new(Mutex::new(()));
         let committing = Arc::new(Committing::default());
-        let writers = match store.engine() {
-            Engine::Sqlite => 1,
-            Engine::Postgres => writers.max(1),
+        let (writers, shared_batch) = match store.engine() {
+            Engine::Sqlite => (1, MAX_BATCH),
+            Engine::Postgres => (writers.max(1), SHARED_BATCH),
         };
         for n in 0..writers {
             let (store, queue, turn, metrics, committing) = (
@@ -119,7 +119,7 @@ impl Sink {
                     rt.block_on(write_batches(
                         &store,
                         (&queue, &turn),
-                        &committing,
+                        (&committing, shared_batch),
                         metrics,
                         batch_timeout,
                     ));
@@ -159,7 +159,9 @@ struct Committing {
 /// How long after a batch found more than one pack queued the writers keep batches short.
 const SHARED_FOR: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// Most records in one batch while packs share the writers (see `take_batch`).
+/// Most records in one batch while packs share the writers (see `take_batch`), on PostgreSQL.
+/// SQLite, which syncs its log at every commit, keeps MAX_BATCH: there a batch of 64 cost a
+/// flood a third of its rate (docs/performance.md).
 pub const SHARED_BATCH: usize = 64;
 
 /// Records a writer must hold before it commits alongside another writer's batch.
@@ -185,6 +187,7 @@ type Taken<T> = (String, T, std::time::Duration);
 async fn take_batch<T>(
     queue: &FairQueue<T>,
     committing: &Committing,
+    shared_batch: usize,
     batch: &mut Vec<Taken<T>>,
 ) -> bool {
     if !queue.take(batch, 1).await {
@@ -193,7 +196,7 @@ async fn take_batch<T>(
     // While packs share the writers, batches are shorter: a record of a pack arriving during a
     // commit waits for that commit, and a shorter one is a shorter wait.
     let max = if queue.shared_within(SHARED_FOR) {
-        SHARED_BATCH
+        shared_batch
     } else {
         MAX_BATCH
     };
@@ -229,7 +232,7 @@ async fn take_batch<T>(
 async fn write_batches(
     parent: &Store,
     (queue, turn): (&FairQueue<Job>, &Mutex<()>),
-    committing: &Committing,
+    (committing, shared_batch): (&Committing, usize),
     metrics: Arc<Metrics>,
     batch_timeout: std::time::Duration,
 ) {
@@ -239,7 +242,7 @@ async fn write_batches(
         let mut batch = Vec::new();
         {
             let _turn = turn.lock().await;
-            if !take_batch(queue, committing, &mut batch).await {
+            if !take_batch(queue, committing, shared_batch, &mut batch).await {
                 break;
             }
             // Counted before the next writer may look at the queue.
@@ -569,11 +572,11 @@ mod tests {
         let committing = Committing::default();
         let (_tx, rx) = sent(1).await;
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, &mut batch).await);
+        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
         assert_eq!(batch.len(), 1);
         let (_tx, rx) = sent(MAX_BATCH + 1).await;
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, &mut batch).await);
+        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
         assert_eq!(batch.len(), MAX_BATCH);
     }
 
@@ -583,7 +586,7 @@ mod tests {
         let (_tx, rx) = sent(MAX_BATCH).await;
         rx.push("quiet", "b", 0).await.expect("send");
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, &mut batch).await);
+        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
         assert_eq!(batch.len(), SHARED_BATCH, "two packs queued: a short batch");
         assert!(
             batch.iter().any(|(pack, _, _)| pack == "quiet"),
@@ -591,7 +594,7 @@ mod tests {
         );
         // Only the flood is left, but it shared the writer a moment ago: still short.
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, &mut batch).await);
+        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
         assert_eq!(batch.len(), SHARED_BATCH);
     }
 
@@ -603,7 +606,7 @@ mod tests {
         let mut batch = Vec::new();
         let taken = tokio::time::timeout(
             Duration::from_millis(100),
-            take_batch(&rx, &committing, &mut batch),
+            take_batch(&rx, &committing, SHARED_BATCH, &mut batch),
         )
         .await;
         assert!(taken.is_err(), "{} records do not engage", ENGAGE - 1);
@@ -612,7 +615,7 @@ mod tests {
         tx.push("p", "a", ENGAGE).await.expect("send");
         let taken = tokio::time::timeout(
             Duration::from_millis(100),
-            take_batch(&rx, &committing, &mut batch),
+            take_batch(&rx, &committing, SHARED_BATCH, &mut batch),
         )
         .await;
         assert_eq!(taken.ok(), Some(true));
@@ -633,7 +636,7 @@ mod tests {
         let mut batch = Vec::new();
         let taken = tokio::time::timeout(
             Duration::from_secs(5),
-            take_batch(&rx, &committing, &mut batch),
+            take_batch(&rx, &committing, SHARED_BATCH, &mut batch),
         )
         .await;
         assert_eq!(taken.ok(), Some(true));
@@ -647,10 +650,10 @@ mod tests {
         let (tx, rx) = sent(2).await;
         tx.close();
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, &mut batch).await);
+        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
         assert_eq!(batch.len(), 2);
         let mut batch = Vec::new();
-        assert!(!take_batch(&rx, &committing, &mut batch).await);
+        assert!(!take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
         assert!(batch.is_empty());
     }
 }
