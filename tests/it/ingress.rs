@@ -74,6 +74,29 @@ pub async fn send_plan(plan: Value) -> Vec<Value> {
     serde_json::from_slice(&out.stdout).expect("answers")
 }
 
+/// `hcp-sense pipe` running examples/packs/storm-feed.sh for alice on the weather pack.
+pub async fn pipe_storm_feed(app: &TestApp) -> std::process::Output {
+    let server = format!("http://{}", app.addr);
+    tokio::task::spawn_blocking(move || {
+        Command::new(crate::support::served::BIN)
+            .args([
+                "pipe",
+                "--server",
+                &server,
+                "--pack",
+                "weather",
+                "--principal",
+                "alice",
+                "--",
+            ])
+            .arg(crate::helpers::repo_path("examples/packs/storm-feed.sh"))
+            .output()
+            .expect("hcp-sense pipe")
+    })
+    .await
+    .expect("join")
+}
+
 /// `broadcast`: a Standard Webhooks route of the weather pack that fans each webhook out, as a
 /// storm warning, to every principal granted and activated.
 pub fn broadcast_route() -> pb::PutIngressRouteRequest {
@@ -798,25 +821,7 @@ on_both_stores!(s7_6_cloudevents_in_both_modes_become_triggers => cloudevents_in
 async fn s7_6_pipe_delivers_a_pack_commands_lines_and_passes_its_exit_code_on() {
     let app = app_with_ingress(StoreKind::Sqlite, None).await;
     set_up_weather(&app.channel).await;
-    let server = format!("http://{}", app.addr);
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(crate::support::served::BIN)
-            .args([
-                "pipe",
-                "--server",
-                &server,
-                "--pack",
-                "weather",
-                "--principal",
-                "alice",
-                "--",
-            ])
-            .arg(crate::helpers::repo_path("examples/packs/storm-feed.sh"))
-            .output()
-            .expect("hcp-sense pipe")
-    })
-    .await
-    .expect("join");
+    let out = pipe_storm_feed(&app).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         out.status.code(),

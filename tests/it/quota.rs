@@ -552,26 +552,8 @@ async fn pipe_over_quota_waits_and_delivers_every_line() {
     let app = spawn_app(StoreKind::Sqlite).await;
     set_up_weather(&app.channel).await;
     pack_quota(&app, 2.0, 1).await;
-    let server = format!("http://{}", app.addr);
     let started = std::time::Instant::now();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(crate::support::served::BIN)
-            .args([
-                "pipe",
-                "--server",
-                &server,
-                "--pack",
-                "weather",
-                "--principal",
-                "alice",
-                "--",
-            ])
-            .arg(crate::helpers::repo_path("examples/packs/storm-feed.sh"))
-            .output()
-            .expect("hcp-sense pipe")
-    })
-    .await
-    .expect("join");
+    let out = crate::ingress::pipe_storm_feed(&app).await;
     let took = started.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
