@@ -54,30 +54,21 @@ struct LaneState {
     short_until: Option<Instant>,
 }
 
-/// A delivery refused over quota: which quota, and how long until it would admit.
-#[derive(Debug, Clone)]
-pub struct Throttle {
-    pub pack_id: String,
-    pub principal: Option<String>,
-    pub rule: Rule,
-    pub retry_after: Duration,
-}
-
-impl Throttle {
-    pub fn error(self) -> Error {
-        let whose = match &self.principal {
-            Some(p) => format!("principal `{p}` of pack `{}`", self.pack_id),
-            None => format!("pack `{}`", self.pack_id),
-        };
-        Error::Throttled {
-            message: format!(
-                "the quota of {whose} ({} per second, burst {}) is spent: nothing was recorded; retry in {} ms",
-                self.rule.rate,
-                self.rule.burst,
-                self.retry_after.as_millis().max(1)
-            ),
-            retry_after: self.retry_after,
-        }
+/// A delivery refused over the quota of `pack_id` (or of `principal` on it), with how long until
+/// it would admit.
+fn over_quota(pack_id: &str, principal: Option<&str>, rule: Rule, retry_after: Duration) -> Error {
+    let whose = match principal {
+        Some(p) => format!("principal `{p}` of pack `{pack_id}`"),
+        None => format!("pack `{pack_id}`"),
+    };
+    Error::Throttled {
+        message: format!(
+            "the quota of {whose} ({} per second, burst {}) is spent: nothing was recorded; retry in {} ms",
+            rule.rate,
+            rule.burst,
+            retry_after.as_millis().max(1)
+        ),
+        retry_after,
     }
 }
 
@@ -173,18 +164,12 @@ impl Service {
                 Ok(()) => taken.push((lane, n)),
                 Err(e) => {
                     for (lane, n) in taken {
-                        give_back(&lane, n);
+                        lane.give_back(n, self.quotas.fleet);
                     }
                     if let Error::Throttled { retry_after, .. } = e {
                         self.metrics
                             .quota_throttled(pack_id, principals.len() as u64);
-                        return Err(Throttle {
-                            pack_id: pack_id.to_owned(),
-                            principal: principal.map(str::to_owned),
-                            rule,
-                            retry_after,
-                        }
-                        .error());
+                        return Err(over_quota(pack_id, principal, rule, retry_after));
                     }
                     return Err(e);
                 }
@@ -363,13 +348,6 @@ impl Service {
     }
 }
 
-fn give_back(lane: &Lane, n: u32) {
-    let rule = lane.rule;
-    let mut s = lane.state();
-    s.bucket.give_back(&rule, n);
-    s.leased = s.leased.saturating_add(n);
-}
-
 fn throttled(retry_after: Duration) -> Error {
     Error::Throttled {
         message: String::new(),
@@ -380,6 +358,18 @@ fn throttled(retry_after: Duration) -> Error {
 impl Lane {
     fn state(&self) -> std::sync::MutexGuard<'_, LaneState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gives back `n` tokens taken for a delivery another quota then refused: to the memory
+    /// bucket, or (`fleet`) to what this replica holds leased.
+    fn give_back(&self, n: u32, fleet: bool) {
+        let rule = self.rule;
+        let mut s = self.state();
+        if fleet {
+            s.leased = s.leased.saturating_add(n);
+        } else {
+            s.bucket.give_back(&rule, n);
+        }
     }
 }
 
