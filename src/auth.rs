@@ -688,6 +688,10 @@ pub fn allowed(method: &str, role: Role) -> bool {
                 "ExplainTrigger",
                 Role::Runtime | Role::Admin
             ) | (
+                "hcp.sense.v1.PackService",
+                "ListTriggerTypes",
+                Role::Runtime | Role::Reader
+            ) | (
                 "hcp.sense.v1.RecordService",
                 "ListDropReports" | "EraseRecords",
                 Role::Admin

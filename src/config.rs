@@ -488,6 +488,13 @@ impl Config {
                 self.max_concurrent_streams
             );
         }
+        let deepest = crate::domain::pack::schema::COST_DEPTH;
+        if !(1..=deepest).contains(&self.max_json_depth) {
+            anyhow::bail!(
+                "--max-json-depth must be from 1 to {deepest}, not {}: payload schemas are bounded for payloads no deeper",
+                self.max_json_depth
+            );
+        }
         if self.watch_max_behind == 0 {
             anyhow::bail!("--watch-max-behind must be at least 1");
         }

@@ -26,6 +26,7 @@ macro_rules! str_enum {
     };
 }
 
+pub mod catalog;
 mod cel;
 pub mod decide;
 pub mod explain;

@@ -3,6 +3,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::filter::Filter;
+use super::pack::schema::Catalog;
 use super::pack::{BindingMode, Manifest};
 use super::quota::Rule;
 
@@ -79,18 +80,28 @@ pub struct PackPolicy {
     /// The quota on all the pack's deliveries, whoever they are for.
     pub quota: Option<Rule>,
     pub principals: HashMap<String, PrincipalPolicy>,
+    /// Declared refs' descriptions and compiled payload schemas, shared by every view.
+    pub catalog: Arc<Catalog>,
 }
 
 impl PackPolicy {
+    /// A pack's policy from its manifest, with the manifest's catalog compiled.
     pub fn from_manifest(m: &Manifest) -> PackPolicy {
-        PackPolicy::declared(
+        PackPolicy::with_catalog(m, Arc::new(Catalog::of_manifest(&m.raw)))
+    }
+
+    /// A pack's policy from its manifest, with its catalog compiled already.
+    pub fn with_catalog(m: &Manifest, catalog: Arc<Catalog>) -> PackPolicy {
+        let mut p = PackPolicy::declared(
             m.binding_mode,
             &m.triggers
                 .iter()
                 .map(|t| t.r#ref.as_str())
                 .collect::<Vec<_>>(),
             m.stimuli.iter().map(|s| (s.r#ref.clone(), s.land.clone())),
-        )
+        );
+        p.catalog = catalog;
+        p
     }
 
     /// A pack's policy with no principals yet: each declared ref with the land of its Policy
@@ -109,6 +120,7 @@ impl PackPolicy {
             activation: None,
             quota: None,
             principals: HashMap::new(),
+            catalog: Arc::default(),
         }
     }
 

@@ -144,11 +144,22 @@ fn refused(e: Error) -> deliver_triggers_response::Result {
         Error::Throttled { retry_after, .. } => Some(super::convert::duration(*retry_after)),
         _ => None,
     };
+    let violations = match &e {
+        Error::InvalidArgument(v) => v
+            .iter()
+            .map(|v| pb::FieldViolation {
+                field: v.field.clone(),
+                description: v.description.clone(),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     let status = Status::from(e);
     deliver_triggers_response::Result::Error(pb::TriggerError {
         code: status.code() as i32,
         message: status.message().to_owned(),
         retry_delay,
+        violations,
     })
 }
 

@@ -4,8 +4,10 @@ use tonic::{Request, Response, Status};
 
 use super::actor_of;
 use super::convert::{finding, pack, struct_to_json_checked};
-use super::paging::{next_token, page_size, PageTokens};
+use super::paging::{fingerprint, next_token, page_size, PageTokens, SEP};
 use super::pb::{self, pack_service_server::PackService};
+use crate::auth::{Caller, Role};
+use crate::domain::catalog::TriggerTypeView;
 use crate::domain::pack::{lint, parse_manifest_text, Severity};
 use crate::error::Error;
 use crate::service::{detached, Service};
@@ -17,6 +19,39 @@ pub struct Packs {
 }
 
 const PAGE_KIND: &str = "packs";
+const TYPES_KIND: &str = "trigger-types";
+
+/// The principal a ListTriggerTypes call asks about: a reader asks about its own, whatever
+/// it names, and may name no other.
+fn as_reader_of(caller: Option<&Caller>, principal: String) -> Result<String, Error> {
+    match caller {
+        Some(Caller::Known(id)) if id.role == Role::Reader => {
+            let own = id.principal.clone().unwrap_or_default();
+            if !principal.is_empty() && principal != own {
+                return Err(Error::PermissionDenied(format!(
+                    "a reader asks only about its own principal, not `{principal}`"
+                )));
+            }
+            Ok(own)
+        }
+        _ => Ok(principal),
+    }
+}
+
+fn trigger_type(t: TriggerTypeView) -> pb::TriggerType {
+    pb::TriggerType {
+        pack_id: t.pack_id,
+        r#ref: t.r#ref,
+        land: t.land.unwrap_or_default(),
+        description: t.description.unwrap_or_default(),
+        payload_schema: t.schema.map(|s| s.to_string()).unwrap_or_default(),
+        receivability: t.receivable.map(|r| pb::Receivability {
+            principal: r.principal,
+            receivable: r.now,
+            drop_reasons: r.reasons.iter().map(|d| d.as_str().to_owned()).collect(),
+        }),
+    }
+}
 
 fn manifest_of(
     manifest: Option<prost_types::Struct>,
@@ -113,6 +148,43 @@ impl PackService for Packs {
         });
         Ok(Response::new(pb::ListPacksResponse {
             packs: packs.iter().map(pack).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn list_trigger_types(
+        &self,
+        req: Request<pb::ListTriggerTypesRequest>,
+    ) -> Result<Response<pb::ListTriggerTypesResponse>, Status> {
+        let caller = req.extensions().get::<Caller>().cloned();
+        let req = req.into_inner();
+        let size = page_size(req.page_size)?;
+        let principal = as_reader_of(caller.as_ref(), req.principal)?;
+        let fp = fingerprint(&[&req.pack_id, &principal]);
+        let after = self.pages.decode(TYPES_KIND, &fp, &req.page_token)?;
+        let after =
+            match &after {
+                Some(a) => Some(a.split_once(SEP).ok_or_else(|| {
+                    Error::invalid("page_token", "is not a token of this listing")
+                })?),
+                None => None,
+            };
+        let pack_id = (!req.pack_id.is_empty()).then_some(req.pack_id.as_str());
+        let mut types = self.service.list_trigger_types(
+            pack_id,
+            after,
+            usize::try_from(size + 1).unwrap_or(usize::MAX),
+            (!principal.is_empty()).then_some(principal.as_str()),
+        )?;
+        let next_page_token = next_token(&mut types, size, |last| {
+            self.pages.encode(
+                TYPES_KIND,
+                &fp,
+                &format!("{}{SEP}{}", last.pack_id, last.r#ref),
+            )
+        });
+        Ok(Response::new(pb::ListTriggerTypesResponse {
+            trigger_types: types.into_iter().map(trigger_type).collect(),
             next_page_token,
         }))
     }

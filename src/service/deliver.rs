@@ -2,6 +2,7 @@
 use crate::store::audit::Actor;
 use std::time::Instant;
 
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
@@ -69,6 +70,60 @@ fn conflict(trigger_id: &str) -> Error {
     ))
 }
 
+/// Whether `payload` conforms to the schema its pack declares for `ref` (none: it does): a
+/// violation is INVALID_ARGUMENT naming `payload` and the instance's JSON pointer.
+pub(super) fn conforms(
+    view: &PolicyView,
+    pack_id: &str,
+    r#ref: &str,
+    payload: &Value,
+) -> Result<()> {
+    let Some(pack) = view.pack(pack_id) else {
+        return Ok(());
+    };
+    let violations = pack.catalog.check(r#ref, payload);
+    if violations.is_empty() {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(
+        violations
+            .into_iter()
+            .map(|v| Violation {
+                field: format!("payload{}", v.pointer),
+                description: format!(
+                    "fails `{}` of the payload schema of `{}` at `{}`: {}",
+                    v.keyword,
+                    r#ref,
+                    if v.pointer.is_empty() {
+                        "/"
+                    } else {
+                        &v.pointer
+                    },
+                    v.message
+                ),
+            })
+            .collect(),
+    ))
+}
+
+/// `conforms` for a validated trigger, whose payload is lent to the validator as a JSON value
+/// and given back (no copy).
+fn conforms_trigger(view: &PolicyView, t: &mut Trigger) -> Result<()> {
+    let has_schema = view
+        .pack(&t.pack_id)
+        .and_then(|p| p.catalog.get(&t.r#ref))
+        .is_some_and(|c| c.schema.is_some());
+    if !has_schema {
+        return Ok(());
+    }
+    let payload = Value::Object(std::mem::take(&mut t.payload));
+    let conformed = conforms(view, &t.pack_id, &t.r#ref, &payload);
+    if let Value::Object(m) = payload {
+        t.payload = m;
+    }
+    conformed
+}
+
 /// A record for a trigger; its id and receive time are stamped when it is written.
 fn new_record(t: &Trigger, route: Route, binding_id: String) -> Record {
     Record {
@@ -98,10 +153,15 @@ impl Service {
     /// `deliver`, for a trigger that came in through `ingress` (the `hcp.ingress` span
     /// attribute and the `ingress` label of the delivery counts).
     pub async fn deliver_from(&self, raw: RawTrigger, ingress: &'static str) -> Result<Outcome> {
-        let t = self.admissible(raw)?;
+        let started = Instant::now();
+        let mut t = self.admissible(raw)?;
         let view = self.policy.view.load_full();
+        let conformed = conforms_trigger(&view, &mut t);
+        // Validation (the payload's schema with it) counts in the decision's time.
+        let checked = started.elapsed();
+        self.unless_recorded(&t, conformed).await?;
         self.admitted(&view, &t).await?;
-        self.decide_one(&view, t, ingress).await
+        self.decide_one(&view, t, ingress, checked).await
     }
 
     /// `deliver_from`, for a trigger whose quotas were taken already (with the rest of the
@@ -111,17 +171,26 @@ impl Service {
         raw: RawTrigger,
         ingress: &'static str,
     ) -> Result<Outcome> {
+        let started = Instant::now();
         let t = self.admissible(raw)?;
         let view = self.policy.view.load_full();
-        self.decide_one(&view, t, ingress).await
+        self.decide_one(&view, t, ingress, started.elapsed()).await
     }
 
     /// Takes the trigger's tokens from its quotas. Over quota it is refused (`Throttled`)
     /// unless its trigger id was recorded before: idempotency comes first, and a retry of a
     /// recorded trigger is answered with its record whatever the quota.
     async fn admitted(&self, view: &PolicyView, t: &Trigger) -> Result<()> {
-        match self.admit(view, &t.pack_id, &[t.principal.as_str()]).await {
-            Err(e @ Error::Throttled { .. }) => match &t.trigger_id {
+        let taken = self.admit(view, &t.pack_id, &[t.principal.as_str()]).await;
+        self.unless_recorded(t, taken).await
+    }
+
+    /// A refusal before the decision (over quota, or a payload its schema refuses), unless
+    /// the trigger's id was recorded before: idempotency comes first, and a retry of a
+    /// recorded trigger is answered with its record.
+    async fn unless_recorded(&self, t: &Trigger, refused: Result<()>) -> Result<()> {
+        match refused {
+            Err(e @ (Error::Throttled { .. } | Error::InvalidArgument(_))) => match &t.trigger_id {
                 Some(id)
                     if self
                         .store
@@ -143,10 +212,11 @@ impl Service {
         view: &PolicyView,
         t: Trigger,
         ingress: &'static str,
+        validated: std::time::Duration,
     ) -> Result<Outcome> {
         let started = Instant::now();
         let mut decision = decide(view, &t);
-        let decided = started.elapsed();
+        let decided = validated + started.elapsed();
         // Idempotency comes before policy: a retry of a trigger that was recorded is answered
         // with its record, even if policy has changed since (a grant revoked meanwhile must
         // not turn an acknowledged record into a drop). Recorded triggers meet their first
@@ -221,8 +291,10 @@ impl Service {
     /// policy view and the same idempotency: a trigger id recorded before for the pack is
     /// answered with that record (or refused as a conflict) whatever the checks say now.
     pub async fn explain(&self, raw: RawTrigger) -> Result<Explained> {
-        let t = self.admissible(raw)?;
+        let mut t = self.admissible(raw)?;
         let view = self.policy.view.load_full();
+        let conformed = conforms_trigger(&view, &mut t);
+        self.unless_recorded(&t, conformed).await?;
         let explanation = explain(&view, &t);
         let quota = self.quota_check(&view, &t.pack_id, &t.principal).await?;
         let mut duplicate = None;

@@ -491,6 +491,15 @@ impl Service {
                 source: None,
             });
         }
+        // Every trigger of the message carries the one payload under one ref: it conforms to
+        // the ref's schema for all or none.
+        if let Some(t) = triggers.first() {
+            if let Err(e) = super::deliver::conforms(&view, &t.pack_id, &t.r#ref, &payload) {
+                if !self.all_recorded(&triggers).await? {
+                    return Err(e);
+                }
+            }
+        }
         // The message is admitted whole or refused whole: a fan-out takes a token per trigger
         // from the pack's quota (and each principal's), and none is decided when one is short.
         let principals: Vec<&str> = triggers.iter().map(|t| t.principal.as_str()).collect();

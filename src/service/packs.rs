@@ -1,10 +1,11 @@
-//! Pack registration: lint, store, then refresh the pack's policy in the view.
+//! Packs: registration (lint, store, then refresh the pack's policy in the view), reads, and the trigger catalog.
 use crate::store::audit::Actor;
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{unknown_pack, valid_pack_id, Service};
+use super::{unknown_pack, valid_id, valid_pack_id, Service};
+use crate::domain::catalog::{trigger_types, TriggerTypeView};
 use crate::domain::pack::{lint, LintReport, RegisteredPack};
 use crate::domain::policy::PackPolicy;
 use crate::error::{Error, Result, Violation};
@@ -23,6 +24,34 @@ impl Service {
         self.store.list_packs(after, limit).await
     }
 
+    /// The declared triggers of registered packs (`pack_id` only, when given) after `after`,
+    /// at most `limit`, from this replica's policy view; with whether `principal` could
+    /// receive each now, when given.
+    pub fn list_trigger_types(
+        &self,
+        pack_id: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: usize,
+        principal: Option<&str>,
+    ) -> Result<Vec<TriggerTypeView>> {
+        if let Some(p) = pack_id {
+            valid_pack_id(p)?;
+        }
+        if let Some(p) = principal {
+            valid_id("principal", p)?;
+        }
+        if !self.policy_current() {
+            return Err(Error::Unavailable(
+                "policy is being reloaded on this replica; retry".into(),
+            ));
+        }
+        let view = self.policy.view.load_full();
+        if let Some(p) = pack_id.filter(|p| view.pack(p).is_none()) {
+            return Err(unknown_pack(p));
+        }
+        Ok(trigger_types(&view, pack_id, after, limit, principal))
+    }
+
     /// Lints and stores a manifest. Any lint error refuses the whole manifest and nothing is written.
     pub async fn register_pack(&self, actor: &Actor, manifest: &Value) -> Result<Registered> {
         let report = lint(manifest);
@@ -35,7 +64,8 @@ impl Service {
         match view.pack(&m.pack_id) {
             // Known pack: its principals are unchanged, only the declaration is new.
             Some(old) => {
-                let mut p = PackPolicy::from_manifest(m);
+                let catalog = self.store.catalog(&m.pack_id, &m.raw.to_string())?;
+                let mut p = PackPolicy::with_catalog(m, catalog);
                 p.activation = old.activation.clone();
                 p.principals = old.principals.clone();
                 self.policy

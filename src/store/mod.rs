@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::StoreConfig;
+use crate::domain::pack::schema::Catalog;
 use crate::error::Error;
 use hcp_sense_migration::{Migrator, MigratorTrait};
 use secrecy::ExposeSecret;
@@ -46,6 +47,9 @@ pub struct Store {
     write_turn: Arc<tokio::sync::Mutex<()>>,
     config: StoreConfig,
     commits: Arc<Commits>,
+    /// Each pack's catalog compiled from its manifest, by the manifest's digest: a pack's
+    /// payload schemas are compiled once per version, however often its policy is reloaded.
+    catalogs: Arc<std::sync::Mutex<std::collections::HashMap<String, ([u8; 32], Arc<Catalog>)>>>,
 }
 
 /// Wake-ups for the watch tail: records committed through this process, or announced by
@@ -190,6 +194,7 @@ impl Store {
             write_turn: Arc::default(),
             config: cfg.clone(),
             commits: Arc::default(),
+            catalogs: Arc::default(),
         })
     }
 

@@ -196,14 +196,20 @@ impl Store {
                 let id = row.pack_id.as_str();
                 let corrupt =
                     |what: &str| Error::Internal(format!("pack `{id}` has a bad stored {what}"));
+                let raw: serde_json::Value =
+                    serde_json::from_str(&row.manifest).map_err(|_| corrupt("manifest"))?;
                 let triggers = triggers
                     .iter()
                     .filter(|t| t.pack_id == id)
                     .map(|t| {
+                        // Descriptions and schemas are read from the manifest as registered.
+                        let (description, payload_schema) = declared_type(&raw, &t.r#ref);
                         Ok(DeclaredTrigger {
                             r#ref: t.r#ref.clone(),
                             source: TriggerSource::parse(&t.source)
                                 .ok_or_else(|| corrupt("source"))?,
+                            description,
+                            payload_schema,
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -231,7 +237,7 @@ impl Store {
                         })
                         .collect(),
                     upstream_requires_registration: row.upstream_requires_registration,
-                    raw: serde_json::from_str(&row.manifest).map_err(|_| corrupt("manifest"))?,
+                    raw,
                     pack_id: row.pack_id.clone(),
                 };
                 Ok(RegisteredPack {
@@ -307,4 +313,28 @@ async fn insert_declaration(txn: &impl ConnectionTrait, m: &Manifest) -> Result<
         .map_err(classify)?;
     }
     Ok(())
+}
+
+/// The description and payload schema a manifest declares for `ref`.
+fn declared_type(
+    raw: &serde_json::Value,
+    r#ref: &str,
+) -> (Option<String>, Option<serde_json::Value>) {
+    let entry = raw
+        .get("stimulusTriggers")
+        .and_then(serde_json::Value::as_array)
+        .and_then(|ts| {
+            ts.iter()
+                .find(|t| t.get("ref").and_then(serde_json::Value::as_str) == Some(r#ref))
+        });
+    (
+        entry
+            .and_then(|t| t.get("description"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned),
+        entry
+            .and_then(|t| t.get("payloadSchema"))
+            .filter(|s| !s.is_null())
+            .cloned(),
+    )
 }

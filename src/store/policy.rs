@@ -14,9 +14,11 @@ use super::entity::{
 use super::{classify, Store};
 use crate::domain::filter::Filter;
 use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member, Record};
+use crate::domain::pack::schema::Catalog;
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, BindingRef, BindingState, PackPolicy, PolicyView, Route};
 use crate::error::{Error, Result};
+use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
 /// Rows read per query when loading a pack's policy.
@@ -168,6 +170,23 @@ impl Store {
         Ok(PolicyView::from_packs(all))
     }
 
+    /// The catalog of a pack's stored manifest, compiled only when the manifest is new to this
+    /// process.
+    pub fn catalog(&self, pack_id: &str, manifest: &str) -> Result<Arc<Catalog>> {
+        let digest: [u8; 32] = Sha256::digest(manifest.as_bytes()).into();
+        let mut cache = self.catalogs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((d, c)) = cache.get(pack_id) {
+            if *d == digest {
+                return Ok(c.clone());
+            }
+        }
+        let raw: serde_json::Value =
+            serde_json::from_str(manifest).map_err(|_| corrupt("manifest"))?;
+        let c = Arc::new(Catalog::of_manifest(&raw));
+        cache.insert(pack_id.to_owned(), (digest, c.clone()));
+        Ok(c)
+    }
+
     /// One pack's policy with every principal's grant, Binding and activation;
     /// `None` when the pack is not registered.
     pub async fn load_pack_policy(&self, pack_id: &str) -> Result<Option<PackPolicy>> {
@@ -197,6 +216,7 @@ impl Store {
             &refs.iter().map(String::as_str).collect::<Vec<_>>(),
             stimuli.into_iter().map(|s| (s.r#ref, s.land)),
         );
+        policy.catalog = self.catalog(pack_id, &pack.manifest)?;
         // Rows come in chunks, so loading a pack with many principals never holds
         // more than a chunk of rows besides the policy itself.
         macro_rules! each_row {

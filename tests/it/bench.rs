@@ -111,6 +111,11 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
             .find(|r| r["store"] == store && r["phase"] == phase)
             .unwrap_or_else(|| panic!("no {store} {phase} in {report}"))
     };
+    let check = results
+        .iter()
+        .find(|r| r["phase"] == "schema check")
+        .unwrap_or_else(|| panic!("no schema check in {report}"));
+    assert!(check["check_us"].as_f64() > Some(0.0), "{check}");
     for store in ["sqlite", "postgres"] {
         assert!(find(store, "store limit")["rows_per_sec"].as_f64() > Some(0.0));
         for c in [4, 8] {
@@ -149,11 +154,17 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
         );
         // The filter phase, at full load and at a steady rate: filtered and unfiltered phases
         // both recorded, with the server's decision time and CPU per call read for each.
-        for load in ["C=4", "1000/s"] {
+        // The schema phase likewise, with and without a typical payload schema.
+        for (name, load, kinds) in [
+            ("filter", "C=4", ["no filter", "filtered"]),
+            ("filter", "1000/s", ["no filter", "filtered"]),
+            ("schema", "C=4", ["no schema", "schema"]),
+            ("schema", "1000/s", ["no schema", "schema"]),
+        ] {
             let r = results
                 .iter()
-                .find(|r| r["store"] == store && r["phase"] == "filter" && r["load"] == load)
-                .unwrap_or_else(|| panic!("no {store} filter phase at {load} in {report}"));
+                .find(|r| r["store"] == store && r["phase"] == name && r["load"] == load)
+                .unwrap_or_else(|| panic!("no {store} {name} phase at {load} in {report}"));
             for k in [
                 "plain_per_s",
                 "filtered_per_s",
@@ -164,7 +175,7 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
             ] {
                 assert!(r[k].as_f64() > Some(0.0), "{store} {load} {k}: {r}");
             }
-            for kind in ["no filter", "filtered"] {
+            for kind in kinds {
                 let phase = find(store, &format!("recorded, {load}, {kind}"));
                 assert_eq!(phase["errors"], 0, "{store} {load} {kind}: {phase}");
             }

@@ -413,6 +413,9 @@ fn readme_walkthroughs_run_verbatim() {
         "is spent: nothing was recorded",
         // `admits: false` is proto3 JSON's default, left out.
         "\"burst\":2},\"retryDelay\":\"",
+        "{\"ref\":\"ticket.created\",\"description\":\"A ticket was opened in the tracker.\",\"receivability\":{\"principal\":\"alice\",\"dropReasons\":[\"no_grant\",\"activation_off\"]}}",
+        "payload/priority",
+        "fails `pattern` of the payload schema of `ticket.created` at `/key`",
     ] {
         assert!(
             out.contains(want),

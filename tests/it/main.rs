@@ -8,6 +8,7 @@ mod layout;
 mod transport;
 
 mod bench;
+mod catalog;
 mod cli;
 mod contract;
 mod decisions;

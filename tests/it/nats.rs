@@ -54,11 +54,22 @@ async fn put_nats_route(
     stream: &str,
     subject: &str,
 ) {
+    put_pack_nats_route(ch, "weather", route_id, stream, subject).await
+}
+
+/// Puts a NATS route of `pack_id` on `stream`, for the subjects under `subject`.
+async fn put_pack_nats_route(
+    ch: &tonic::transport::Channel,
+    pack_id: &str,
+    route_id: &str,
+    stream: &str,
+    subject: &str,
+) {
     IngressServiceClient::new(ch.clone())
         .put_ingress_route(pb::PutIngressRouteRequest {
             route: Some(pb::IngressRoute {
                 route_id: route_id.into(),
-                pack_id: "weather".into(),
+                pack_id: pack_id.into(),
                 kind: pb::IngressKind::Nats as i32,
                 nats_stream: stream.into(),
                 nats_subject: format!("{subject}.>"),
@@ -772,3 +783,55 @@ async fn nats_over_quota_waits_in_the_stream(kind: StoreKind) {
     python(&[NATS, &stream, &subject, "0", "delete"]);
 }
 on_both_stores!(nats_over_quota_waits_in_the_stream => nats_over_quota_waits_in_the_stream);
+
+/// A message whose payload breaks its ref's schema is terminated (never redelivered) and
+/// counted as refused; the tickets that keep the schema are recorded once each.
+async fn nats_payload_schema_is_checked(kind: StoreKind) {
+    let db = TestDb::create(kind).await;
+    let stream = unique(kind, "TICKETS");
+    let subject = format!("hcp.test.{}", stream.to_lowercase());
+    let served = Served::start(&db.url, &["--nats-url", NATS]);
+    let ch = connect(&served.addr).await;
+    crate::catalog::set_up_tracker(&ch).await;
+    put_pack_nats_route(&ch, "tracker", "tickets", &stream, &subject).await;
+    const N: i64 = 20;
+    let published = python(&[NATS, &stream, &subject, &N.to_string(), "tickets"]);
+    assert_eq!(published["published"], N + 1);
+    let conn = db.connect().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    all_recorded_once(&conn, N, deadline, "tickets").await;
+    let refused = r#"hcp_sense_ingress_refused_total{ingress="nats"}"#;
+    let metrics_url = format!("http://{}/metrics", served.metrics_addr);
+    while sample(&http_get(&metrics_url), refused) < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the bad ticket was not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        counts(&conn).await,
+        (N, N),
+        "the bad ticket was not recorded"
+    );
+    let consumer = consumer_name("tickets", &stream, &format!("{subject}.>"));
+    let info = python(&[NATS, &stream, &subject, "0", "info", &consumer]);
+    assert_eq!(
+        info["ack_pending"], 0,
+        "{info}: nothing waits to be redelivered"
+    );
+    let metrics = http_get(&metrics_url);
+    assert_eq!(sample(&metrics, refused), 1.0, "{metrics}");
+    let dropped = metrics.lines().any(|l| {
+        l.starts_with("hcp_sense_deliveries_total{")
+            && l.contains(r#"pack="tracker""#)
+            && l.contains(r#"disposition="dropped""#)
+    });
+    assert!(
+        !dropped,
+        "nothing of the tracker pack was dropped: {metrics}"
+    );
+    python(&[NATS, &stream, &subject, "0", "delete"]);
+}
+on_both_stores!(nats_payload_schema_is_checked => nats_payload_schema_is_checked);

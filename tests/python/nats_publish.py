@@ -7,6 +7,9 @@ Nats-Msg-Id m-<i> and hcp-* headers, then one CloudEvent in the NATS binding (ce
 made by the CloudEvents SDK) and one malformed message (no hcp-ref); `info CONSUMER` prints
 that consumer's pending and redelivered counts as JSON; `delete` removes the stream.
 
+`tickets` makes the stream and publishes COUNT tickets of the tracker pack that keep its payload
+schema, then one (Nats-Msg-Id t-bad) that breaks it.
+
 `add-stream` makes the stream with SUBJECT's comma-separated subjects; `publish PREFIX` sends
 COUNT messages to the subject SUBJECT with Nats-Msg-Id PREFIX-<i> and hcp-* headers;
 `consumers` prints every consumer of the stream (name, description, filter, start sequence,
@@ -54,6 +57,17 @@ async def main():
         info = await js.consumer_info(stream, sys.argv[6])
         print(json.dumps({"pending": info.num_pending, "ack_pending": info.num_ack_pending,
                           "redelivered": info.num_redelivered, "delivered": info.delivered.stream_seq}))
+    elif action == "tickets":
+        # COUNT tickets of the tracker pack that keep its payload schema, then one that breaks it.
+        await js.add_stream(name=stream, subjects=[subject + ".>"])
+        for i in range(int(count)):
+            ticket = {"key": f"OPS-{i + 1}", "title": "t", "priority": "high", "reporter": "ann"}
+            await js.publish(f"{subject}.ticket", json.dumps(ticket).encode(),
+                             headers={"Nats-Msg-Id": f"t-{i}", "hcp-ref": "ticket.created", "hcp-principal": "alice"})
+        bad = {"key": "OPS-0", "title": "t", "priority": "urgent", "reporter": "ann"}
+        await js.publish(f"{subject}.ticket", json.dumps(bad).encode(),
+                         headers={"Nats-Msg-Id": "t-bad", "hcp-ref": "ticket.created", "hcp-principal": "alice"})
+        print(json.dumps({"published": int(count) + 1}))
     elif action == "add-stream":
         await js.add_stream(name=stream, subjects=subject.split(","))
         print(json.dumps({"stream": stream}))

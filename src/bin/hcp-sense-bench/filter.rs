@@ -76,25 +76,31 @@ pub async fn activate_all(ch: &Channel, pop: Population, filter: &str) -> anyhow
 /// weighs on both alike.
 const ORDER: [bool; 8] = [false, true, true, false, true, false, false, true];
 
-/// Recorded phases at `pace` in the order ORDER, after one unmeasured phase; four of each kind.
-pub async fn recorded_rates(
+/// Recorded phases at `pace` in the order ORDER, after one unmeasured phase, with `set(false)`
+/// (A) or `set(true)` (B) made before each; four of each kind.
+pub async fn alternating<F, Fut>(
     server: &Server,
     chs: &[Channel],
     duration: Duration,
     pace: Pace,
     pop: Population,
-) -> anyhow::Result<(Vec<Measured>, Vec<Measured>)> {
-    activate_all(&chs[0], pop, "").await?;
+    set: F,
+) -> anyhow::Result<(Vec<Measured>, Vec<Measured>)>
+where
+    F: Fn(bool) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    set(false).await?;
     measured(server, chs, duration, pace, pop).await;
-    let (mut plain, mut filtered) = (Vec::new(), Vec::new());
-    for filter in ORDER {
-        activate_all(&chs[0], pop, if filter { TYPICAL } else { "" }).await?;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for second in ORDER {
+        set(second).await?;
         let m = measured(server, chs, duration, pace, pop).await;
-        if filter {
-            filtered.push(m);
+        if second {
+            b.push(m);
         } else {
-            plain.push(m);
+            a.push(m);
         }
     }
-    Ok((plain, filtered))
+    Ok((a, b))
 }

@@ -98,6 +98,21 @@ pub fn trigger(i: usize, pop: Population, load: Load) -> DeliverTriggerRequest {
     }
 }
 
+/// A google.protobuf.Struct as the JSON object it carries.
+pub fn json_of_struct(s: Struct) -> serde_json::Value {
+    fn json(v: Value) -> serde_json::Value {
+        match v.kind {
+            Some(Kind::NumberValue(n)) => serde_json::json!(n),
+            Some(Kind::StringValue(s)) => serde_json::Value::String(s),
+            Some(Kind::BoolValue(b)) => serde_json::Value::Bool(b),
+            Some(Kind::StructValue(s)) => json_of_struct(s),
+            Some(Kind::ListValue(l)) => l.values.into_iter().map(json).collect(),
+            Some(Kind::NullValue(_)) | None => serde_json::Value::Null,
+        }
+    }
+    s.fields.into_iter().map(|(k, v)| (k, json(v))).collect()
+}
+
 /// The same trigger in the no-op's message, so both calls weigh the same on the wire.
 fn noop(t: DeliverTriggerRequest) -> DeliverTriggerNoopRequest {
     DeliverTriggerNoopRequest {

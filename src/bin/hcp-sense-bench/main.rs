@@ -115,6 +115,10 @@ struct Options {
     /// with every activation filtered against unfiltered.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     filter: bool,
+    /// Measure a payload schema's cost: the decision's time (validation included) and the
+    /// recorded rate with a typical schema on the packs' ref against none.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    schema: bool,
     /// Measure fairness: a quiet pack's latency beside Health/Check while another pack floods
     /// with --flood-callers, the flood's rate alone and beside it, and ten packs flooding.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -248,6 +252,9 @@ async fn run(o: &Options) -> anyhow::Result<()> {
     if o.filter {
         filter_phase(o).await?;
     }
+    if o.schema {
+        schema_phase(o).await?;
+    }
     if o.watch {
         for kind in &o.stores {
             watch_phase(o, kind).await?;
@@ -365,9 +372,23 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     );
     // Quotas: what a refusal costs against a drop (the same callers, each sent again at once),
     // and a quota on the flooding pack held while it floods beside the quiet pack.
+    // Each with the CPU the server (and PostgreSQL) spent per answer: the cost on the service's
+    // side, apart from the client's, which shares these cores.
+    let pid = server.pid();
+    let costed = |m: fn(usize, usize, Population) -> pb::DeliverTriggerRequest| {
+        let chs = &chs;
+        async move {
+            let before = cpu::sample(pid);
+            let started = Instant::now();
+            let (per_sec, errors) = flood::answers(chs, d, c, m, pop).await;
+            let calls = (per_sec * started.elapsed().as_secs_f64()) as usize;
+            let cost = before.per_call(&cpu::sample(pid), calls);
+            (per_sec, errors, cost.server + cost.postgres)
+        }
+    };
     let drops = [
-        flood::answers(&chs, d, c, |w, n, p| flood::dropped(w, n, p, false), pop).await,
-        flood::answers(&chs, d, c, |w, n, p| flood::dropped(w, n, p, true), pop).await,
+        costed(|w, n, p| flood::dropped(w, n, p, false)).await,
+        costed(|w, n, p| flood::dropped(w, n, p, true)).await,
     ];
     let mut admin = pb::policy_service_client::PolicyServiceClient::new(chs[0].clone());
     let quota = |rate: f64, burst: u32| pb::PutQuotaRequest {
@@ -378,8 +399,8 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     };
     admin.put_quota(quota(0.001, 1)).await?;
     let refusals = [
-        flood::answers(&chs, d, c, |w, n, p| flood::of_pack_0(w, n, p, false), pop).await,
-        flood::answers(&chs, d, c, |w, n, p| flood::of_pack_0(w, n, p, true), pop).await,
+        costed(|w, n, p| flood::of_pack_0(w, n, p, false)).await,
+        costed(|w, n, p| flood::of_pack_0(w, n, p, true)).await,
     ];
     let limit = (rate(&alone) * 0.25).round().max(100.0);
     let before = server.scrape().await;
@@ -412,10 +433,13 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         .enumerate()
     {
         println!(
-            "{kind:<9} flood: {c} callers {what}: refused over quota {:.0}/s vs dropped {:.0}/s ({:.2}x); {} errors",
+            "{kind:<9} flood: {c} callers {what}: refused over quota {:.0}/s vs dropped {:.0}/s ({:.2}x); server CPU per refusal {:.1} µs vs per drop {:.1} µs ({:.2}x); {} errors",
             refusals[i].0,
             drops[i].0,
             refusals[i].0 / drops[i].0.max(1e-9),
+            refusals[i].2,
+            drops[i].2,
+            refusals[i].2 / drops[i].2.max(1e-9),
             refusals[i].1 + drops[i].1
         );
     }
@@ -433,6 +457,8 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         "store": kind, "phase": "flood", "callers": c,
         "dropped_per_sec": drops[0].0, "refused_per_sec": refusals[0].0,
         "dropped_with_ids_per_sec": drops[1].0, "refused_with_ids_per_sec": refusals[1].0,
+        "drop_server_cpu_us": drops[0].2, "refusal_server_cpu_us": refusals[0].2,
+        "drop_with_ids_server_cpu_us": drops[1].2, "refusal_with_ids_server_cpu_us": refusals[1].2,
         "drop_refuse_errors": drops[0].1 + drops[1].1 + refusals[0].1 + refusals[1].1,
         "quota_per_sec": limit, "quota_recorded_per_sec": held_rate,
         "quota_refused_per_sec": held.refused_per_sec,
@@ -456,6 +482,76 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
 /// phases with every activation unfiltered and filtered alternately (four of each), the
 /// recorded rate and the server's own decision time of each.
 async fn filter_phase(o: &Options) -> anyhow::Result<()> {
+    ab_phase(o, "filter", ("no filter", "filtered"), |chs, pop, on| {
+        let ch = chs[0].clone();
+        async move { filter::activate_all(&ch, pop, if on { filter::TYPICAL } else { "" }).await }
+    })
+    .await
+}
+
+/// The cost of a payload schema on one server: recorded phases with the packs' `issue.opened`
+/// declared without and with a typical schema (registered again before each), alternately.
+async fn schema_phase(o: &Options) -> anyhow::Result<()> {
+    let schema = seed::typical_schema();
+    // The check alone, in this process: the benchmark triggers' payload against the schema,
+    // with the validator and the options the server's payload schemas use (docs/manifest.md).
+    let compiled = jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft202012)
+        .with_pattern_options(jsonschema::PatternOptions::regex())
+        .should_validate_formats(false)
+        .build(&schema)
+        .map_err(|e| anyhow::anyhow!("the typical schema: {e}"))?;
+    let payload = match load::trigger(7, o.population(o.principals), Load::Recorded).payload_source
+    {
+        Some(pb::deliver_trigger_request::PayloadSource::Payload(s)) => load::json_of_struct(s),
+        _ => anyhow::bail!("the benchmark trigger has a payload"),
+    };
+    anyhow::ensure!(compiled.is_valid(&payload), "the payload keeps the schema");
+    const N: u32 = 200_000;
+    let started = Instant::now();
+    let mut failing = 0;
+    for _ in 0..N {
+        failing += usize::from(!compiled.is_valid(std::hint::black_box(&payload)));
+    }
+    let check_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(N);
+    // Cold: each check after the caches were filled with something else, as a check between
+    // other work meets its validator and payload.
+    const COLD: u32 = 2_000;
+    let mut other = vec![0u8; 32 << 20];
+    let mut cold = Duration::ZERO;
+    for n in 0..COLD {
+        for b in other.iter_mut().step_by(64) {
+            *b = b.wrapping_add(n as u8);
+        }
+        let at = Instant::now();
+        failing += usize::from(!compiled.is_valid(std::hint::black_box(&payload)));
+        cold += at.elapsed();
+    }
+    std::hint::black_box(&other);
+    let cold_us = cold.as_secs_f64() * 1e6 / f64::from(COLD);
+    println!("schema: one check of the benchmark payload against the typical schema {check_us:.3} us warm ({N} checks in this process), {cold_us:.3} us cold ({COLD} checks, each after 32 MiB written); {failing} failing");
+    result(
+        json!({ "phase": "schema check", "check_us": check_us, "cold_check_us": cold_us, "checks": N }),
+    );
+    ab_phase(o, "schema", ("no schema", "schema"), move |chs, pop, on| {
+        let (ch, schema) = (chs[0].clone(), schema.clone());
+        async move { seed::packs_with(&ch, pop, on.then_some(&schema)).await }
+    })
+    .await
+}
+
+/// Phases A and B alternating on each store, at full load and at a steady 1,000/s, `set`
+/// switching between them; the decision's time, the server's CPU per call and the rates.
+async fn ab_phase<F, Fut>(
+    o: &Options,
+    name: &str,
+    labels: (&str, &str),
+    set: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(Vec<Channel>, Population, bool) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
     let c = o.first();
     let mean = |ms: &[filter::Measured], f: fn(&filter::Measured) -> f64| {
         ms.iter().map(f).sum::<f64>() / ms.len().max(1) as f64
@@ -471,17 +567,20 @@ async fn filter_phase(o: &Options) -> anyhow::Result<()> {
             (filter::Pace::Open(1000.0), "1000/s".to_owned()),
         ] {
             let (plain, filtered) =
-                filter::recorded_rates(&server, &chs, o.duration(), pace, pop).await?;
+                filter::alternating(&server, &chs, o.duration(), pace, pop, |on| {
+                    set(chs.clone(), pop, on)
+                })
+                .await?;
             for (p, f) in plain.iter().zip(&filtered) {
                 row(
                     kind,
-                    &format!("recorded, {label}, no filter"),
+                    &format!("recorded, {label}, {}", labels.0),
                     &p.phase,
                     None,
                 );
                 row(
                     kind,
-                    &format!("recorded, {label}, filtered"),
+                    &format!("recorded, {label}, {}", labels.1),
                     &f.phase,
                     None,
                 );
@@ -498,15 +597,15 @@ async fn filter_phase(o: &Options) -> anyhow::Result<()> {
                 mean(&plain, |m| m.server_cpu_us),
                 mean(&filtered, |m| m.server_cpu_us),
             );
+            let (la, lb) = labels;
             println!(
-                "{kind:<9} filter `{}` at {label}: decision {da:.2} us unfiltered, {db_:.2} us filtered ({:+.2} us); server CPU per call {ca:.1} us unfiltered, {cb:.1} us filtered ({:+.1} us); recorded {a:.0}/s unfiltered, {b:.0}/s filtered: {:+.1}% (means of 4, A B B A B A A B)",
-                filter::TYPICAL,
+                "{kind:<9} {name} at {label}: decision {da:.2} us {la}, {db_:.2} us {lb} ({:+.2} us); server CPU per call {ca:.1} us {la}, {cb:.1} us {lb} ({:+.1} us); recorded {a:.0}/s {la}, {b:.0}/s {lb}: {:+.1}% (means of 4, A B B A B A A B)",
                 db_ - da,
                 cb - ca,
                 (b / a - 1.0) * 100.0
             );
             result(json!({
-                "store": kind, "phase": "filter", "load": label, "filter": filter::TYPICAL,
+                "store": kind, "phase": name, "load": label, "a": la, "b": lb,
                 "plain_decision_us": da, "filtered_decision_us": db_, "extra_decision_us": db_ - da,
                 "plain_server_cpu_us": ca, "filtered_server_cpu_us": cb,
                 "plain_per_s": a, "filtered_per_s": b, "change": b / a - 1.0,

@@ -112,11 +112,49 @@ impl Drop for BenchDb {
     }
 }
 
-/// The manifest of benchmark pack `k`: a user-bound pack declaring `issue.opened`.
-fn manifest(k: usize) -> String {
+/// A typical payload schema for the benchmark triggers' payload: 14 properties, two patterns
+/// and an enum, nested once.
+pub fn typical_schema() -> serde_json::Value {
+    let text = |n: u32| json!({ "type": "string", "maxLength": n });
+    json!({
+        "type": "object",
+        "required": ["issue", "title", "repository"],
+        "properties": {
+            "issue": { "type": "integer", "minimum": 0 },
+            "title": { "enum": ["benchmark", "triage", "ops", "security", "release"] },
+            "repository": {
+                "type": "object",
+                "required": ["private", "full_name"],
+                "properties": {
+                    "private": { "type": "boolean" },
+                    "full_name": { "type": "string", "pattern": "^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$" }
+                }
+            },
+            "state": { "enum": ["open", "closed"] },
+            "labels": { "type": "array", "items": text(64), "maxItems": 32 },
+            "assignee": { "type": ["string", "null"], "maxLength": 128 },
+            "url": text(2048),
+            "body": text(65536),
+            "milestone": text(128),
+            "author": { "type": "string", "pattern": "^[A-Za-z0-9-]{1,39}$" },
+            "comments": { "type": "integer", "minimum": 0 },
+            "locked": { "type": "boolean" },
+            "created_at": { "type": "string", "format": "date-time" },
+            "updated_at": { "type": "string", "format": "date-time" }
+        }
+    })
+}
+
+/// The manifest of benchmark pack `k`: a user-bound pack declaring `issue.opened`, with
+/// `schema` as its payload schema when given.
+fn manifest_with(k: usize, schema: Option<&serde_json::Value>) -> String {
+    let mut opened = json!({ "ref": "issue.opened" });
+    if let Some(s) = schema {
+        opened["payloadSchema"] = s.clone();
+    }
     json!({
         "id": format!("pack-{k}"),
-        "stimulusTriggers": [{ "ref": "issue.opened" }, { "ref": "binding.degraded" }],
+        "stimulusTriggers": [opened, { "ref": "binding.degraded" }],
         "policy": { "stimuli": [
             { "ref": "issue.opened", "operation": "read", "land": "user" },
             { "ref": "binding.degraded", "operation": "read", "land": "user" }
@@ -128,11 +166,23 @@ fn manifest(k: usize) -> String {
 
 /// RegisterPack for every pack of the population.
 pub async fn packs(ch: &Channel, pop: Population) -> anyhow::Result<()> {
+    packs_with(ch, pop, None).await
+}
+
+/// RegisterPack for every pack of the population, with `schema` on `issue.opened` when given
+/// (registered again: the same packs, a new version).
+pub async fn packs_with(
+    ch: &Channel,
+    pop: Population,
+    schema: Option<&serde_json::Value>,
+) -> anyhow::Result<()> {
     let mut client = PackServiceClient::new(ch.clone());
     for k in 0..pop.packs.max(1) {
         client
             .register_pack(RegisterPackRequest {
-                source: Some(register_pack_request::Source::ManifestText(manifest(k))),
+                source: Some(register_pack_request::Source::ManifestText(manifest_with(
+                    k, schema,
+                ))),
             })
             .await?;
     }

@@ -2,6 +2,7 @@
 use serde_json::Value;
 
 mod lint;
+pub mod schema;
 pub use lint::lint;
 
 /// The ref of the trigger that reports Binding health (§7.7).
@@ -38,6 +39,9 @@ str_enum!(TriggerSource { Push = "push", Poll = "poll", Timer = "timer", Monitor
 pub struct DeclaredTrigger {
     pub r#ref: String,
     pub source: TriggerSource,
+    pub description: Option<String>,
+    /// The payload's JSON Schema 2020-12 as declared, once it passed its bounds (`schema`).
+    pub payload_schema: Option<Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,8 @@ use serde_json::{Map, Value};
 
 use super::Linter;
 use crate::domain::names::check_ref;
-use crate::domain::pack::{DeclaredTrigger, TriggerSource};
+use crate::domain::pack::schema::PayloadSchema;
+use crate::domain::pack::{DeclaredTrigger, TriggerSource, BINDING_DEGRADED};
 
 /// The declared triggers, the field of each one's ref, and every valid ref declared.
 pub(super) struct Declared {
@@ -85,8 +86,12 @@ pub(super) fn declared(l: &mut Linter, obj: &Map<String, Value>) -> Declared {
                 }
             },
         };
+        let description = l
+            .opt_str(t, "description", &format!("{path}.description"))
+            .map(str::to_owned);
+        let payload_schema = payload_schema(l, t, &path, &r);
         for key in t.keys() {
-            if key != "ref" && key != "source" && key != "description" {
+            if !["ref", "source", "description", "payloadSchema"].contains(&key.as_str()) {
                 l.warn(
                     "s7_1_1",
                     format!("{path}.{key}"),
@@ -95,12 +100,45 @@ pub(super) fn declared(l: &mut Linter, obj: &Map<String, Value>) -> Declared {
             }
         }
         trigger_fields.push(ref_path);
-        triggers.push(DeclaredTrigger { r#ref: r, source });
+        triggers.push(DeclaredTrigger {
+            r#ref: r,
+            source,
+            description,
+            payload_schema,
+        });
     }
 
     Declared {
         triggers,
         fields: trigger_fields,
         seen,
+    }
+}
+
+/// A trigger's `payloadSchema`, when it keeps every bound and compiles; each error names the
+/// trigger and the JSON pointer in the schema (`stimulusTriggers[0].payloadSchema/properties/a`).
+fn payload_schema(l: &mut Linter, t: &Map<String, Value>, path: &str, r: &str) -> Option<Value> {
+    let field = format!("{path}.payloadSchema");
+    let schema = t.get("payloadSchema").filter(|v| !v.is_null())?;
+    if r == BINDING_DEGRADED {
+        l.warn(
+            "s7_7_2",
+            field,
+            "the payload schema of `binding.degraded` is the hub's own (a `state` of linked, stale, needs_reauth, pending or error); this one is ignored",
+        );
+        return None;
+    }
+    match PayloadSchema::compile(schema) {
+        Ok(_) => Some(schema.clone()),
+        Err(errors) => {
+            for e in errors {
+                l.error(
+                    "s7_1_1",
+                    format!("{field}{}", e.pointer),
+                    format!("payload schema of `{r}`: {}", e.message),
+                );
+            }
+            None
+        }
     }
 }

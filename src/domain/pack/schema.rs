@@ -1,0 +1,810 @@
+//! Payload schemas of declared triggers (JSON Schema 2020-12): the bounds a schema must keep to be registered, and the check of a payload against its ref's schema.
+//!
+//! A schema is pack input, so nothing in it may make validation slow: patterns run on the
+//! `regex` crate (no backtracking; lookaround and backreferences do not compile), every `$ref`
+//! stays within the document (nothing is fetched), and the work a schema can ask for at one
+//! node of a payload is bounded before it is accepted (`cost`). Validation work is then at most
+//! that bound per node, and a payload has no more nodes than bytes.
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use jsonschema::{Draft, PatternOptions, Validator};
+use serde_json::{json, Map, Value};
+
+use super::BINDING_DEGRADED;
+
+/// Most bytes of a schema's JSON text.
+pub const MAX_SCHEMA_BYTES: usize = 32 * 1024;
+/// Deepest a schema's JSON may nest.
+pub const MAX_SCHEMA_DEPTH: usize = 32;
+/// Most subschemas in one schema.
+pub const MAX_SUBSCHEMAS: usize = 512;
+/// Most values in all of a schema's `enum`s together.
+pub const MAX_ENUM_VALUES: usize = 1_024;
+/// Most bytes of one `pattern` (or `patternProperties` key).
+pub const MAX_PATTERN_BYTES: usize = 512;
+/// The compiled size a pattern may reach (the `regex` crate's size limit).
+pub const PATTERN_SIZE_LIMIT: usize = 256 * 1024;
+/// Most units of work a schema may ask for at one node of a payload: one per subschema
+/// applied there, one per `enum` value compared, four per pattern matched.
+pub const MAX_COST_PER_NODE: u64 = 4_096;
+/// How deep a payload the cost is reckoned for: the most nesting the service accepts.
+pub const COST_DEPTH: usize = 64;
+/// Most violations reported for one payload.
+pub const MAX_VIOLATIONS: usize = 8;
+
+/// The dialect every payload schema is read as.
+pub const DIALECT: &str = "https://json-schema.org/draft/2020-12/schema";
+
+/// The hub's own payload schema of `binding.degraded` (s7_7_2), whatever a pack declares.
+pub fn binding_degraded_schema() -> Value {
+    let states = ["linked", "stale", "needs_reauth", "pending", "error"];
+    json!({
+        "$schema": DIALECT,
+        "type": "object",
+        "required": ["state"],
+        "properties": {
+            "state": { "enum": states },
+            "previous_state": { "enum": states },
+            "binding_id": { "type": "string" },
+            "deleted": { "type": "boolean" }
+        }
+    })
+}
+
+/// One thing wrong with a schema: the JSON pointer in the schema and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaError {
+    pub pointer: String,
+    pub message: String,
+}
+
+fn err(pointer: &str, message: impl Into<String>) -> SchemaError {
+    SchemaError {
+        pointer: pointer.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// One way a payload fails its schema: the instance's JSON pointer, the failing keyword, and
+/// the validator's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadViolation {
+    pub pointer: String,
+    pub keyword: String,
+    pub message: String,
+}
+
+/// A schema that passed its bounds, compiled.
+pub struct PayloadSchema {
+    /// The schema as declared.
+    pub raw: Value,
+    validator: Validator,
+}
+
+impl std::fmt::Debug for PayloadSchema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PayloadSchema")
+            .field("raw", &self.raw)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for PayloadSchema {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+
+impl Eq for PayloadSchema {}
+
+impl PayloadSchema {
+    /// Checks the bounds, then compiles; every error found, with its pointer in the schema.
+    pub fn compile(raw: &Value) -> Result<PayloadSchema, Vec<SchemaError>> {
+        bounded(raw)?;
+        let validator = jsonschema::options()
+            .with_draft(Draft::Draft202012)
+            .with_pattern_options(
+                PatternOptions::regex()
+                    .size_limit(PATTERN_SIZE_LIMIT)
+                    .dfa_size_limit(PATTERN_SIZE_LIMIT),
+            )
+            .should_validate_formats(false)
+            .build(raw)
+            .map_err(|e| {
+                vec![err(
+                    &e.instance_path().to_string(),
+                    format!("is not a valid JSON Schema 2020-12: {e}"),
+                )]
+            })?;
+        Ok(PayloadSchema {
+            raw: raw.clone(),
+            validator,
+        })
+    }
+
+    /// The ways `payload` fails this schema (at most MAX_VIOLATIONS); empty when it conforms.
+    pub fn check(&self, payload: &Value) -> Vec<PayloadViolation> {
+        if self.validator.is_valid(payload) {
+            return Vec::new();
+        }
+        self.validator
+            .iter_errors(payload)
+            .take(MAX_VIOLATIONS)
+            .map(|e| PayloadViolation {
+                pointer: e.instance_path().to_string(),
+                keyword: e.kind().keyword().to_owned(),
+                message: e.to_string(),
+            })
+            .collect()
+    }
+}
+
+/// What a pack declares of one ref beyond its name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TriggerType {
+    pub description: Option<String>,
+    pub schema: Option<Arc<PayloadSchema>>,
+}
+
+/// A pack's declared refs with their descriptions and compiled schemas: compiled once per
+/// pack version and shared by every decision on it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Catalog {
+    types: HashMap<String, TriggerType>,
+}
+
+impl Catalog {
+    /// The catalog of a manifest's `stimulusTriggers`. A schema that does not compile (one
+    /// registered before a bound was added) leaves its ref unchecked; lint refuses it on the
+    /// next registration. `binding.degraded` always has the hub's schema.
+    pub fn of_manifest(raw: &Value) -> Catalog {
+        let mut types = HashMap::new();
+        let declared = raw
+            .get("stimulusTriggers")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for t in declared {
+            let Some(r) = t.get("ref").and_then(Value::as_str) else {
+                continue;
+            };
+            let description = t
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let schema = if r == BINDING_DEGRADED {
+                PayloadSchema::compile(&binding_degraded_schema()).ok()
+            } else {
+                t.get("payloadSchema")
+                    .and_then(|s| PayloadSchema::compile(s).ok())
+            };
+            types.insert(
+                r.to_owned(),
+                TriggerType {
+                    description,
+                    schema: schema.map(Arc::new),
+                },
+            );
+        }
+        Catalog { types }
+    }
+
+    /// The declared refs, in no order.
+    pub fn refs(&self) -> impl Iterator<Item = &str> {
+        self.types.keys().map(String::as_str)
+    }
+
+    pub fn get(&self, r#ref: &str) -> Option<&TriggerType> {
+        self.types.get(r#ref)
+    }
+
+    /// The ways `payload` fails the schema of `ref`; empty when it conforms or has none.
+    pub fn check(&self, r#ref: &str, payload: &Value) -> Vec<PayloadViolation> {
+        match self.types.get(r#ref).and_then(|t| t.schema.as_ref()) {
+            Some(s) => s.check(payload),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// The keywords whose value is one subschema applied to the same instance.
+const IN_PLACE_ONE: &[&str] = &["not", "if", "then", "else"];
+/// ... an array of subschemas applied to the same instance.
+const IN_PLACE_MANY: &[&str] = &["allOf", "anyOf", "oneOf"];
+/// ... an object of subschemas applied to the same instance.
+const IN_PLACE_MAP: &[&str] = &["dependentSchemas"];
+/// ... one subschema applied to every child (or key) of the instance.
+const CHILD_ONE: &[&str] = &[
+    "items",
+    "contains",
+    "additionalProperties",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+];
+/// ... subschemas each applied to one child: at most one of them meets a given child.
+const CHILD_EACH: &[&str] = &["properties", "prefixItems"];
+/// ... subschemas applied to every child whose key matches: each may meet a given child.
+const CHILD_MATCHING: &[&str] = &["patternProperties"];
+/// ... subschemas kept for `$ref`, applied nowhere by themselves.
+const DEFS: &[&str] = &["$defs", "definitions"];
+/// Keywords refused: they resolve by the evaluation's path or change the base URI, so the
+/// bound could not be reckoned from the document alone.
+const REFUSED: &[&str] = &[
+    "$dynamicRef",
+    "$dynamicAnchor",
+    "$recursiveRef",
+    "$recursiveAnchor",
+];
+
+/// One subschema found in the walk.
+struct Node {
+    pointer: String,
+    /// Own work at an instance: one, the `enum`'s values, the pattern.
+    weight: u64,
+    /// Subschemas applied to the same instance (including `$ref` targets, resolved later).
+    in_place: Vec<usize>,
+    refs: Vec<(String, String)>,
+    /// Subschemas applied to any child, and groups of which at most one applies to a child.
+    child_all: Vec<usize>,
+    child_one_of: Vec<Vec<usize>>,
+}
+
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+struct Walk {
+    nodes: Vec<Node>,
+    by_pointer: HashMap<String, usize>,
+    anchors: HashMap<String, usize>,
+    errors: Vec<SchemaError>,
+    enum_values: usize,
+}
+
+impl Walk {
+    fn node(&mut self, value: &Value, pointer: String) -> usize {
+        let at = self.nodes.len();
+        self.by_pointer.insert(pointer.clone(), at);
+        self.nodes.push(Node {
+            pointer: pointer.clone(),
+            weight: 1,
+            in_place: Vec::new(),
+            refs: Vec::new(),
+            child_all: Vec::new(),
+            child_one_of: Vec::new(),
+        });
+        if self.nodes.len() > MAX_SUBSCHEMAS {
+            return at;
+        }
+        let Value::Object(o) = value else {
+            if !value.is_boolean() {
+                self.errors
+                    .push(err(&pointer, "a schema must be an object or a boolean"));
+            }
+            return at;
+        };
+        self.keywords(at, o, &pointer);
+        at
+    }
+
+    fn keywords(&mut self, at: usize, o: &Map<String, Value>, pointer: &str) {
+        for (k, v) in o {
+            let here = format!("{pointer}/{}", escape(k));
+            let k = k.as_str();
+            if REFUSED.contains(&k) {
+                self.errors.push(err(
+                    &here,
+                    format!(
+                        "`{k}` is not supported in payload schemas; use `$ref` within the document"
+                    ),
+                ));
+            } else if k == "$id" && !pointer.is_empty() {
+                self.errors.push(err(
+                    &here,
+                    "`$id` is allowed only at the schema's root: a nested `$id` changes what `$ref` resolves against",
+                ));
+            } else if k == "$schema" {
+                if v.as_str() != Some(DIALECT) {
+                    self.errors.push(err(
+                        &here,
+                        format!("payload schemas are JSON Schema 2020-12: `$schema` must be `{DIALECT}` or absent"),
+                    ));
+                }
+            } else if k == "$anchor" {
+                if let Some(a) = v.as_str() {
+                    self.anchors.insert(a.to_owned(), at);
+                }
+            } else if k == "$ref" {
+                match v.as_str() {
+                    Some(r) if r.starts_with('#') => {
+                        self.nodes[at].refs.push((r.to_owned(), here));
+                    }
+                    _ => self.errors.push(err(
+                        &here,
+                        "`$ref` must point within this schema (`#`, `#/…` or `#anchor`): nothing is fetched",
+                    )),
+                }
+            } else if k == "enum" {
+                let n = v.as_array().map_or(0, Vec::len);
+                self.enum_values += n;
+                self.nodes[at].weight += n as u64;
+            } else if k == "pattern" {
+                self.pattern(at, v.as_str().unwrap_or_default(), &here);
+            } else if IN_PLACE_ONE.contains(&k) {
+                let c = self.node(v, here);
+                self.nodes[at].in_place.push(c);
+            } else if IN_PLACE_MANY.contains(&k) {
+                for (i, s) in v.as_array().into_iter().flatten().enumerate() {
+                    let c = self.node(s, format!("{here}/{i}"));
+                    self.nodes[at].in_place.push(c);
+                }
+            } else if IN_PLACE_MAP.contains(&k) {
+                for (name, s) in v.as_object().into_iter().flatten() {
+                    let c = self.node(s, format!("{here}/{}", escape(name)));
+                    self.nodes[at].in_place.push(c);
+                }
+            } else if CHILD_ONE.contains(&k) {
+                let c = self.node(v, here);
+                self.nodes[at].child_all.push(c);
+            } else if CHILD_EACH.contains(&k) {
+                let group: Vec<usize> = match v {
+                    Value::Object(m) => m
+                        .iter()
+                        .map(|(name, s)| self.node(s, format!("{here}/{}", escape(name))))
+                        .collect(),
+                    Value::Array(a) => a
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| self.node(s, format!("{here}/{i}")))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                self.nodes[at].child_one_of.push(group);
+            } else if CHILD_MATCHING.contains(&k) {
+                for (p, s) in v.as_object().into_iter().flatten() {
+                    let pointer = format!("{here}/{}", escape(p));
+                    self.pattern(at, p, &pointer);
+                    let c = self.node(s, pointer);
+                    self.nodes[at].child_all.push(c);
+                }
+            } else if DEFS.contains(&k) {
+                for (name, s) in v.as_object().into_iter().flatten() {
+                    self.node(s, format!("{here}/{}", escape(name)));
+                }
+            }
+        }
+    }
+
+    /// A pattern must compile on the `regex` crate within its size limit: linear-time matching.
+    fn pattern(&mut self, at: usize, p: &str, pointer: &str) {
+        self.nodes[at].weight += 4;
+        if p.len() > MAX_PATTERN_BYTES {
+            self.errors.push(err(
+                pointer,
+                format!(
+                    "a pattern may be at most {MAX_PATTERN_BYTES} bytes, not {}",
+                    p.len()
+                ),
+            ));
+            return;
+        }
+        if let Err(e) = regex::RegexBuilder::new(p)
+            .size_limit(PATTERN_SIZE_LIMIT)
+            .dfa_size_limit(PATTERN_SIZE_LIMIT)
+            .build()
+        {
+            let why = match e {
+                regex::Error::CompiledTooBig(_) => format!(
+                    "pattern `{p}` compiles larger than {PATTERN_SIZE_LIMIT} bytes"
+                ),
+                _ => format!("pattern `{p}` must be a regular expression without lookaround or backreferences (patterns run in linear time): {e}"),
+            };
+            self.errors.push(err(pointer, why));
+        }
+    }
+
+    /// The subschema a `$ref` names, if it is one.
+    fn resolve(&self, r: &str) -> Option<usize> {
+        let frag = &r[1..];
+        if frag.is_empty() {
+            return Some(0);
+        }
+        if let Some(p) = frag.strip_prefix('/') {
+            let decoded = percent_decode(p)?;
+            return self.by_pointer.get(&format!("/{decoded}")).copied();
+        }
+        self.anchors.get(frag).copied()
+    }
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn json_depth(v: &Value) -> usize {
+    match v {
+        Value::Array(a) => 1 + a.iter().map(json_depth).max().unwrap_or(0),
+        Value::Object(o) => 1 + o.values().map(json_depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The most work `raw` can ask for at one node of a payload nested at most COST_DEPTH deep,
+/// or the errors that keep it from being reckoned.
+pub fn cost(raw: &Value) -> Result<u64, Vec<SchemaError>> {
+    let mut w = Walk {
+        nodes: Vec::new(),
+        by_pointer: HashMap::new(),
+        anchors: HashMap::new(),
+        errors: Vec::new(),
+        enum_values: 0,
+    };
+    w.node(raw, String::new());
+    if w.nodes.len() > MAX_SUBSCHEMAS {
+        return Err(vec![err(
+            "",
+            format!("a payload schema may hold at most {MAX_SUBSCHEMAS} subschemas"),
+        )]);
+    }
+    if w.enum_values > MAX_ENUM_VALUES {
+        w.errors.push(err(
+            "",
+            format!(
+                "a payload schema's enums may hold at most {MAX_ENUM_VALUES} values in all, not {}",
+                w.enum_values
+            ),
+        ));
+    }
+    for at in 0..w.nodes.len() {
+        let refs = std::mem::take(&mut w.nodes[at].refs);
+        for (r, pointer) in refs {
+            match w.resolve(&r) {
+                Some(t) => w.nodes[at].in_place.push(t),
+                None => w.errors.push(err(
+                    &pointer,
+                    format!("`$ref` `{r}` names no subschema of this schema"),
+                )),
+            }
+        }
+    }
+    if !w.errors.is_empty() {
+        return Err(w.errors);
+    }
+    // Subschemas applied to one instance must not lead back to themselves without descending
+    // into the payload: that evaluation would never end.
+    let order = in_place_order(&w.nodes)?;
+    // at[k][n]: the work of node n's applications at an instance k levels below where n is
+    // applied, worst case over which child. Children are reckoned before parents (`order`).
+    let n = w.nodes.len();
+    let mut worst = 0u64;
+    let mut below = vec![0u64; n];
+    for k in 0..=COST_DEPTH {
+        let mut here = vec![0u64; n];
+        for &i in &order {
+            let node = &w.nodes[i];
+            let mut c: u64 = if k == 0 { node.weight } else { 0 };
+            for &t in &node.in_place {
+                c = c.saturating_add(here[t]);
+            }
+            if k > 0 {
+                for &t in &node.child_all {
+                    c = c.saturating_add(below[t]);
+                }
+                for group in &node.child_one_of {
+                    c = c.saturating_add(group.iter().map(|&t| below[t]).max().unwrap_or(0));
+                }
+            }
+            here[i] = c;
+        }
+        worst = worst.max(here[0]);
+        if worst > MAX_COST_PER_NODE {
+            break;
+        }
+        below = here;
+    }
+    Ok(worst)
+}
+
+/// Nodes ordered so that every in-place target comes before what applies it; an in-place
+/// cycle is an error at the `$ref` (or applicator) that closes it.
+fn in_place_order(nodes: &[Node]) -> Result<Vec<usize>, Vec<SchemaError>> {
+    // 0: not seen, 1: on the path, 2: done. Iterative, so a long chain cannot overflow.
+    let mut state = vec![0u8; nodes.len()];
+    let mut order = Vec::with_capacity(nodes.len());
+    for start in 0..nodes.len() {
+        if state[start] != 0 {
+            continue;
+        }
+        let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
+        state[start] = 1;
+        while let Some(&mut (i, ref mut next)) = stack.last_mut() {
+            if let Some(&t) = nodes[i].in_place.get(*next) {
+                *next += 1;
+                match state[t] {
+                    0 => {
+                        state[t] = 1;
+                        stack.push((t, 0));
+                    }
+                    1 => {
+                        return Err(vec![err(
+                            &nodes[i].pointer,
+                            format!(
+                                "applies `{}` to the same payload value it is applied to, through a cycle that never descends into the payload",
+                                if nodes[t].pointer.is_empty() { "#" } else { &nodes[t].pointer }
+                            ),
+                        )])
+                    }
+                    _ => {}
+                }
+            } else {
+                state[i] = 2;
+                order.push(i);
+                stack.pop();
+            }
+        }
+    }
+    Ok(order)
+}
+
+/// Every bound a payload schema must keep, checked before it is compiled.
+pub fn bounded(raw: &Value) -> Result<(), Vec<SchemaError>> {
+    let size = serde_json::to_vec(raw).map_or(usize::MAX, |b| b.len());
+    if size > MAX_SCHEMA_BYTES {
+        return Err(vec![err(
+            "",
+            format!("a payload schema may be at most {MAX_SCHEMA_BYTES} bytes of JSON, not {size}"),
+        )]);
+    }
+    if json_depth(raw) > MAX_SCHEMA_DEPTH {
+        return Err(vec![err(
+            "",
+            format!("a payload schema may nest at most {MAX_SCHEMA_DEPTH} levels"),
+        )]);
+    }
+    if !raw.is_object() {
+        return Err(vec![err("", "a payload schema must be a JSON object")]);
+    }
+    let c = cost(raw)?;
+    if c > MAX_COST_PER_NODE {
+        return Err(vec![err(
+            "",
+            format!("validating one payload value against this schema could take more than {MAX_COST_PER_NODE} steps (subschemas applied, enum values compared, patterns matched) at some depth up to {COST_DEPTH}: simplify it"),
+        )]);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(schema: Value) -> Vec<SchemaError> {
+        match PayloadSchema::compile(&schema) {
+            Ok(_) => panic!("accepted: {schema}"),
+            Err(e) => e,
+        }
+    }
+
+    fn tracker() -> Value {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/tracker.pack.yaml"
+        ))
+        .expect("example");
+        let m = crate::domain::pack::parse_manifest_text(&text).expect("parses");
+        m["stimulusTriggers"][0]["payloadSchema"].clone()
+    }
+
+    #[test]
+    fn a_typical_schema_compiles_and_names_what_a_payload_breaks() {
+        let s = PayloadSchema::compile(&tracker()).expect("compiles");
+        let ok = json!({"key": "OPS-12", "title": "t", "priority": "high", "reporter": "ann",
+            "labels": ["a"], "links": [{"kind": "blocks", "key": "OPS-1"}]});
+        assert!(s.check(&ok).is_empty());
+        let bad = json!({"key": "ops-12", "title": "t", "priority": "urgent", "reporter": "ann",
+            "labels": ["a", 5], "links": [{"kind": "blocks", "key": "x"}], "extra": 1});
+        let mut got: Vec<(String, String)> = s
+            .check(&bad)
+            .into_iter()
+            .map(|v| (v.pointer, v.keyword))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("".to_owned(), "additionalProperties".to_owned()),
+                ("/key".into(), "pattern".into()),
+                ("/labels/1".into(), "type".into()),
+                ("/links/0/key".into(), "pattern".into()),
+                ("/priority".into(), "enum".into()),
+            ]
+        );
+        assert!(cost(&tracker()).expect("cost") <= MAX_COST_PER_NODE);
+    }
+
+    #[test]
+    fn patterns_run_without_backtracking_and_those_that_need_it_are_refused() {
+        // Catastrophic for a backtracking engine; linear on this one, so it is accepted.
+        let s = PayloadSchema::compile(&json!({"properties": {"a": {"pattern": "^(a+)+$"}}}))
+            .expect("accepted");
+        let evil = format!("{}!", "a".repeat(50_000));
+        assert_eq!(s.check(&json!({ "a": evil }))[0].keyword, "pattern");
+        for (p, at) in [
+            (
+                json!({"properties": {"a": {"pattern": "^(a+)\\1$"}}}),
+                "/properties/a/pattern",
+            ),
+            (
+                json!({"properties": {"a": {"pattern": "(?=a)a"}}}),
+                "/properties/a/pattern",
+            ),
+            (
+                json!({"patternProperties": {"(?<!x)y": true}}),
+                "/patternProperties/(?<!x)y",
+            ),
+            (json!({"pattern": "a{1000}{1000}"}), "/pattern"),
+            (
+                json!({"pattern": "a".repeat(MAX_PATTERN_BYTES + 1)}),
+                "/pattern",
+            ),
+        ] {
+            let e = refused(p.clone());
+            assert_eq!(e[0].pointer, at, "{p}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn refs_stay_in_the_document_and_never_cycle_in_place() {
+        for (s, at) in [
+            (json!({"$ref": "https://example.com/s.json"}), "/$ref"),
+            (json!({"$ref": "s.json"}), "/$ref"),
+            (json!({"$ref": "#/$defs/missing"}), "/$ref"),
+            (
+                json!({"$defs": {"a": {"$dynamicAnchor": "a"}}}),
+                "/$defs/a/$dynamicAnchor",
+            ),
+            (
+                json!({"items": {"$dynamicRef": "#a"}}),
+                "/items/$dynamicRef",
+            ),
+            (
+                json!({"properties": {"a": {"$id": "https://x/y"}}}),
+                "/properties/a/$id",
+            ),
+            (
+                json!({"$schema": "http://json-schema.org/draft-07/schema#"}),
+                "/$schema",
+            ),
+        ] {
+            assert_eq!(refused(s.clone())[0].pointer, at, "{s}");
+        }
+        // In place, to the same value: evaluation would never end.
+        refused(json!({"$ref": "#"}));
+        refused(json!({"$ref": "#/$defs/a", "$defs": {
+            "a": {"allOf": [{"$ref": "#/$defs/b"}]}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}}}));
+        refused(json!({"$defs": {"a": {"$anchor": "top", "not": {"$ref": "#top"}}}}));
+        // Descending into the payload at each turn: a tree, accepted.
+        let tree = json!({"type": "object", "properties": {
+            "name": {"type": "string"},
+            "children": {"type": "array", "items": {"$ref": "#"}}}});
+        let s = PayloadSchema::compile(&tree).expect("a recursive tree");
+        assert!(s
+            .check(&json!({"children": [{"children": [{"name": "x"}]}]}))
+            .is_empty());
+        assert_eq!(
+            s.check(&json!({"children": [{"children": [{"name": 1}]}]}))[0].pointer,
+            "/children/0/children/0/name"
+        );
+    }
+
+    #[test]
+    fn a_schema_whose_work_multiplies_with_depth_is_refused() {
+        // Two branches, each applying the whole schema to every child: 2^depth applications.
+        let e = refused(json!({"anyOf": [
+            {"items": {"$ref": "#"}}, {"items": {"$ref": "#"}}]}));
+        assert!(e[0].message.contains("steps"), "{e:?}");
+        // One branch: the same work at every depth, accepted.
+        PayloadSchema::compile(&json!({"anyOf": [{"items": {"$ref": "#"}}, {"type": "string"}]}))
+            .expect("linear");
+        // Wide in place: 600 subschemas.
+        let wide: Vec<Value> = (0..600).map(|i| json!({"minimum": i})).collect();
+        assert!(refused(json!({ "allOf": wide }))[0]
+            .message
+            .contains("subschemas"));
+        // Nested allOf deeper than the schema may nest.
+        let mut deep = json!({"type": "string"});
+        for _ in 0..40 {
+            deep = json!({ "allOf": [deep] });
+        }
+        assert!(refused(deep)[0].message.contains("nest"));
+    }
+
+    #[test]
+    fn enums_and_size_are_bounded_at_their_limit() {
+        let values = |n: usize| (0..n).map(|i| json!(i)).collect::<Vec<_>>();
+        PayloadSchema::compile(&json!({ "enum": values(MAX_ENUM_VALUES) })).expect("n accepted");
+        let e = refused(json!({ "enum": values(MAX_ENUM_VALUES + 1) }));
+        assert!(e[0].message.contains("enums"), "{e:?}");
+        let padding = "x".repeat(MAX_SCHEMA_BYTES);
+        assert!(refused(json!({ "description": padding }))[0]
+            .message
+            .contains("bytes"));
+        assert!(refused(json!(true))[0].message.contains("object"));
+    }
+
+    #[test]
+    fn a_schema_that_is_not_json_schema_is_refused_where_it_is_wrong() {
+        let e = refused(json!({"properties": {"a": {"type": "strin"}}}));
+        assert!(e[0].pointer.starts_with("/properties/a"), "{e:?}");
+        assert!(e[0].message.contains("JSON Schema"), "{e:?}");
+    }
+
+    #[test]
+    fn s7_7_2_binding_degraded_has_the_hubs_schema_whatever_the_pack_says() {
+        let manifest = json!({"stimulusTriggers": [{"ref": "binding.degraded",
+            "payloadSchema": {"type": "object", "properties": {"state": {"type": "integer"}}}}]});
+        let c = Catalog::of_manifest(&manifest);
+        let raw = &c
+            .get(BINDING_DEGRADED)
+            .and_then(|t| t.schema.as_ref())
+            .expect("schema")
+            .raw;
+        assert_eq!(*raw, binding_degraded_schema());
+        assert!(c
+            .check(BINDING_DEGRADED, &json!({"state": "stale"}))
+            .is_empty());
+        assert_eq!(
+            c.check(BINDING_DEGRADED, &json!({"state": 3}))[0].pointer,
+            "/state"
+        );
+        assert_eq!(c.check(BINDING_DEGRADED, &json!({}))[0].keyword, "required");
+    }
+
+    #[test]
+    fn lint_names_the_trigger_and_the_pointer_in_its_schema() {
+        let mut m = crate::domain::pack::parse_manifest_text(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/examples/tracker.pack.yaml"
+            ))
+            .expect("example"),
+        )
+        .expect("parses");
+        assert!(crate::domain::pack::lint(&m).is_valid());
+        m["stimulusTriggers"][0]["payloadSchema"]["properties"]["key"]["pattern"] = json!("(?=A)A");
+        let report = crate::domain::pack::lint(&m);
+        let e: Vec<_> = report.errors().collect();
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(
+            e[0].field,
+            "stimulusTriggers[0].payloadSchema/properties/key/pattern"
+        );
+        assert!(
+            e[0].message
+                .starts_with("payload schema of `ticket.created`"),
+            "{}",
+            e[0].message
+        );
+        let declared = crate::domain::pack::lint(&json!({"id": "p", "kind": "sense_only",
+            "stimulusTriggers": [{"ref": "binding.degraded", "payloadSchema": {"type": "object"}}],
+            "binding": {"mode": "public", "hub": "none"}}));
+        assert!(declared
+            .warnings()
+            .any(|w| w.field == "stimulusTriggers[0].payloadSchema"));
+    }
+}
