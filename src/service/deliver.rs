@@ -109,11 +109,11 @@ pub(super) fn conforms(
 /// `conforms` for a validated trigger, whose payload is lent to the validator as a JSON value
 /// and given back (no copy).
 fn conforms_trigger(view: &PolicyView, t: &mut Trigger) -> Result<()> {
-    let has_schema = view
+    // A ref without a schema leaves the payload untouched.
+    if !view
         .pack(&t.pack_id)
-        .and_then(|p| p.catalog.get(&t.r#ref))
-        .is_some_and(|c| c.schema.is_some());
-    if !has_schema {
+        .is_some_and(|p| p.catalog.has_schema(&t.r#ref))
+    {
         return Ok(());
     }
     let payload = Value::Object(std::mem::take(&mut t.payload));

@@ -1,9 +1,9 @@
 //! Quotas: admin writes of them, and admission — before a delivery is decided it takes a token from its principal's quota and its pack's; over either it is refused with the time to retry, neither decided nor recorded.
 //!
-//! On PostgreSQL each quota's bucket is the fleet's, kept in its row: a replica leases a
-//! twentieth of a second's tokens at a time (`Rule::lease`) and spends them locally, so every
-//! replica together admits no more than the bucket allows, give or take the tokens leased and
-//! not yet spent (at most one lease per replica, and only for a second). On SQLite one process
+//! On PostgreSQL each quota's bucket is the fleet's, kept in its row: a replica leases at least
+//! a twentieth of a second's tokens (`Rule::lease`), and whatever else the bucket holds, and
+//! spends them locally, so every replica together admits no more than the bucket allows, give
+//! or take the tokens leased and not yet spent (at most a burst per replica, for a second). On SQLite one process
 //! serves the store and the bucket is kept in memory.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -207,12 +207,15 @@ impl Service {
             return done;
         }
         let want = (n - lane.state().leased).max(rule.lease());
-        // Bounded: the lane's callers wait behind this lease, and a store gone silent must
-        // not hold them past their deadline.
+        // At least `want`, and whatever else the bucket holds up to its burst: a lease under
+        // load takes a while, the bucket fills meanwhile, and what it cannot hold past its
+        // burst would be lost to the quota. Tokens only ever come from the bucket, so taking
+        // more never admits more than it allows; one left unspent expires with its lease.
+        let asked = Instant::now();
         let leased = tokio::time::timeout(
             self.call_timeout(),
             self.store
-                .lease_quota(pack_id, principal, want, now_micros()),
+                .lease_quota(pack_id, principal, want.max(rule.burst), now_micros()),
         )
         .await
         .unwrap_or_else(|_| {
@@ -233,8 +236,15 @@ impl Service {
             // leased is spent; after it the lane refuses on its own until a whole lease has
             // come, rather than ask the store for every token (and make its callers wait on
             // each other for them).
-            let refill = rule.time_for(f64::from(rule.lease()) - lease.left);
-            s.short_until = Some(now + refill);
+            // Less the time the lease took: the next one then ends about when a lease is due,
+            // and the bucket, which fills meanwhile, reaches its burst (and loses tokens) only
+            // if a lease takes as long as a burst lasts.
+            let refill = rule
+                .time_for(f64::from(rule.lease()) - lease.left)
+                .saturating_sub(now - asked);
+            if !refill.is_zero() {
+                s.short_until = Some(now + refill);
+            }
         }
         if s.leased >= n {
             s.leased -= n;

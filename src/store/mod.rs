@@ -49,8 +49,11 @@ pub struct Store {
     commits: Arc<Commits>,
     /// Each pack's catalog compiled from its manifest, by the manifest's digest: a pack's
     /// payload schemas are compiled once per version, however often its policy is reloaded.
-    catalogs: Arc<std::sync::Mutex<std::collections::HashMap<String, ([u8; 32], Arc<Catalog>)>>>,
+    catalogs: Arc<std::sync::Mutex<Catalogs>>,
 }
+
+/// By pack: the digest of the manifest a catalog was compiled from, and the catalog.
+type Catalogs = std::collections::HashMap<String, ([u8; 32], Arc<Catalog>)>;
 
 /// Wake-ups for the watch tail: records committed through this process, or announced by
 /// another replica. Each only says "read again"; what was written is read by position.

@@ -25,9 +25,16 @@ pub const MAX_ENUM_VALUES: usize = 1_024;
 pub const MAX_PATTERN_BYTES: usize = 512;
 /// The compiled size a pattern may reach (the `regex` crate's size limit).
 pub const PATTERN_SIZE_LIMIT: usize = 256 * 1024;
-/// Most units of work a schema may ask for at one node of a payload: one per subschema
-/// applied there, one per `enum` value compared, four per pattern matched.
-pub const MAX_COST_PER_NODE: u64 = 4_096;
+/// Most units of work a schema may ask for at one value of a payload: one per subschema
+/// applied there, one per `enum` value compared (one more per 16 bytes of a value that is an
+/// array or object), eight per pattern matched. A payload holds at most one value per two
+/// bytes, so this bounds the work per byte of payload too.
+pub const MAX_COST_PER_NODE: u64 = 256;
+/// Units of work of one pattern match.
+const PATTERN_COST: u64 = 8;
+/// Most characters of a violation's description: the validator's words quote the failing
+/// value, which may be the whole payload.
+pub const MAX_DESCRIPTION_CHARS: usize = 200;
 /// How deep a payload the cost is reckoned for: the most nesting the service accepts.
 pub const COST_DEPTH: usize = 64;
 /// Most violations reported for one payload.
@@ -134,9 +141,17 @@ impl PayloadSchema {
             .map(|e| PayloadViolation {
                 pointer: e.instance_path().to_string(),
                 keyword: e.kind().keyword().to_owned(),
-                message: e.to_string(),
+                message: bounded_text(&e.to_string()),
             })
             .collect()
+    }
+}
+
+/// `text`, cut to MAX_DESCRIPTION_CHARS characters.
+fn bounded_text(text: &str) -> String {
+    match text.char_indices().nth(MAX_DESCRIPTION_CHARS) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
     }
 }
 
@@ -195,6 +210,11 @@ impl Catalog {
         self.types.keys().map(String::as_str)
     }
 
+    /// Whether `ref` has a payload schema.
+    pub fn has_schema(&self, r#ref: &str) -> bool {
+        self.get(r#ref).is_some_and(|t| t.schema.is_some())
+    }
+
     pub fn get(&self, r#ref: &str) -> Option<&TriggerType> {
         self.types.get(r#ref)
     }
@@ -214,19 +234,16 @@ const IN_PLACE_ONE: &[&str] = &["not", "if", "then", "else"];
 const IN_PLACE_MANY: &[&str] = &["allOf", "anyOf", "oneOf"];
 /// ... an object of subschemas applied to the same instance.
 const IN_PLACE_MAP: &[&str] = &["dependentSchemas"];
-/// ... one subschema applied to every child (or key) of the instance.
-const CHILD_ONE: &[&str] = &[
-    "items",
-    "contains",
+/// ... one subschema applied to every item of an array instance.
+const ITEMS_ONE: &[&str] = &["items", "contains", "unevaluatedItems"];
+/// ... one subschema applied to every member (or key) of an object instance.
+const MEMBERS_ONE: &[&str] = &[
     "additionalProperties",
     "propertyNames",
-    "unevaluatedItems",
     "unevaluatedProperties",
 ];
-/// ... subschemas each applied to one child: at most one of them meets a given child.
-const CHILD_EACH: &[&str] = &["properties", "prefixItems"];
-/// ... subschemas applied to every child whose key matches: each may meet a given child.
-const CHILD_MATCHING: &[&str] = &["patternProperties"];
+/// ... subschemas applied to every member whose key matches: each may meet a given member.
+const MEMBERS_MATCHING: &[&str] = &["patternProperties"];
 /// ... subschemas kept for `$ref`, applied nowhere by themselves.
 const DEFS: &[&str] = &["$defs", "definitions"];
 /// Keywords refused: they resolve by the evaluation's path or change the base URI, so the
@@ -246,10 +263,20 @@ struct Node {
     /// Subschemas applied to the same instance (including `$ref` targets, resolved later).
     in_place: Vec<usize>,
     refs: Vec<(String, String)>,
-    /// Subschemas applied to any child, and groups of which at most one applies to a child.
-    child_all: Vec<usize>,
-    child_one_of: Vec<Vec<usize>>,
+    /// By the kind of instance (array items, object members): subschemas applied to any
+    /// child, and groups of which at most one applies to a child (`prefixItems`,
+    /// `properties`). An instance is one kind or the other, never both.
+    children: [Children; 2],
 }
+
+#[derive(Default)]
+struct Children {
+    all: Vec<usize>,
+    one_of: Vec<Vec<usize>>,
+}
+
+const ITEMS: usize = 0;
+const MEMBERS: usize = 1;
 
 fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
@@ -272,8 +299,7 @@ impl Walk {
             weight: 1,
             in_place: Vec::new(),
             refs: Vec::new(),
-            child_all: Vec::new(),
-            child_one_of: Vec::new(),
+            children: Default::default(),
         });
         if self.nodes.len() > MAX_SUBSCHEMAS {
             return at;
@@ -306,7 +332,7 @@ impl Walk {
                     "`$id` is allowed only at the schema's root: a nested `$id` changes what `$ref` resolves against",
                 ));
             } else if k == "$schema" {
-                if v.as_str() != Some(DIALECT) {
+                if v.as_str().map(|d| d.trim_end_matches('#')) != Some(DIALECT) {
                     self.errors.push(err(
                         &here,
                         format!("payload schemas are JSON Schema 2020-12: `$schema` must be `{DIALECT}` or absent"),
@@ -327,9 +353,17 @@ impl Walk {
                     )),
                 }
             } else if k == "enum" {
-                let n = v.as_array().map_or(0, Vec::len);
-                self.enum_values += n;
-                self.nodes[at].weight += n as u64;
+                let values = v.as_array().map(Vec::as_slice).unwrap_or_default();
+                self.enum_values += values.len();
+                for e in values {
+                    let deep = match e {
+                        Value::Array(_) | Value::Object(_) => {
+                            serde_json::to_vec(e).map_or(0, |b| b.len() as u64 / 16)
+                        }
+                        _ => 0,
+                    };
+                    self.nodes[at].weight += 1 + deep;
+                }
             } else if k == "pattern" {
                 self.pattern(at, v.as_str().unwrap_or_default(), &here);
             } else if IN_PLACE_ONE.contains(&k) {
@@ -345,10 +379,15 @@ impl Walk {
                     let c = self.node(s, format!("{here}/{}", escape(name)));
                     self.nodes[at].in_place.push(c);
                 }
-            } else if CHILD_ONE.contains(&k) {
+            } else if ITEMS_ONE.contains(&k) || MEMBERS_ONE.contains(&k) {
+                let kind = if ITEMS_ONE.contains(&k) {
+                    ITEMS
+                } else {
+                    MEMBERS
+                };
                 let c = self.node(v, here);
-                self.nodes[at].child_all.push(c);
-            } else if CHILD_EACH.contains(&k) {
+                self.nodes[at].children[kind].all.push(c);
+            } else if k == "prefixItems" || k == "properties" {
                 let group: Vec<usize> = match v {
                     Value::Object(m) => m
                         .iter()
@@ -361,13 +400,14 @@ impl Walk {
                         .collect(),
                     _ => Vec::new(),
                 };
-                self.nodes[at].child_one_of.push(group);
-            } else if CHILD_MATCHING.contains(&k) {
+                let kind = if k == "prefixItems" { ITEMS } else { MEMBERS };
+                self.nodes[at].children[kind].one_of.push(group);
+            } else if MEMBERS_MATCHING.contains(&k) {
                 for (p, s) in v.as_object().into_iter().flatten() {
                     let pointer = format!("{here}/{}", escape(p));
                     self.pattern(at, p, &pointer);
                     let c = self.node(s, pointer);
-                    self.nodes[at].child_all.push(c);
+                    self.nodes[at].children[MEMBERS].all.push(c);
                 }
             } else if DEFS.contains(&k) {
                 for (name, s) in v.as_object().into_iter().flatten() {
@@ -379,7 +419,7 @@ impl Walk {
 
     /// A pattern must compile on the `regex` crate within its size limit: linear-time matching.
     fn pattern(&mut self, at: usize, p: &str, pointer: &str) {
-        self.nodes[at].weight += 4;
+        self.nodes[at].weight += PATTERN_COST;
         if p.len() > MAX_PATTERN_BYTES {
             self.errors.push(err(
                 pointer,
@@ -491,25 +531,39 @@ pub fn cost(raw: &Value) -> Result<u64, Vec<SchemaError>> {
     // at[k][n]: the work of node n's applications at an instance k levels below where n is
     // applied, worst case over which child. Children are reckoned before parents (`order`).
     let n = w.nodes.len();
+    // Below the instance, every subschema applied in place meets the same child, which is an
+    // item (the instance is an array) or a member (an object): each kind is reckoned apart,
+    // `by_kind`, and the worst of the two is the node's.
     let mut worst = 0u64;
     let mut below = vec![0u64; n];
     for k in 0..=COST_DEPTH {
         let mut here = vec![0u64; n];
+        let mut by_kind = vec![[0u64; 2]; n];
         for &i in &order {
             let node = &w.nodes[i];
-            let mut c: u64 = if k == 0 { node.weight } else { 0 };
-            for &t in &node.in_place {
-                c = c.saturating_add(here[t]);
-            }
-            if k > 0 {
-                for &t in &node.child_all {
-                    c = c.saturating_add(below[t]);
+            if k == 0 {
+                let mut c = node.weight;
+                for &t in &node.in_place {
+                    c = c.saturating_add(here[t]);
                 }
-                for group in &node.child_one_of {
-                    c = c.saturating_add(group.iter().map(|&t| below[t]).max().unwrap_or(0));
+                here[i] = c;
+                continue;
+            }
+            let mut c = [0u64; 2];
+            for (kind, sum) in c.iter_mut().enumerate() {
+                for &t in &node.in_place {
+                    *sum = sum.saturating_add(by_kind[t][kind]);
+                }
+                let children = &node.children[kind];
+                for &t in &children.all {
+                    *sum = sum.saturating_add(below[t]);
+                }
+                for group in &children.one_of {
+                    *sum = sum.saturating_add(group.iter().map(|&t| below[t]).max().unwrap_or(0));
                 }
             }
-            here[i] = c;
+            by_kind[i] = c;
+            here[i] = c[ITEMS].max(c[MEMBERS]);
         }
         worst = worst.max(here[0]);
         if worst > MAX_COST_PER_NODE {
@@ -583,7 +637,7 @@ pub fn bounded(raw: &Value) -> Result<(), Vec<SchemaError>> {
     if c > MAX_COST_PER_NODE {
         return Err(vec![err(
             "",
-            format!("validating one payload value against this schema could take more than {MAX_COST_PER_NODE} steps (subschemas applied, enum values compared, patterns matched) at some depth up to {COST_DEPTH}: simplify it"),
+            format!("validating one payload value against this schema could take more than {MAX_COST_PER_NODE} steps (a step per subschema applied and enum value compared, {PATTERN_COST} per pattern matched) at some depth up to {COST_DEPTH}: simplify it"),
         )]);
     }
     Ok(())
@@ -735,10 +789,62 @@ mod tests {
     }
 
     #[test]
+    fn schemas_whose_work_per_value_is_large_are_refused() {
+        // 500 patterns tried on every item of an array.
+        let patterns: Vec<Value> = (0..500)
+            .map(|i| json!({ "pattern": format!("^q{i}z") }))
+            .collect();
+        let e =
+            refused(json!({"properties": {"a": {"type": "array", "items": {"anyOf": patterns}}}}));
+        assert!(e[0].message.contains("steps"), "{e:?}");
+        // 300 patternProperties: each key meets every pattern.
+        let pp: Map<String, Value> = (0..300).map(|i| (format!("^k{i}$"), json!(true))).collect();
+        refused(json!({ "patternProperties": pp }));
+        // 1,024 objects compared with every item.
+        let objects: Vec<Value> = (0..1024).map(|i| json!({"k": [i, {"z": i}]})).collect();
+        refused(json!({"items": {"not": {"enum": objects}}}));
+        // A country-code enum on every item, with a pattern beside it: accepted.
+        let codes: Vec<Value> = (0..250).map(|i| json!(format!("C{i}"))).collect();
+        PayloadSchema::compile(
+            &json!({"items": {"enum": codes}, "properties": {"a": {"pattern": "^x"}}}),
+        )
+        .expect("a typical large enum");
+    }
+
+    #[test]
+    fn a_violation_quotes_at_most_a_bounded_part_of_the_payload() {
+        let s =
+            PayloadSchema::compile(&json!({"properties": {"a": {"pattern": "^c$"}}})).expect("ok");
+        let v = s.check(&json!({ "a": "ab".repeat(30_000) }));
+        assert_eq!(v[0].keyword, "pattern");
+        assert!(
+            v[0].message.chars().count() <= MAX_DESCRIPTION_CHARS + 1,
+            "{}",
+            v[0].message.len()
+        );
+        assert!(v[0].message.ends_with('…'));
+        // `$schema` written with its empty fragment is the same dialect.
+        PayloadSchema::compile(&json!({"$schema": format!("{DIALECT}#")})).expect("with #");
+    }
+
+    #[test]
     fn enums_and_size_are_bounded_at_their_limit() {
         let values = |n: usize| (0..n).map(|i| json!(i)).collect::<Vec<_>>();
-        PayloadSchema::compile(&json!({ "enum": values(MAX_ENUM_VALUES) })).expect("n accepted");
-        let e = refused(json!({ "enum": values(MAX_ENUM_VALUES + 1) }));
+        // Split over properties, so that no one value meets more than the work bound.
+        let spread = |n: usize| {
+            let per = n.div_ceil(8);
+            let props: Map<String, Value> = (0..8)
+                .map(|p| {
+                    (
+                        format!("p{p}"),
+                        json!({ "enum": values(per.min(n - (p * per).min(n))) }),
+                    )
+                })
+                .collect();
+            json!({ "properties": props })
+        };
+        PayloadSchema::compile(&spread(MAX_ENUM_VALUES)).expect("n accepted");
+        let e = refused(spread(MAX_ENUM_VALUES + 1));
         assert!(e[0].message.contains("enums"), "{e:?}");
         let padding = "x".repeat(MAX_SCHEMA_BYTES);
         assert!(refused(json!({ "description": padding }))[0]
