@@ -14,27 +14,7 @@ use crate::support::trigger::{trigger, with_payload};
 /// Registers the `tracker` pack (examples/tracker.pack.yaml), grants alice and switches Sense
 /// on pack-wide.
 pub async fn set_up_tracker(ch: &tonic::transport::Channel) {
-    PackServiceClient::new(ch.clone())
-        .register_pack(crate::packs::register_req(&example("tracker.pack.yaml")))
-        .await
-        .expect("register");
-    let mut policy = pb::policy_service_client::PolicyServiceClient::new(ch.clone());
-    policy
-        .grant_sense_enable(pb::GrantSenseEnableRequest {
-            principal: "alice".into(),
-            pack_id: "tracker".into(),
-        })
-        .await
-        .expect("grant");
-    policy
-        .activate_sense(pb::ActivateSenseRequest {
-            principal: String::new(),
-            pack_id: "tracker".into(),
-            route: 1,
-            filter: String::new(),
-        })
-        .await
-        .expect("activate");
+    crate::cli::set_up_public_pack(ch, "tracker.pack.yaml", "tracker").await
 }
 
 fn ticket() -> Value {

@@ -439,25 +439,29 @@ pub async fn connect(addr: &str) -> tonic::transport::Channel {
 
 /// Registers the public `weather` pack, grants alice and switches Sense on pack-wide.
 pub async fn set_up_weather(ch: &tonic::transport::Channel) {
+    set_up_public_pack(ch, "weather.pack.yaml", "weather").await
+}
+
+/// Registers the public pack `pack_id` of examples/`file`, grants alice and switches Sense on
+/// pack-wide.
+pub async fn set_up_public_pack(ch: &tonic::transport::Channel, file: &str, pack_id: &str) {
     use hcp_sense::grpc::pb;
     pb::pack_service_client::PackServiceClient::new(ch.clone())
-        .register_pack(crate::packs::register_req(&crate::helpers::example(
-            "weather.pack.yaml",
-        )))
+        .register_pack(crate::packs::register_req(&crate::helpers::example(file)))
         .await
         .expect("register");
     let mut policy = pb::policy_service_client::PolicyServiceClient::new(ch.clone());
     policy
         .grant_sense_enable(pb::GrantSenseEnableRequest {
             principal: "alice".into(),
-            pack_id: "weather".into(),
+            pack_id: pack_id.into(),
         })
         .await
         .expect("grant");
     policy
         .activate_sense(pb::ActivateSenseRequest {
             principal: String::new(),
-            pack_id: "weather".into(),
+            pack_id: pack_id.into(),
             route: 1,
             filter: String::new(),
         })
