@@ -15,7 +15,8 @@ use crate::domain::policy::PolicyView;
 use crate::domain::quota::{Bucket, Quota, Rule};
 use crate::error::{Error, Result};
 use crate::store::audit::Actor;
-use crate::store::{now_micros, Engine};
+use crate::store::quota::Lease;
+use crate::store::{now_micros, Engine, Store};
 
 /// Leased tokens not spent within this long go back to nobody: a replica that stopped taking a
 /// pack's deliveries holds none of the fleet's tokens for longer.
@@ -31,6 +32,11 @@ pub(super) struct Quotas {
     lanes: Mutex<HashMap<String, HashMap<String, Arc<Lane>>>>,
     /// Buckets are the store's, shared by every replica (PostgreSQL).
     fleet: bool,
+    /// The connection leases are taken on, of its own: under a flood the pool is busy with
+    /// the refused triggers' idempotency reads, and a lease queued behind them lets the
+    /// bucket fill past its burst (docs/performance.md). Opened at the first lease, dropped
+    /// when the store did not answer.
+    leaser: tokio::sync::Mutex<Option<Store>>,
 }
 
 #[derive(Debug)]
@@ -86,6 +92,7 @@ impl Quotas {
         Quotas {
             lanes: Mutex::default(),
             fleet: engine == Engine::Postgres,
+            leaser: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -212,17 +219,7 @@ impl Service {
         // burst would be lost to the quota. Tokens only ever come from the bucket, so taking
         // more never admits more than it allows; one left unspent expires with its lease.
         let asked = Instant::now();
-        let leased = tokio::time::timeout(
-            self.call_timeout(),
-            self.store
-                .lease_quota(pack_id, principal, want.max(rule.burst), now_micros()),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(Error::Unavailable(
-                "the store did not answer in time; retry".into(),
-            ))
-        })?;
+        let leased = self.lease(pack_id, principal, want.max(rule.burst)).await?;
         let Some(lease) = leased else {
             // The quota was deleted; this replica's view follows shortly.
             return Ok(());
@@ -254,6 +251,44 @@ impl Service {
         let until = now + wait;
         s.short_until = Some(s.short_until.map_or(until, |u| u.max(until)));
         Err(throttled(wait))
+    }
+
+    /// Leases up to `want` tokens from a quota's bucket in the store, on the leases' own
+    /// connection.
+    async fn lease(
+        &self,
+        pack_id: &str,
+        principal: Option<&str>,
+        want: u32,
+    ) -> Result<Option<Lease>> {
+        let store = {
+            let mut leaser = self.quotas.leaser.lock().await;
+            match leaser.as_ref() {
+                Some(s) => s.clone(),
+                None => {
+                    let s = self.store.dedicated().await?;
+                    *leaser = Some(s.clone());
+                    s
+                }
+            }
+        };
+        // Bounded: the lane's callers wait behind this lease, and a store gone silent must
+        // not hold them past their deadline.
+        let leased = tokio::time::timeout(
+            self.call_timeout(),
+            store.lease_quota(pack_id, principal, want, now_micros()),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Unavailable(
+                "the store did not answer in time; retry".into(),
+            ))
+        });
+        if matches!(leased, Err(Error::Unavailable(_))) {
+            // A connection to a database gone silent would hold every later lease.
+            self.quotas.leaser.lock().await.take();
+        }
+        leased
     }
 
     /// Whether the quotas of a trigger would admit it now, with nothing taken.
