@@ -13,6 +13,7 @@ use crate::domain::decide::{
 };
 use crate::domain::explain::{explain, Explanation};
 use crate::domain::model::{Binding, Record};
+use crate::domain::pack::schema::{PayloadSchema, PayloadViolation};
 use crate::domain::policy::{BindingRef, PolicyView, Route};
 use crate::error::{Error, Result, Violation};
 use crate::store::Stored;
@@ -78,10 +79,18 @@ pub(super) fn conforms(
     r#ref: &str,
     payload: &Value,
 ) -> Result<()> {
-    let Some(pack) = view.pack(pack_id) else {
-        return Ok(());
-    };
-    let violations = pack.catalog.check(r#ref, payload);
+    match schema_of(view, pack_id, r#ref) {
+        Some(schema) => refused(r#ref, schema.check(payload)),
+        None => Ok(()),
+    }
+}
+
+fn schema_of<'v>(view: &'v PolicyView, pack_id: &str, r#ref: &str) -> Option<&'v PayloadSchema> {
+    view.pack(pack_id)?.catalog.schema(r#ref)
+}
+
+/// The violations of a payload against the schema of `ref` as INVALID_ARGUMENT; none: Ok.
+fn refused(r#ref: &str, violations: Vec<PayloadViolation>) -> Result<()> {
     if violations.is_empty() {
         return Ok(());
     }
@@ -110,18 +119,15 @@ pub(super) fn conforms(
 /// and given back (no copy).
 fn conforms_trigger(view: &PolicyView, t: &mut Trigger) -> Result<()> {
     // A ref without a schema leaves the payload untouched.
-    if !view
-        .pack(&t.pack_id)
-        .is_some_and(|p| p.catalog.has_schema(&t.r#ref))
-    {
+    let Some(schema) = schema_of(view, &t.pack_id, &t.r#ref) else {
         return Ok(());
-    }
+    };
     let payload = Value::Object(std::mem::take(&mut t.payload));
-    let conformed = conforms(view, &t.pack_id, &t.r#ref, &payload);
+    let violations = schema.check(&payload);
     if let Value::Object(m) = payload {
         t.payload = m;
     }
-    conformed
+    refused(&t.r#ref, violations)
 }
 
 /// A record for a trigger; its id and receive time are stamped when it is written.

@@ -10,6 +10,7 @@ use super::entity::{
     sense_quotas,
 };
 use super::{classify, Engine, Store};
+use crate::domain::pack::schema::declared;
 use crate::domain::pack::{
     BindingMode, Command, DeclaredTrigger, Manifest, PackKind, RegisteredPack, Stimulus,
     TriggerSource,
@@ -203,7 +204,9 @@ impl Store {
                     .filter(|t| t.pack_id == id)
                     .map(|t| {
                         // Descriptions and schemas are read from the manifest as registered.
-                        let (description, payload_schema) = declared_type(&raw, &t.r#ref);
+                        let (description, payload_schema) = declared(&raw)
+                            .find(|(r, ..)| *r == t.r#ref)
+                            .map_or((None, None), |(_, d, s)| (d.map(str::to_owned), s.cloned()));
                         Ok(DeclaredTrigger {
                             r#ref: t.r#ref.clone(),
                             source: TriggerSource::parse(&t.source)
@@ -313,28 +316,4 @@ async fn insert_declaration(txn: &impl ConnectionTrait, m: &Manifest) -> Result<
         .map_err(classify)?;
     }
     Ok(())
-}
-
-/// The description and payload schema a manifest declares for `ref`.
-fn declared_type(
-    raw: &serde_json::Value,
-    r#ref: &str,
-) -> (Option<String>, Option<serde_json::Value>) {
-    let entry = raw
-        .get("stimulusTriggers")
-        .and_then(serde_json::Value::as_array)
-        .and_then(|ts| {
-            ts.iter()
-                .find(|t| t.get("ref").and_then(serde_json::Value::as_str) == Some(r#ref))
-        });
-    (
-        entry
-            .and_then(|t| t.get("description"))
-            .and_then(serde_json::Value::as_str)
-            .map(str::to_owned),
-        entry
-            .and_then(|t| t.get("payloadSchema"))
-            .filter(|s| !s.is_null())
-            .cloned(),
-    )
 }

@@ -59,6 +59,31 @@ pub fn binding_degraded_schema() -> Value {
     })
 }
 
+/// The hub's schema of `binding.degraded`, compiled once for every pack that declares it.
+fn hub_schema() -> Option<Arc<PayloadSchema>> {
+    static HUB: std::sync::LazyLock<Option<Arc<PayloadSchema>>> = std::sync::LazyLock::new(|| {
+        PayloadSchema::compile(&binding_degraded_schema())
+            .ok()
+            .map(Arc::new)
+    });
+    HUB.clone()
+}
+
+/// The `stimulusTriggers` of a manifest as declared: each entry's ref, description and
+/// payload schema (entries without a ref are lint's to report).
+pub fn declared(raw: &Value) -> impl Iterator<Item = (&str, Option<&str>, Option<&Value>)> {
+    raw.get("stimulusTriggers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            let r = t.get("ref").and_then(Value::as_str)?;
+            let description = t.get("description").and_then(Value::as_str);
+            let schema = t.get("payloadSchema").filter(|s| !s.is_null());
+            Some((r, description, schema))
+        })
+}
+
 /// One thing wrong with a schema: the JSON pointer in the schema and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchemaError {
@@ -174,34 +199,23 @@ impl Catalog {
     /// registered before a bound was added) leaves its ref unchecked; lint refuses it on the
     /// next registration. `binding.degraded` always has the hub's schema.
     pub fn of_manifest(raw: &Value) -> Catalog {
-        let mut types = HashMap::new();
-        let declared = raw
-            .get("stimulusTriggers")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        for t in declared {
-            let Some(r) = t.get("ref").and_then(Value::as_str) else {
-                continue;
-            };
-            let description = t
-                .get("description")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            let schema = if r == BINDING_DEGRADED {
-                PayloadSchema::compile(&binding_degraded_schema()).ok()
-            } else {
-                t.get("payloadSchema")
-                    .and_then(|s| PayloadSchema::compile(s).ok())
-            };
-            types.insert(
-                r.to_owned(),
-                TriggerType {
-                    description,
-                    schema: schema.map(Arc::new),
-                },
-            );
-        }
+        let types = declared(raw)
+            .map(|(r, description, schema)| {
+                let schema = if r == BINDING_DEGRADED {
+                    hub_schema()
+                } else {
+                    schema.and_then(|s| PayloadSchema::compile(s).ok().map(Arc::new))
+                };
+                let description = description.map(str::to_owned);
+                (
+                    r.to_owned(),
+                    TriggerType {
+                        description,
+                        schema,
+                    },
+                )
+            })
+            .collect();
         Catalog { types }
     }
 
@@ -210,21 +224,13 @@ impl Catalog {
         self.types.keys().map(String::as_str)
     }
 
-    /// Whether `ref` has a payload schema.
-    pub fn has_schema(&self, r#ref: &str) -> bool {
-        self.get(r#ref).is_some_and(|t| t.schema.is_some())
+    /// The payload schema of `ref`, if it has one.
+    pub fn schema(&self, r#ref: &str) -> Option<&PayloadSchema> {
+        self.get(r#ref).and_then(|t| t.schema.as_deref())
     }
 
     pub fn get(&self, r#ref: &str) -> Option<&TriggerType> {
         self.types.get(r#ref)
-    }
-
-    /// The ways `payload` fails the schema of `ref`; empty when it conforms or has none.
-    pub fn check(&self, r#ref: &str, payload: &Value) -> Vec<PayloadViolation> {
-        match self.types.get(r#ref).and_then(|t| t.schema.as_ref()) {
-            Some(s) => s.check(payload),
-            None => Vec::new(),
-        }
     }
 }
 
@@ -865,20 +871,11 @@ mod tests {
         let manifest = json!({"stimulusTriggers": [{"ref": "binding.degraded",
             "payloadSchema": {"type": "object", "properties": {"state": {"type": "integer"}}}}]});
         let c = Catalog::of_manifest(&manifest);
-        let raw = &c
-            .get(BINDING_DEGRADED)
-            .and_then(|t| t.schema.as_ref())
-            .expect("schema")
-            .raw;
-        assert_eq!(*raw, binding_degraded_schema());
-        assert!(c
-            .check(BINDING_DEGRADED, &json!({"state": "stale"}))
-            .is_empty());
-        assert_eq!(
-            c.check(BINDING_DEGRADED, &json!({"state": 3}))[0].pointer,
-            "/state"
-        );
-        assert_eq!(c.check(BINDING_DEGRADED, &json!({}))[0].keyword, "required");
+        let hub = c.schema(BINDING_DEGRADED).expect("schema");
+        assert_eq!(hub.raw, binding_degraded_schema());
+        assert!(hub.check(&json!({"state": "stale"})).is_empty());
+        assert_eq!(hub.check(&json!({"state": 3}))[0].pointer, "/state");
+        assert_eq!(hub.check(&json!({}))[0].keyword, "required");
     }
 
     #[test]
