@@ -17,9 +17,16 @@ const IDLE_LANES: usize = 4096;
 
 /// Round robin over packs, and within each pack over its principals, one record per turn: deficit
 /// round robin where every record costs one. One pack alone takes every turn.
+///
+/// A pack that had nothing queued when its record came is *sparse* (fq_codel's new flow): its
+/// first turn comes before every backlogged pack's, and then it joins the backlog's ring. A
+/// pack is sparse again only once its queue has emptied, so a flood gains one turn each time
+/// it drains, no more.
 #[derive(Debug)]
 pub struct Rounds<T> {
-    /// Packs with queued records, in the order their next turns come.
+    /// Sparse packs, in the order they came; each takes one turn here.
+    sparse: VecDeque<String>,
+    /// Backlogged packs, in the order their next turns come.
     ring: VecDeque<String>,
     packs: HashMap<String, Principals<T>>,
     len: usize,
@@ -35,6 +42,7 @@ struct Principals<T> {
 impl<T> Default for Rounds<T> {
     fn default() -> Self {
         Rounds {
+            sparse: VecDeque::new(),
             ring: VecDeque::new(),
             packs: HashMap::new(),
             len: 0,
@@ -58,16 +66,23 @@ impl<T> Rounds<T> {
 
     /// Packs with records queued.
     pub fn packs(&self) -> usize {
-        self.ring.len()
+        self.sparse.len() + self.ring.len()
     }
 
-    /// Queues `item` last in its (pack, principal) lane; a lane new to the rounds takes its
-    /// first turn after every lane waiting now.
+    /// Whether a sparse pack waits while backlogged ones are queued: the sparse turns can be
+    /// taken apart (`take_sparse`), ahead of the backlog.
+    pub fn sparse_beside_backlog(&self) -> bool {
+        !self.sparse.is_empty() && !self.ring.is_empty()
+    }
+
+    /// Queues `item` last in its (pack, principal) lane. A pack new to the rounds is sparse: its
+    /// first turn comes after the sparse packs' waiting now and before the backlog's; a principal
+    /// new to its pack takes its first turn after the pack's principals waiting now.
     pub fn push(&mut self, pack: &str, principal: &str, item: T) {
         let p = match self.packs.get_mut(pack) {
             Some(p) => p,
             None => {
-                self.ring.push_back(pack.to_owned());
+                self.sparse.push_back(pack.to_owned());
                 self.packs.entry(pack.to_owned()).or_insert(Principals {
                     ring: VecDeque::new(),
                     queues: HashMap::new(),
@@ -87,12 +102,26 @@ impl<T> Rounds<T> {
         self.len += 1;
     }
 
-    /// Moves up to `max - out.len()` records into `out`: one from each pack in turn, each pack's
-    /// from its principals in turn.
+    /// Moves up to `max - out.len()` records into `out`: one from each pack in turn (sparse packs
+    /// first), each pack's from its principals in turn.
     pub fn take(&mut self, out: &mut Vec<(String, T)>, max: usize) {
+        self.serve(out, max, false);
+    }
+
+    /// `take`, of the sparse packs' turns only: each sparse pack's next record.
+    pub fn take_sparse(&mut self, out: &mut Vec<(String, T)>, max: usize) {
+        self.serve(out, max, true);
+    }
+
+    fn serve(&mut self, out: &mut Vec<(String, T)>, max: usize, sparse_only: bool) {
         while out.len() < max {
-            let Some(pack) = self.ring.pop_front() else {
-                return;
+            let pack = match self.sparse.pop_front() {
+                Some(pack) => pack,
+                None if sparse_only => return,
+                None => match self.ring.pop_front() {
+                    Some(pack) => pack,
+                    None => return,
+                },
             };
             let Some(p) = self.packs.get_mut(&pack) else {
                 continue;
@@ -258,6 +287,34 @@ impl<T> FairQueue<T> {
         );
     }
 
+    /// Moves the sparse packs' turns (see `Rounds`), up to `max - out.len()` records, into `out`
+    /// when backlogged packs are queued beside them, and says whether it did: a batch of these
+    /// alone commits in a fraction of a backlog's batch, so a quiet pack's record waits for
+    /// that, not for hundreds of a flood's.
+    pub fn try_take_sparse(
+        &self,
+        out: &mut Vec<(String, T, std::time::Duration)>,
+        max: usize,
+    ) -> bool {
+        let mut taken = Vec::new();
+        {
+            let mut inner = self.lock();
+            if !inner.rounds.sparse_beside_backlog() {
+                return false;
+            }
+            inner
+                .rounds
+                .take_sparse(&mut taken, max.saturating_sub(out.len()));
+        }
+        *self.mixed_at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        out.extend(
+            taken
+                .into_iter()
+                .map(|(pack, q)| (pack, q.item, q.since.elapsed())),
+        );
+        true
+    }
+
     /// `try_take`, first waiting until a record is queued; false once the queue is closed and
     /// empty. Cancel-safe: nothing is taken unless it returns.
     pub async fn take(&self, out: &mut Vec<(String, T, std::time::Duration)>, max: usize) -> bool {
@@ -267,7 +324,20 @@ impl<T> FairQueue<T> {
             if out.len() > before || out.len() >= max {
                 return true;
             }
-            if self.closed.load(Ordering::SeqCst) && self.lock().rounds.is_empty() {
+            if !self.queued_any().await {
+                return false;
+            }
+        }
+    }
+
+    /// Waits until a record is queued (true) or the queue is closed and empty (false); takes
+    /// nothing, so it is cancel-safe.
+    pub async fn queued_any(&self) -> bool {
+        loop {
+            if !self.lock().rounds.is_empty() {
+                return true;
+            }
+            if self.closed.load(Ordering::SeqCst) {
                 return false;
             }
             let ready = self.ready.notified();
@@ -334,6 +404,43 @@ mod tests {
         assert_eq!(got, vec![2, 3, 4], "alone, the flood takes every turn");
         assert!(r.is_empty());
         assert_eq!(r.queued("flood"), 0);
+    }
+
+    #[test]
+    fn a_sparse_pack_takes_one_turn_ahead_of_the_backlog_then_joins_it() {
+        let mut r = Rounds::default();
+        for n in 0..6 {
+            r.push("flood", "alice", n);
+        }
+        assert!(!r.sparse_beside_backlog(), "a pack alone is no backlog");
+        assert_eq!(order(&mut r, 1), vec![("flood".to_string(), 0)]);
+        r.push("quiet", "bob", 100);
+        r.push("quiet", "bob", 101);
+        r.push("calm", "carol", 200);
+        assert!(r.sparse_beside_backlog());
+        let mut out = Vec::new();
+        r.take_sparse(&mut out, 10);
+        let got: Vec<u32> = out.into_iter().map(|(_, n)| n).collect();
+        assert_eq!(
+            got,
+            vec![100, 200],
+            "one turn each, and none of the backlog's"
+        );
+        assert!(
+            !r.sparse_beside_backlog(),
+            "quiet's second record is backlog now"
+        );
+        let got: Vec<u32> = order(&mut r, 10).into_iter().map(|(_, n)| n).collect();
+        assert_eq!(got, vec![1, 101, 2, 3, 4, 5]);
+        // Emptied, a pack is sparse again: the flood draining gains it one turn, no more.
+        r.push("other", "dan", 300);
+        r.push("other", "dan", 301);
+        let _ = order(&mut r, 1);
+        r.push("flood", "alice", 6);
+        assert!(r.sparse_beside_backlog());
+        let mut out = Vec::new();
+        r.take_sparse(&mut out, 10);
+        assert_eq!(out, vec![("flood".to_string(), 6)]);
     }
 
     #[test]

@@ -177,7 +177,8 @@ impl Committing {
 type Taken<T> = (String, T, std::time::Duration);
 
 /// Takes what is queued (at least one record, at most MAX_BATCH, packs and principals in
-/// turn) into `batch`; false once the queue is closed and empty.
+/// turn) into `batch`, or the sparse packs' records alone (see `FairQueue::try_take_sparse`);
+/// false once the queue is closed and empty.
 ///
 /// While another writer's batch commits, more writers only help once the backlog is deep: a
 /// second commit of a handful of records costs a round trip and a WAL flush of its own, where
@@ -190,6 +191,16 @@ async fn take_batch<T>(
     shared_batch: usize,
     batch: &mut Vec<Taken<T>>,
 ) -> bool {
+    if !queue.queued_any().await {
+        return false;
+    }
+    // A sparse pack's record (its pack had nothing queued) beside a backlog is committed in a
+    // batch of such records alone, at once: it waits for the commit under way and a short one of
+    // its own, never for a flood's long batch. One such batch at most between two of the
+    // backlog's, however many packs are sparse, so a flood loses one short commit per turn.
+    if queue.try_take_sparse(batch, SHARED_BATCH) {
+        return true;
+    }
     if !queue.take(batch, 1).await {
         return false;
     }
@@ -596,6 +607,64 @@ mod tests {
         let mut batch = Vec::new();
         assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
         assert_eq!(batch.len(), SHARED_BATCH);
+    }
+
+    #[tokio::test]
+    async fn a_sparse_packs_record_beside_a_backlog_is_a_batch_of_its_own_at_once() {
+        let committing = Committing::default();
+        let (_tx, rx) = sent(2 * MAX_BATCH).await;
+        let mut batch = Vec::new();
+        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch).await);
+        assert_eq!(batch.len(), MAX_BATCH, "one pack alone: the whole batch");
+        // The flood is a backlog now; two quiet packs' records arrive while another writer's
+        // batch commits: they go at once, alone, without waiting for ENGAGE records.
+        committing.batches.store(1, SeqCst);
+        rx.push("quiet", "b", 7).await.expect("send");
+        rx.push("calm", "c", 8).await.expect("send");
+        rx.push("quiet", "b", 9).await.expect("send");
+        let mut batch = Vec::new();
+        let taken = tokio::time::timeout(
+            Duration::from_millis(100),
+            take_batch(&rx, &committing, MAX_BATCH, &mut batch),
+        )
+        .await;
+        assert_eq!(taken.ok(), Some(true));
+        let got: Vec<(&str, usize)> = batch.iter().map(|(p, n, _)| (p.as_str(), *n)).collect();
+        assert_eq!(
+            got,
+            vec![("quiet", 7), ("calm", 8)],
+            "one turn each, no flood"
+        );
+        // Their next records wait their turn with the backlog's.
+        committing.batches.store(0, SeqCst);
+        let mut batch = Vec::new();
+        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch).await);
+        assert_eq!(batch.len(), MAX_BATCH);
+        let firsts: Vec<(&str, usize)> = batch
+            .iter()
+            .take(3)
+            .map(|(p, n, _)| (p.as_str(), *n))
+            .collect();
+        assert_eq!(
+            firsts,
+            vec![("p", MAX_BATCH), ("quiet", 9), ("p", MAX_BATCH + 1)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lone_pack_draining_and_refilling_is_never_split_from_itself() {
+        let committing = Committing::default();
+        let (tx, rx) = sent(2).await;
+        let mut batch = Vec::new();
+        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch).await);
+        assert_eq!(batch.len(), 2);
+        // Sparse again, but with no backlog beside it: an ordinary batch of all it holds.
+        for n in 0..5 {
+            tx.push("p", "a", n).await.expect("send");
+        }
+        let mut batch = Vec::new();
+        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch).await);
+        assert_eq!(batch.len(), 5);
     }
 
     #[tokio::test]

@@ -193,9 +193,18 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
             "flood_alone_per_sec",
             "flood_beside_quiet_per_sec",
             "spread_share_min",
+            // Where the quiet pack's time goes: the same call to the no-op, the sink's batches.
+            "quiet_noop_p50_ms",
+            "batch_records_mean",
+            "commit_ms_mean",
+            // The transport's answer alone, the floor under a refusal and a drop.
+            "noop_per_sec",
+            "noop_server_cpu_us",
         ] {
             assert!(f[k].as_f64() > Some(0.0), "{store} flood {k}: {f}");
         }
+        assert_eq!(f["noop_errors"].as_f64(), Some(0.0), "{f}");
+        assert!(f["quiet_queue_wait_ms"].as_f64().is_some(), "{f}");
         assert_eq!(f["spread_packs"], 2, "{f}");
         // With a quota on the flooding pack: refusals carried RetryInfo, and the server
         // recorded exactly what it answered as recorded and dropped none of pack 0.

@@ -24,17 +24,35 @@ fn of_pack(pack: usize, n: usize, pop: Population, tag: &str) -> crate::pb::Deli
     t
 }
 
+/// What a paced series calls.
+#[derive(Clone, Copy)]
+enum Call {
+    /// The pack's DeliverTrigger.
+    Deliver(usize),
+    /// The same trigger to BenchService's no-op: decoded and answered, nothing decided or
+    /// written: the call's way through the server without the sink.
+    Noop(usize),
+    Health,
+}
+
+impl From<Option<usize>> for Call {
+    fn from(pack: Option<usize>) -> Call {
+        pack.map_or(Call::Health, Call::Deliver)
+    }
+}
+
 /// A call every `every` until `stop`, each on its own (open loop: a slow answer does not
 /// delay the next call): a quiet pack's DeliverTrigger (`pack` Some) or Health/Check (None).
 /// Latency counts from each call's scheduled start.
 async fn paced(
     ch: Channel,
-    pack: Option<usize>,
+    pack: impl Into<Call>,
     pop: Population,
     every: Duration,
     stop: Arc<AtomicBool>,
     tag: String,
 ) -> Paced {
+    let pack = pack.into();
     let start = Instant::now();
     let mut calls = Vec::new();
     for n in 0.. {
@@ -46,11 +64,12 @@ async fn paced(
         let (ch, tag) = (ch.clone(), tag.clone());
         calls.push(tokio::spawn(async move {
             let ok = match pack {
-                Some(p) => IngestServiceClient::new(ch)
+                Call::Deliver(p) => IngestServiceClient::new(ch)
                     .deliver_trigger(of_pack(p, n, pop, &tag))
                     .await
                     .is_ok(),
-                None => HealthClient::new(ch)
+                Call::Noop(p) => crate::load::call(&ch, of_pack(p, n, pop, &tag), Load::Noop).await,
+                Call::Health => HealthClient::new(ch)
                     .check(HealthCheckRequest::default())
                     .await
                     .is_ok(),
@@ -135,6 +154,8 @@ async fn flood(
 /// What one flood run measured.
 pub struct Measured {
     pub quiet: Paced,
+    /// The quiet pack's trigger to the no-op, beside it on the same connection.
+    pub noop: Paced,
     pub health: Paced,
     /// Recorded per second per flooding pack.
     pub rates: HashMap<usize, f64>,
@@ -169,6 +190,16 @@ pub async fn run(
             format!("{tag}-quiet"),
         ))
     });
+    let noop = quiet.map(|quiet| {
+        tokio::spawn(paced(
+            chs[0].clone(),
+            Call::Noop(quiet),
+            pop,
+            every,
+            stop.clone(),
+            format!("{tag}-noop"),
+        ))
+    });
     let h = tokio::spawn(paced(
         chs[chs.len() - 1].clone(),
         None,
@@ -194,6 +225,10 @@ pub async fn run(
     };
     Measured {
         quiet: match q {
+            Some(q) => q.await.unwrap_or_else(|_| empty()),
+            None => empty(),
+        },
+        noop: match noop {
             Some(q) => q.await.unwrap_or_else(|_| empty()),
             None => empty(),
         },
@@ -282,15 +317,45 @@ pub async fn answers(
     make: fn(usize, usize, Population) -> crate::pb::DeliverTriggerRequest,
     pop: Population,
 ) -> (f64, usize) {
+    answers_of(chs, (duration, callers), make, pop, Load::Recorded).await
+}
+
+/// `answers`, each trigger sent to BenchService's no-op instead: the transport's answer alone.
+pub async fn noop_answers(
+    chs: &[Channel],
+    duration: Duration,
+    callers: usize,
+    make: fn(usize, usize, Population) -> crate::pb::DeliverTriggerRequest,
+    pop: Population,
+) -> (f64, usize) {
+    answers_of(chs, (duration, callers), make, pop, Load::Noop).await
+}
+
+async fn answers_of(
+    chs: &[Channel],
+    (duration, callers): (Duration, usize),
+    make: fn(usize, usize, Population) -> crate::pb::DeliverTriggerRequest,
+    pop: Population,
+    to: Load,
+) -> (f64, usize) {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..callers {
-        let mut ingest = IngestServiceClient::new(chs[w % chs.len()].clone());
+        let ch = chs[w % chs.len()].clone();
+        let mut ingest = IngestServiceClient::new(ch.clone());
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             let (mut answered, mut errors, mut n) = (0usize, 0usize, 0usize);
             while !stop.load(Ordering::Relaxed) {
+                if matches!(to, Load::Noop) {
+                    match crate::load::call(&ch, make(w, n, pop), Load::Noop).await {
+                        true => answered += 1,
+                        false => errors += 1,
+                    }
+                    n += 1;
+                    continue;
+                }
                 match ingest.deliver_trigger(make(w, n, pop)).await {
                     Ok(_) => answered += 1,
                     Err(s)
@@ -341,4 +406,38 @@ pub fn of_pack_0(
         t.trigger_id.clear();
     }
     t
+}
+
+/// Means of the sink's metrics between two scrapes: what a pack's records waited in the queue,
+/// and the batches committed meanwhile.
+pub struct SinkDuring {
+    pub quiet_wait_ms: f64,
+    pub batch_records: f64,
+    pub commit_ms: f64,
+}
+
+impl SinkDuring {
+    pub fn between(
+        before: &HashMap<String, f64>,
+        after: &HashMap<String, f64>,
+        pack: &str,
+    ) -> SinkDuring {
+        let delta =
+            |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+        let mean = |sum: &str, count: &str| delta(sum) / delta(count).max(1.0);
+        let waited =
+            |suffix: &str| format!("hcp_sense_sink_queue_wait_seconds_{suffix}{{pack=\"{pack}\"}}");
+        SinkDuring {
+            quiet_wait_ms: 1e3 * mean(&waited("sum"), &waited("count")),
+            batch_records: mean(
+                "hcp_sense_sink_batch_records_sum",
+                "hcp_sense_sink_batch_records_count",
+            ),
+            commit_ms: 1e3
+                * mean(
+                    "hcp_sense_sink_commit_duration_seconds_sum",
+                    "hcp_sense_sink_commit_duration_seconds_count",
+                ),
+        }
+    }
 }

@@ -134,7 +134,7 @@ fn noop(t: DeliverTriggerRequest) -> DeliverTriggerNoopRequest {
     }
 }
 
-async fn call(ch: &Channel, req: DeliverTriggerRequest, load: Load) -> bool {
+pub async fn call(ch: &Channel, req: DeliverTriggerRequest, load: Load) -> bool {
     match load {
         Load::Noop => BenchServiceClient::new(ch.clone())
             .deliver_trigger_noop(noop(req))

@@ -339,7 +339,9 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     let spread = pop.packs.min(10);
     let calm = flood::run(&chs, d, 0, 1, Some(1), pop, "calm").await;
     let alone = flood::run(&chs, d, c, 1, None, pop, "alone").await;
+    let scraped = server.scrape().await;
     let during = flood::run(&chs, d, c, 1, Some(1), pop, "during").await;
+    let sink = flood::SinkDuring::between(&scraped, &server.scrape().await, "pack-1");
     let ten = flood::run(&chs, d, c, spread, None, pop, "ten").await;
     let rate = |m: &flood::Measured| m.rates.get(&0).copied().unwrap_or(0.0);
     let (q, h) = (&during.quiet, &during.health);
@@ -354,6 +356,12 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         "{kind:<9} flood: {c} callers on one pack: quiet pack p50 {:.1} / p99 {:.1} ms, Health {:.1} / {:.1} ms: {:.2}x / {:.2}x Health's ({} quiet errors)",
         q.pct(0.5), q.pct(0.99), h.pct(0.5), h.pct(0.99),
         q.pct(0.5) / h.pct(0.5), q.pct(0.99) / h.pct(0.99), q.errors
+    );
+    println!(
+        "{kind:<9} flood: where the quiet pack's time went: {:.2} ms in the sink's queue (mean), batches of {:.0} records (mean) committing in {:.2} ms (mean); the same trigger to the no-op on its connection meanwhile p50 {:.1} / p99 {:.1} ms ({:.2}x / {:.2}x Health's)",
+        sink.quiet_wait_ms, sink.batch_records, sink.commit_ms,
+        during.noop.pct(0.5), during.noop.pct(0.99),
+        during.noop.pct(0.5) / h.pct(0.5), during.noop.pct(0.99) / h.pct(0.99)
     );
     println!(
         "{kind:<9} flood: flooding pack {:.0}/s alone, {:.0}/s beside the quiet pack ({:.2}x); {} flood errors",
@@ -385,6 +393,19 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
             let cost = before.per_call(&cpu::sample(pid), calls);
             (per_sec, errors, cost.server + cost.postgres)
         }
+    };
+    // The floor under both: the same triggers to the no-op, which only decodes and answers.
+    let noop = {
+        let before = cpu::sample(pid);
+        let started = Instant::now();
+        let (per_sec, errors) =
+            flood::noop_answers(&chs, d, c, |w, n, p| flood::dropped(w, n, p, false), pop).await;
+        let calls = (per_sec * started.elapsed().as_secs_f64()) as usize;
+        (
+            per_sec,
+            errors,
+            before.per_call(&cpu::sample(pid), calls).server,
+        )
     };
     let drops = [
         costed(|w, n, p| flood::dropped(w, n, p, false)).await,
@@ -444,6 +465,14 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         );
     }
     println!(
+        "{kind:<9} flood: {c} callers to the no-op (decoded and answered, nothing else): {:.0}/s, server CPU {:.1} µs per answer: refusal over it {:.2}x, drop over it {:.2}x; {} errors",
+        noop.0,
+        noop.2,
+        refusals[0].2 / noop.2.max(1e-9),
+        drops[0].2 / noop.2.max(1e-9),
+        noop.1
+    );
+    println!(
         "{kind:<9} flood: quota {limit:.0}/s on the flooding pack: recorded {held_rate:.0}/s ({:.3}x the quota), refused {:.0}/s with RetryInfo; server counted {:.0} recorded (of {} answered), {:.0} dropped; quiet pack p50 {:.1} / p99 {:.1} ms",
         held_rate / limit,
         held.refused_per_sec,
@@ -453,7 +482,7 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         held.quiet.pct(0.5),
         held.quiet.pct(0.99)
     );
-    result(json!({
+    let mut flooded = json!({
         "store": kind, "phase": "flood", "callers": c,
         "dropped_per_sec": drops[0].0, "refused_per_sec": refusals[0].0,
         "dropped_with_ids_per_sec": drops[1].0, "refused_with_ids_per_sec": refusals[1].0,
@@ -472,7 +501,21 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         "flood_alone_per_sec": rate(&alone), "flood_beside_quiet_per_sec": rate(&during),
         "spread_packs": spread, "spread_per_sec": total, "spread_share_min": lo, "spread_share_max": hi,
         "errors": alone.errors + during.errors + ten.errors,
-    }));
+    });
+    // Where the quiet pack's time went, and the floor under a refusal and a drop.
+    for (k, v) in [
+        ("quiet_noop_p50_ms", during.noop.pct(0.5)),
+        ("quiet_noop_p99_ms", during.noop.pct(0.99)),
+        ("quiet_queue_wait_ms", sink.quiet_wait_ms),
+        ("batch_records_mean", sink.batch_records),
+        ("commit_ms_mean", sink.commit_ms),
+        ("noop_per_sec", noop.0),
+        ("noop_server_cpu_us", noop.2),
+        ("noop_errors", noop.1 as f64),
+    ] {
+        flooded[k] = json!(v);
+    }
+    result(flooded);
     server.stop();
     db.drop_db().await;
     Ok(())
