@@ -538,10 +538,22 @@ async fn schema_phase(o: &Options) -> anyhow::Result<()> {
     let schema = seed::typical_schema();
     // The check alone, in this process: the benchmark triggers' payload against the schema,
     // with the validator and the options the server's payload schemas use (docs/manifest.md).
-    let compiled = jsonschema::options()
+    let options = jsonschema::options()
         .with_draft(jsonschema::Draft::Draft202012)
         .with_pattern_options(jsonschema::PatternOptions::regex())
-        .should_validate_formats(false)
+        .should_validate_formats(true);
+    // The formats the server leaves as annotations (docs/manifest.md).
+    let annotated = [
+        "regex",
+        "uri-template",
+        "iri",
+        "iri-reference",
+        "idn-email",
+        "idn-hostname",
+    ];
+    let compiled = annotated
+        .into_iter()
+        .fold(options, |o, f| o.with_format(f, |_: &str| true))
         .build(&schema)
         .map_err(|e| anyhow::anyhow!("the typical schema: {e}"))?;
     let payload = match load::trigger(7, o.population(o.principals), Load::Recorded).payload_source

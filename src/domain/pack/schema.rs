@@ -43,6 +43,36 @@ pub const MAX_VIOLATIONS: usize = 8;
 /// The dialect every payload schema is read as.
 pub const DIALECT: &str = "https://json-schema.org/draft/2020-12/schema";
 
+/// Formats a payload's strings are checked against: each a single linear scan of the string.
+pub const CHECKED_FORMATS: &[&str] = &[
+    "date",
+    "date-time",
+    "time",
+    "duration",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "uuid",
+    "uri",
+    "uri-reference",
+    "json-pointer",
+    "relative-json-pointer",
+];
+
+/// Formats the validator knows but hcp-sense leaves as annotations: `regex` would parse a
+/// payload's string as a pattern (a recursive parse of what a producer sends), `uri-template` as
+/// a template; the IRI and IDN forms are not built into this validator. A format in neither
+/// list is an annotation too.
+pub const ANNOTATED_FORMATS: &[&str] = &[
+    "regex",
+    "uri-template",
+    "iri",
+    "iri-reference",
+    "idn-email",
+    "idn-hostname",
+];
+
 /// The hub's own payload schema of `binding.degraded` (s7_7_2), whatever a pack declares.
 pub fn binding_degraded_schema() -> Value {
     let states = ["linked", "stale", "needs_reauth", "pending", "error"];
@@ -134,14 +164,18 @@ impl PayloadSchema {
     /// Checks the bounds, then compiles; every error found, with its pointer in the schema.
     pub fn compile(raw: &Value) -> Result<PayloadSchema, Vec<SchemaError>> {
         bounded(raw)?;
-        let validator = jsonschema::options()
+        let options = jsonschema::options()
             .with_draft(Draft::Draft202012)
             .with_pattern_options(
                 PatternOptions::regex()
                     .size_limit(PATTERN_SIZE_LIMIT)
                     .dfa_size_limit(PATTERN_SIZE_LIMIT),
             )
-            .should_validate_formats(false)
+            .should_validate_formats(true);
+        // Checked by no one: every string conforms, as to an annotation.
+        let validator = ANNOTATED_FORMATS
+            .iter()
+            .fold(options, |o, f| o.with_format(*f, |_: &str| true))
             .build(raw)
             .map_err(|e| {
                 vec![err(
@@ -695,6 +729,59 @@ mod tests {
             ]
         );
         assert!(cost(&tracker()).expect("cost") <= MAX_COST_PER_NODE);
+    }
+
+    #[test]
+    fn cheap_formats_are_checked_and_the_rest_are_annotations() {
+        let formats: Vec<&str> = CHECKED_FORMATS
+            .iter()
+            .chain(ANNOTATED_FORMATS)
+            .copied()
+            .chain(["x-vendor"])
+            .collect();
+        let properties: serde_json::Map<String, Value> = formats
+            .iter()
+            .map(|f| (f.to_string(), json!({"type": "string", "format": f})))
+            .collect();
+        let s = PayloadSchema::compile(&json!({ "properties": properties })).expect("compiles");
+        let good = json!({
+            "date": "2026-12-03", "date-time": "2026-12-03T10:00:00Z", "time": "10:00:00Z",
+            "duration": "P1DT2H", "email": "ann@example.com", "hostname": "api.example.com",
+            "ipv4": "192.0.2.1", "ipv6": "2001:db8::1",
+            "uuid": "0191e5a4-7b1c-7cc2-9a6e-3f1d2b4c5d6e", "uri": "https://example.com/a?b=c",
+            "uri-reference": "/a/b", "json-pointer": "/a/0", "relative-json-pointer": "1/a",
+        });
+        assert_eq!(s.check(&good), Vec::new());
+        let bad = json!({
+            "date": "2026-13-03", "date-time": "yesterday", "time": "25:00:00Z",
+            "duration": "1 day", "email": "not an address", "hostname": "-bad-.example",
+            "ipv4": "999.0.0.1", "ipv6": "2001:db8:::1", "uuid": "0191e5a4",
+            "uri": "no scheme", "uri-reference": "\\a b", "json-pointer": "a/0",
+            "relative-json-pointer": "/a",
+        });
+        let mut refused: Vec<(String, String)> = s
+            .check(&bad)
+            .into_iter()
+            .map(|v| (v.pointer, v.keyword))
+            .collect();
+        refused.sort();
+        // At most MAX_VIOLATIONS are named; each checked format fails on its own.
+        assert_eq!(refused.len(), MAX_VIOLATIONS, "{refused:?}");
+        assert!(refused.iter().all(|(_, k)| k == "format"), "{refused:?}");
+        for f in CHECKED_FORMATS {
+            let one = json!({ *f: bad[*f].clone() });
+            let v = s.check(&one);
+            assert_eq!(v.len(), 1, "{f}: {:?}", bad[*f]);
+            assert_eq!(v[0].pointer, format!("/{f}"));
+        }
+        // Annotations: anything goes, however a producer shapes it, and fast.
+        let deep = "(".repeat(60_000);
+        let odd: serde_json::Map<String, Value> = ANNOTATED_FORMATS
+            .iter()
+            .chain(&["x-vendor"])
+            .map(|f| (f.to_string(), json!(deep)))
+            .collect();
+        assert_eq!(s.check(&Value::Object(odd)), Vec::new());
     }
 
     #[test]
