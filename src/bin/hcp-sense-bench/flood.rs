@@ -310,28 +310,8 @@ pub async fn run_replicas(
 
 /// Closed-loop callers sending `make(caller, n)` until `duration` is over: every answer per
 /// second (recorded, dropped, or refused over a quota with RetryInfo), and the errors besides.
+/// `to` Load::Noop sends each to BenchService's no-op instead: the transport's answer alone.
 pub async fn answers(
-    chs: &[Channel],
-    duration: Duration,
-    callers: usize,
-    make: fn(usize, usize, Population) -> crate::pb::DeliverTriggerRequest,
-    pop: Population,
-) -> (f64, usize) {
-    answers_of(chs, (duration, callers), make, pop, Load::Recorded).await
-}
-
-/// `answers`, each trigger sent to BenchService's no-op instead: the transport's answer alone.
-pub async fn noop_answers(
-    chs: &[Channel],
-    duration: Duration,
-    callers: usize,
-    make: fn(usize, usize, Population) -> crate::pb::DeliverTriggerRequest,
-    pop: Population,
-) -> (f64, usize) {
-    answers_of(chs, (duration, callers), make, pop, Load::Noop).await
-}
-
-async fn answers_of(
     chs: &[Channel],
     (duration, callers): (Duration, usize),
     make: fn(usize, usize, Population) -> crate::pb::DeliverTriggerRequest,
@@ -349,9 +329,10 @@ async fn answers_of(
             let (mut answered, mut errors, mut n) = (0usize, 0usize, 0usize);
             while !stop.load(Ordering::Relaxed) {
                 if matches!(to, Load::Noop) {
-                    match crate::load::call(&ch, make(w, n, pop), Load::Noop).await {
-                        true => answered += 1,
-                        false => errors += 1,
+                    if crate::load::call(&ch, make(w, n, pop), Load::Noop).await {
+                        answered += 1;
+                    } else {
+                        errors += 1;
                     }
                     n += 1;
                     continue;

@@ -388,7 +388,7 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         async move {
             let before = cpu::sample(pid);
             let started = Instant::now();
-            let (per_sec, errors) = flood::answers(chs, d, c, m, pop).await;
+            let (per_sec, errors) = flood::answers(chs, (d, c), m, pop, Load::Recorded).await;
             let calls = (per_sec * started.elapsed().as_secs_f64()) as usize;
             let cost = before.per_call(&cpu::sample(pid), calls);
             (per_sec, errors, cost.server + cost.postgres)
@@ -398,8 +398,8 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     let noop = {
         let before = cpu::sample(pid);
         let started = Instant::now();
-        let (per_sec, errors) =
-            flood::noop_answers(&chs, d, c, |w, n, p| flood::dropped(w, n, p, false), pop).await;
+        let dropped = |w, n, p| flood::dropped(w, n, p, false);
+        let (per_sec, errors) = flood::answers(&chs, (d, c), dropped, pop, Load::Noop).await;
         let calls = (per_sec * started.elapsed().as_secs_f64()) as usize;
         (
             per_sec,
