@@ -167,6 +167,8 @@ pub struct FairQueue<T> {
     lane_bound: usize,
     /// When a take last found more than one pack queued.
     mixed_at: Mutex<Option<Instant>>,
+    /// Whether the last batch taken was the sparse packs' alone: the next is the backlog's.
+    sparse_last: AtomicBool,
 }
 
 struct Inner<T> {
@@ -202,6 +204,7 @@ impl<T> FairQueue<T> {
             closed: AtomicBool::new(false),
             lane_bound,
             mixed_at: Mutex::new(None),
+            sparse_last: AtomicBool::new(false),
         }
     }
 
@@ -274,6 +277,9 @@ impl<T> FairQueue<T> {
             let mut inner = self.lock();
             let mixed = inner.rounds.packs() > 1;
             inner.rounds.take(&mut taken, max.saturating_sub(out.len()));
+            if !taken.is_empty() {
+                self.sparse_last.store(false, Ordering::SeqCst);
+            }
             mixed
         };
         if mixed {
@@ -290,7 +296,9 @@ impl<T> FairQueue<T> {
     /// Moves the sparse packs' turns (see `Rounds`), up to `max - out.len()` records, into `out`
     /// when backlogged packs are queued beside them, and says whether it did: a batch of these
     /// alone commits in a fraction of a backlog's batch, so a quiet pack's record waits for
-    /// that, not for hundreds of a flood's.
+    /// that, not for hundreds of a flood's. Never twice in a row: after a sparse batch the next
+    /// is the backlog's (sparse packs still first in it), so however many packs are sparse a
+    /// backlog loses at most one short commit per batch of its own.
     pub fn try_take_sparse(
         &self,
         out: &mut Vec<(String, T, std::time::Duration)>,
@@ -299,9 +307,10 @@ impl<T> FairQueue<T> {
         let mut taken = Vec::new();
         {
             let mut inner = self.lock();
-            if !inner.rounds.sparse_beside_backlog() {
+            if self.sparse_last.load(Ordering::SeqCst) || !inner.rounds.sparse_beside_backlog() {
                 return false;
             }
+            self.sparse_last.store(true, Ordering::SeqCst);
             inner
                 .rounds
                 .take_sparse(&mut taken, max.saturating_sub(out.len()));
@@ -553,6 +562,33 @@ mod tests {
         q.try_take(&mut out, 2);
         assert!(q.shared_within(within));
         assert_eq!(out.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn never_two_sparse_batches_in_a_row() {
+        let q = FairQueue::<u32>::new(64, 256);
+        let ids = |out: &[(String, u32, std::time::Duration)]| -> Vec<u32> {
+            out.iter().map(|(_, n, _)| *n).collect()
+        };
+        for n in 0..10 {
+            q.push("flood", "a", n).await.expect("queued");
+        }
+        let mut out = Vec::new();
+        q.try_take(&mut out, 1);
+        assert!(!q.try_take_sparse(&mut out, 64), "no sparse pack");
+        q.push("quiet", "b", 100).await.expect("queued");
+        let mut out = Vec::new();
+        assert!(q.try_take_sparse(&mut out, 64));
+        assert_eq!(ids(&out), vec![100]);
+        q.push("calm", "c", 200).await.expect("queued");
+        let mut out = Vec::new();
+        assert!(!q.try_take_sparse(&mut out, 64), "the backlog's turn next");
+        q.try_take(&mut out, 3);
+        assert_eq!(ids(&out), vec![200, 1, 2], "sparse packs still first in it");
+        q.push("other", "d", 300).await.expect("queued");
+        let mut out = Vec::new();
+        assert!(q.try_take_sparse(&mut out, 64));
+        assert_eq!(ids(&out), vec![300]);
     }
 
     #[tokio::test]

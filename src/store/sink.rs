@@ -196,8 +196,8 @@ async fn take_batch<T>(
     }
     // A sparse pack's record (its pack had nothing queued) beside a backlog is committed in a
     // batch of such records alone, at once: it waits for the commit under way and a short one of
-    // its own, never for a flood's long batch. One such batch at most between two of the
-    // backlog's, however many packs are sparse, so a flood loses one short commit per turn.
+    // its own, never for a flood's long batch. Never two such batches in a row, so a flood
+    // loses at most one short commit per batch of its own.
     if queue.try_take_sparse(batch, SHARED_BATCH) {
         return true;
     }
