@@ -167,8 +167,6 @@ pub struct FairQueue<T> {
     lane_bound: usize,
     /// When a take last found more than one pack queued.
     mixed_at: Mutex<Option<Instant>>,
-    /// Whether the last batch taken was the sparse packs' alone: the next is the backlog's.
-    sparse_last: AtomicBool,
 }
 
 struct Inner<T> {
@@ -178,6 +176,8 @@ struct Inner<T> {
     /// Lanes in `lanes`, and the count at which idle ones are next swept.
     count: usize,
     sweep_at: usize,
+    /// Whether the last turns taken were the sparse packs' alone: the next are the backlog's.
+    sparse_last: bool,
 }
 
 impl<T> std::fmt::Debug for FairQueue<T> {
@@ -198,13 +198,13 @@ impl<T> FairQueue<T> {
                 lanes: HashMap::new(),
                 count: 0,
                 sweep_at: IDLE_LANES,
+                sparse_last: false,
             }),
             ready: Notify::new(),
             total: Arc::new(Semaphore::new(total_bound)),
             closed: AtomicBool::new(false),
             lane_bound,
             mixed_at: Mutex::new(None),
-            sparse_last: AtomicBool::new(false),
         }
     }
 
@@ -272,25 +272,7 @@ impl<T> FairQueue<T> {
     /// Moves up to `max - out.len()` queued records into `out` with the time each waited
     /// since its caller came; their places go to the callers waiting.
     pub fn try_take(&self, out: &mut Vec<(String, T, std::time::Duration)>, max: usize) {
-        let mut taken = Vec::new();
-        let mixed = {
-            let mut inner = self.lock();
-            let mixed = inner.rounds.packs() > 1;
-            inner.rounds.take(&mut taken, max.saturating_sub(out.len()));
-            if !taken.is_empty() {
-                self.sparse_last.store(false, Ordering::SeqCst);
-            }
-            mixed
-        };
-        if mixed {
-            *self.mixed_at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-        }
-        // The permits are released here, outside the lock.
-        out.extend(
-            taken
-                .into_iter()
-                .map(|(pack, q)| (pack, q.item, q.since.elapsed())),
-        );
+        self.take_turns(out, max, false);
     }
 
     /// Moves the sparse packs' turns (see `Rounds`), up to `max - out.len()` records, into `out`
@@ -304,18 +286,38 @@ impl<T> FairQueue<T> {
         out: &mut Vec<(String, T, std::time::Duration)>,
         max: usize,
     ) -> bool {
+        self.take_turns(out, max, true)
+    }
+
+    /// `try_take` (`sparse` false, always taken) or `try_take_sparse`; whether it took turns.
+    fn take_turns(
+        &self,
+        out: &mut Vec<(String, T, std::time::Duration)>,
+        max: usize,
+        sparse: bool,
+    ) -> bool {
         let mut taken = Vec::new();
-        {
+        let mixed = {
             let mut inner = self.lock();
-            if self.sparse_last.load(Ordering::SeqCst) || !inner.rounds.sparse_beside_backlog() {
-                return false;
+            let max = max.saturating_sub(out.len());
+            let mixed = inner.rounds.packs() > 1;
+            if sparse {
+                if inner.sparse_last || !inner.rounds.sparse_beside_backlog() {
+                    return false;
+                }
+                inner.rounds.take_sparse(&mut taken, max);
+            } else {
+                inner.rounds.take(&mut taken, max);
             }
-            self.sparse_last.store(true, Ordering::SeqCst);
-            inner
-                .rounds
-                .take_sparse(&mut taken, max.saturating_sub(out.len()));
+            if !taken.is_empty() {
+                inner.sparse_last = sparse;
+            }
+            mixed
+        };
+        if mixed {
+            *self.mixed_at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         }
-        *self.mixed_at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        // The permits are released here, outside the lock.
         out.extend(
             taken
                 .into_iter()
