@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::service::Routes;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::server::HealthReporter;
 
@@ -12,7 +13,7 @@ use crate::config::Config;
 use std::sync::Arc;
 
 use crate::auth::Authenticator;
-use crate::grpc::calls::{CallLayer, WatchLimits};
+use crate::grpc::calls::{CallLayer, HealthWatchLimits};
 use crate::grpc::conn::{self, effective_max_connections, ConnLimits};
 use crate::grpc::guard::GuardLayer;
 use crate::grpc::ingest::Ingest;
@@ -65,7 +66,7 @@ struct ServerLimits {
     conns: ConnLimits,
     keepalive_interval: Option<Duration>,
     keepalive_timeout: Duration,
-    watches: WatchLimits,
+    watches: HealthWatchLimits,
 }
 
 impl App {
@@ -73,40 +74,7 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<App> {
         crate::grpc::codec::install();
         let store = connect_waiting(&config.database, config.db_startup_wait).await?;
-        if config.migrate {
-            store.migrate_up().await?;
-        } else {
-            let status = store.migration_status().await?;
-            let newer: Vec<_> = status
-                .iter()
-                .filter(|m| !m.known)
-                .map(|m| &m.name)
-                .collect();
-            if !newer.is_empty() {
-                // Additive: a previous release serves on a newer schema during a rollout.
-                tracing::info!(newer = ?newer, "the database has migrations of a newer release");
-            }
-            let pending: Vec<_> = status
-                .iter()
-                .filter(|m| !m.applied)
-                .map(|m| m.name.as_str())
-                .collect();
-            if !pending.is_empty() {
-                anyhow::bail!(
-                    "the database lacks migrations {}: run `hcp-sense migrate up` or start with --migrate true",
-                    pending.join(", ")
-                );
-            }
-        }
-        if config.migrate {
-            let moved = store.adopt_copied_positions().await?;
-            if moved > 0 {
-                tracing::warn!(
-                    records = moved,
-                    "records carried transaction ids of another PostgreSQL cluster; they now list ahead of every record written here"
-                );
-            }
-        }
+        schema_ready(&store, config.migrate).await?;
         let pages = PageTokens::new(config.page_token_secret());
         let mut auth = Authenticator::from_config(&config.auth)?;
         let tls_files = config.tls.files()?;
@@ -117,21 +85,7 @@ impl App {
         let auth = Arc::new(auth);
         let tls = match tls_files {
             None => None,
-            Some((cert_file, key_file)) => {
-                let read = |p: &std::path::Path| {
-                    std::fs::read(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
-                };
-                let mut c = ServerTlsConfig::new()
-                    .identity(Identity::from_pem(read(cert_file)?, read(key_file)?))
-                    .timeout(config.first_request_timeout);
-                if let Some(ca) = &config.tls.client_ca_file {
-                    // Certificates are one way in; callers without one may still send a token.
-                    c = c
-                        .client_ca_root(Certificate::from_pem(read(ca)?))
-                        .client_auth_optional(true);
-                }
-                Some(c)
-            }
+            Some((cert, key)) => Some(tls_config(&config, cert, key)?),
         };
         if !auth.is_enabled() {
             if !config.listen.ip().is_loopback() && !config.insecure_no_auth {
@@ -142,20 +96,12 @@ impl App {
             }
             tracing::warn!(listen = %config.listen, "authentication is not configured: every caller may call every RPC");
         }
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|e| anyhow::anyhow!("binding {}: {e}", config.listen))?;
+        let listener = bind(config.listen).await?;
         let addr = listener.local_addr()?;
-        let metrics_listener = TcpListener::bind(config.metrics_listen)
-            .await
-            .map_err(|e| anyhow::anyhow!("binding {}: {e}", config.metrics_listen))?;
+        let metrics_listener = bind(config.metrics_listen).await?;
         let metrics_addr = metrics_listener.local_addr()?;
         let ingress_listener = match config.ingress_listen {
-            Some(a) => Some(
-                TcpListener::bind(a)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("binding {a}: {e}"))?,
-            ),
+            Some(a) => Some(bind(a).await?),
             None => None,
         };
         let metrics = Arc::new(Metrics::new(config.metrics_max_packs));
@@ -166,60 +112,13 @@ impl App {
             metrics_addr,
             ingress_listener,
             nats_url: config.nats_url.clone(),
-            http: crate::http::HttpLimits {
-                caps: crate::sockets::Caps {
-                    total: crate::http::MAX_CONNECTIONS,
-                    per_peer: config.http_max_connections_per_peer,
-                },
-                idle: config.http_idle_timeout,
-                header_timeout: config.http_header_timeout,
-                body_timeout: config.http_body_timeout,
-                max_body_bytes: config.max_payload_bytes,
-            },
-            service: Service::start(
-                store,
-                Limits {
-                    max_payload_bytes: config.max_payload_bytes,
-                    retention: config.retention(),
-                    prune_every: config.prune_interval,
-                    hash_principals: config.hash_principals,
-                    max_json_depth: config.max_json_depth,
-                    // A batch past the call's own deadline can no longer answer anyone.
-                    batch_timeout: config.request_timeout,
-                    sink_writers: config.sink_writers,
-                    watch: crate::service::WatchLimits {
-                        max_behind: config.watch_max_behind,
-                        max_lag: config.watch_max_lag,
-                        progress_every: config.watch_progress,
-                        max_watchers: config.max_watches,
-                    },
-                },
-                metrics,
-            )
-            .await?,
+            http: http_limits(&config),
+            service: Service::start(store, service_limits(&config), metrics).await?,
             shutdown_grace: config.shutdown_grace,
             bench_baseline: config.bench_baseline,
             auth,
             tls,
-            limits: ServerLimits {
-                rate_per_sec: config.rate_limit_per_sec,
-                auth_failures_per_sec: config.auth_failure_rate_per_sec,
-                max_request_bytes: config.max_request_bytes,
-                max_concurrent_streams: config.max_concurrent_streams,
-                request_timeout: config.request_timeout,
-                conns: ConnLimits {
-                    max_connections: effective_max_connections(config.max_connections),
-                    max_per_peer: config.max_connections_per_peer,
-                    first_request_timeout: config.first_request_timeout,
-                    idle_timeout: config.idle_timeout,
-                },
-                keepalive_interval: config.http2_keepalive_interval,
-                keepalive_timeout: config.http2_keepalive_timeout,
-                watches: WatchLimits {
-                    per_connection: config.max_health_watches_per_connection,
-                    total: config.max_health_watches,
-                },
-            },
+            limits: server_limits(&config),
             pages,
         })
     }
@@ -251,82 +150,48 @@ impl App {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        // Binding health for OTLP metrics (a no-op without a meter provider).
-        let gauge_service = self.service.clone();
-        let _bindings = opentelemetry::global::meter("hcp-sense")
-            .i64_observable_gauge("hcp_sense.bindings")
-            .with_callback(move |g| {
-                for (state, n) in gauge_service.binding_states() {
-                    g.observe(n, &[opentelemetry::KeyValue::new("state", state)]);
-                }
-            })
-            .build();
+        let _bindings = bindings_gauge(self.service.clone());
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status(LIVENESS, tonic_health::ServingStatus::Serving)
             .await;
-        let reflection_v1 = reflection().build_v1()?;
-        let reflection_v1alpha = reflection().build_v1alpha()?;
-
+        let routes = self.grpc_routes()?.add_service(health_service);
         let (stop_tx, stop_rx) = watch::channel(false);
-        // Replicas: follow other replicas' policy changes; report NOT_SERVING while behind.
-        self.service.start_listener(stop_rx.clone());
-        // WatchRecords: one tail per replica; watches end (resumable) when shutdown begins.
-        self.service.start_tail(stop_rx.clone());
-        // Serve once the listener has subscribed and reloaded (PostgreSQL), so a fresh replica
-        // is not unready for its first calls; if that takes long, serve NOT_SERVING meanwhile.
-        let mut current = self.service.watch_current();
-        let _ = tokio::time::timeout(STARTUP_LISTEN_WAIT, current.wait_for(|c| *c)).await;
-        let ready_now = self.service.ready().await;
-        let (ready_tx, ready_rx) = watch::channel(ready_now);
-        set_serving(&health, ready_now).await;
-        tokio::spawn(follow_readiness(
-            self.service.clone(),
-            health.clone(),
-            ready_tx,
-            stop_rx.clone(),
-        ));
+        let ready_rx = self.start_following(&health, &stop_rx).await;
         tokio::spawn(async move {
             shutdown.await;
             let _ = stop_tx.send(true);
         });
-        let mut on_stop = stop_rx.clone();
-        let stop_health = health.clone();
-        tokio::spawn(crate::http::serve(
-            "metrics",
-            self.metrics_listener,
-            http_routes(self.service.clone(), ready_rx),
-            crate::http::HttpLimits {
-                // Scrapes and probes carry no body.
-                max_body_bytes: 64 << 10,
-                ..self.http
-            },
-            self.service.metrics.clone(),
-            stop_rx.clone(),
-        ));
-        let ingress_addr = self
-            .ingress_listener
-            .as_ref()
-            .and_then(|l| l.local_addr().ok());
-        if let Some(l) = self.ingress_listener {
-            tokio::spawn(crate::http::serve(
-                "ingress",
-                l,
-                crate::webhooks::routes(self.service.clone(), self.service.max_payload_bytes()),
-                self.http,
-                self.service.metrics.clone(),
-                stop_rx.clone(),
-            ));
-        }
-        if let Some(url) = self.nats_url.clone() {
-            tokio::spawn(crate::nats::run(self.service.clone(), url, stop_rx.clone()));
-        }
-        let max = self.limits.max_request_bytes;
+        let ingress_addr = self.ingress_addr();
+        let App {
+            listener,
+            addr,
+            metrics_listener,
+            metrics_addr,
+            ingress_listener,
+            nats_url,
+            http,
+            service,
+            shutdown_grace,
+            auth,
+            limits: l,
+            tls,
+            ..
+        } = self;
+        spawn_listeners(
+            &service,
+            http,
+            metrics_listener,
+            ingress_listener,
+            nats_url,
+            ready_rx,
+            &stop_rx,
+        );
+        let metrics = service.metrics.clone();
         let mut builder = Server::builder();
-        if let Some(tls) = self.tls.clone() {
+        if let Some(tls) = tls {
             builder = builder.tls_config(tls)?;
         }
-        let l = self.limits;
         let windows = crate::grpc::flow::Windows::for_streams(l.max_concurrent_streams);
         let serve = builder
             .max_concurrent_streams(l.max_concurrent_streams)
@@ -340,108 +205,199 @@ impl App {
             .http2_keepalive_interval(l.keepalive_interval)
             .http2_keepalive_timeout(Some(l.keepalive_timeout))
             .layer(CallLayer::new(l.watches, l.request_timeout))
-            .layer(RpcLayer::new(self.service.metrics.clone()))
+            .layer(RpcLayer::new(metrics.clone()))
             .layer(GuardLayer::new(
-                self.auth.clone(),
+                auth,
                 l.rate_per_sec,
                 l.auth_failures_per_sec,
-                self.service.metrics.clone(),
+                metrics.clone(),
             ))
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(
+                conn::incoming(listener, l.conns, metrics),
+                stopping(stop_rx.clone(), health),
+            );
+        match ingress_addr {
+            Some(ingress_addr) => {
+                tracing::info!(addr = %addr, %metrics_addr, %ingress_addr, "hcp-sense listening")
+            }
+            None => tracing::info!(addr = %addr, %metrics_addr, "hcp-sense listening"),
+        }
+        let (result, deadline) = within_grace(serve, stop_rx, shutdown_grace).await;
+        // An unreachable store must not keep the process from exiting.
+        final_writes(service, deadline).await;
+        tracing::info!("stopped");
+        result
+    }
+
+    /// The API's gRPC services and reflection, each refusing a request over the size limit.
+    fn grpc_routes(&self) -> anyhow::Result<Routes> {
+        let max = self.limits.max_request_bytes;
+        let (service, pages) = (&self.service, &self.pages);
+        let mut routes = Routes::new(reflection().build_v1()?)
+            .add_service(reflection().build_v1alpha()?)
             .add_service(
                 PackServiceServer::new(Packs {
-                    service: self.service.clone(),
-                    pages: self.pages.clone(),
+                    service: service.clone(),
+                    pages: pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
             .add_service(
                 IngressServiceServer::new(Ingress {
-                    service: self.service.clone(),
-                    pages: self.pages.clone(),
+                    service: service.clone(),
+                    pages: pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
             .add_service(
                 PolicyServiceServer::new(Policy {
-                    service: self.service.clone(),
-                    pages: self.pages.clone(),
+                    service: service.clone(),
+                    pages: pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
             .add_service(
-                IngestServiceServer::new(Ingest::new(self.service.clone(), l.conns.idle_timeout))
-                    .max_decoding_message_size(max),
+                IngestServiceServer::new(Ingest::new(
+                    service.clone(),
+                    self.limits.conns.idle_timeout,
+                ))
+                .max_decoding_message_size(max),
             )
             .add_service(
                 RecordServiceServer::new(Records {
-                    service: self.service.clone(),
-                    pages: self.pages.clone(),
+                    service: service.clone(),
+                    pages: pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
             .add_service(
                 AuditServiceServer::new(crate::grpc::audit::Audit {
-                    service: self.service.clone(),
-                    pages: self.pages.clone(),
+                    service: service.clone(),
+                    pages: pages.clone(),
                 })
                 .max_decoding_message_size(max),
-            )
-            .add_optional_service(
-                self.bench_baseline
-                    .then(|| BenchServiceServer::new(crate::grpc::bench::Baseline)),
-            )
-            .serve_with_incoming_shutdown(
-                conn::incoming(self.listener, l.conns, self.service.metrics.clone()),
-                async move {
-                    let _ = on_stop.wait_for(|s| *s).await;
-                    tracing::info!("shutting down: no new calls accepted");
-                    set_serving(&stop_health, false).await;
-                    stop_health
-                        .set_service_status(LIVENESS, tonic_health::ServingStatus::NotServing)
-                        .await;
-                },
             );
-        match ingress_addr {
-            Some(ingress_addr) => {
-                tracing::info!(addr = %self.addr, metrics_addr = %self.metrics_addr, %ingress_addr, "hcp-sense listening")
-            }
-            None => {
-                tracing::info!(addr = %self.addr, metrics_addr = %self.metrics_addr, "hcp-sense listening")
-            }
+        if self.bench_baseline {
+            routes = routes.add_service(BenchServiceServer::new(crate::grpc::bench::Baseline));
         }
-
-        let grace = self.shutdown_grace;
-        // Calls in flight get the grace period but its last EXIT_RESERVE, which is for the last
-        // drop counts and closing the store, so that the process is gone within the grace period.
-        let reserve = EXIT_RESERVE.min(grace / 2);
-        let mut grace_rx = stop_rx;
-        let stop_deadline = std::sync::Arc::new(std::sync::OnceLock::new());
-        let result = tokio::select! {
-            r = serve => r.map_err(anyhow::Error::from),
-            _ = {
-                let stop_deadline = stop_deadline.clone();
-                async move {
-                    let _ = grace_rx.wait_for(|s| *s).await;
-                    let _ = stop_deadline.set(tokio::time::Instant::now() + grace);
-                    tokio::time::sleep(grace - reserve).await;
-                }
-            } => {
-                tracing::warn!(grace_secs = grace.as_secs_f64(), "grace period over; closing calls still in flight");
-                Ok(())
-            }
-        };
-        // An unreachable store must not keep the process from exiting.
-        let deadline = stop_deadline
-            .get()
-            .copied()
-            .unwrap_or_else(|| tokio::time::Instant::now() + grace);
-        final_writes(self.service, deadline).await;
-        tracing::info!("stopped");
-        result
+        Ok(routes)
     }
+
+    /// Starts following other replicas' policy changes and the records' tail, waits (a
+    /// while) for the first, and reports readiness from then on; the receiver reads it.
+    async fn start_following(
+        &self,
+        health: &HealthReporter,
+        stop_rx: &watch::Receiver<bool>,
+    ) -> watch::Receiver<bool> {
+        // Replicas: follow other replicas' policy changes; report NOT_SERVING while behind.
+        self.service.start_listener(stop_rx.clone());
+        // WatchRecords: one tail per replica; watches end (resumable) when shutdown begins.
+        self.service.start_tail(stop_rx.clone());
+        // Serve once the listener has subscribed and reloaded (PostgreSQL), so a fresh replica
+        // is not unready for its first calls; if that takes long, serve NOT_SERVING meanwhile.
+        let mut current = self.service.watch_current();
+        let _ = tokio::time::timeout(STARTUP_LISTEN_WAIT, current.wait_for(|c| *c)).await;
+        let ready_now = self.service.ready().await;
+        let (ready_tx, ready_rx) = watch::channel(ready_now);
+        set_serving(health, ready_now).await;
+        tokio::spawn(follow_readiness(
+            self.service.clone(),
+            health.clone(),
+            ready_tx,
+            stop_rx.clone(),
+        ));
+        ready_rx
+    }
+}
+
+/// Binding health for OTLP metrics (a no-op without a meter provider), kept while the
+/// returned gauge lives.
+fn bindings_gauge(service: Service) -> opentelemetry::metrics::ObservableGauge<i64> {
+    opentelemetry::global::meter("hcp-sense")
+        .i64_observable_gauge("hcp_sense.bindings")
+        .with_callback(move |g| {
+            for (state, n) in service.binding_states() {
+                g.observe(n, &[opentelemetry::KeyValue::new("state", state)]);
+            }
+        })
+        .build()
+}
+
+/// Serves /metrics and the probes, the HTTP ingress when it has a listener, and consumes
+/// NATS when configured, each until `stop`.
+fn spawn_listeners(
+    service: &Service,
+    http: crate::http::HttpLimits,
+    metrics_listener: TcpListener,
+    ingress_listener: Option<TcpListener>,
+    nats_url: Option<String>,
+    ready_rx: watch::Receiver<bool>,
+    stop_rx: &watch::Receiver<bool>,
+) {
+    tokio::spawn(crate::http::serve(
+        "metrics",
+        metrics_listener,
+        http_routes(service.clone(), ready_rx),
+        crate::http::HttpLimits {
+            // Scrapes and probes carry no body.
+            max_body_bytes: 64 << 10,
+            ..http
+        },
+        service.metrics.clone(),
+        stop_rx.clone(),
+    ));
+    if let Some(l) = ingress_listener {
+        tokio::spawn(crate::http::serve(
+            "ingress",
+            l,
+            crate::webhooks::routes(service.clone(), service.max_payload_bytes()),
+            http,
+            service.metrics.clone(),
+            stop_rx.clone(),
+        ));
+    }
+    if let Some(url) = nats_url {
+        tokio::spawn(crate::nats::run(service.clone(), url, stop_rx.clone()));
+    }
+}
+
+/// Completes when shutdown begins, after reporting NOT_SERVING: the gRPC server then stops
+/// accepting.
+async fn stopping(mut stop_rx: watch::Receiver<bool>, health: HealthReporter) {
+    let _ = stop_rx.wait_for(|s| *s).await;
+    tracing::info!("shutting down: no new calls accepted");
+    set_serving(&health, false).await;
+    health
+        .set_service_status(LIVENESS, tonic_health::ServingStatus::NotServing)
+        .await;
+}
+
+/// Runs `serve` to its end, or until the grace period after shutdown began is over but its
+/// last EXIT_RESERVE, which is for the last drop counts and closing the store, so that the
+/// process is gone within the grace period. Returns the server's result and when the grace
+/// period ends.
+async fn within_grace(
+    serve: impl Future<Output = Result<(), tonic::transport::Error>>,
+    mut stop_rx: watch::Receiver<bool>,
+    grace: Duration,
+) -> (anyhow::Result<()>, tokio::time::Instant) {
+    let reserve = EXIT_RESERVE.min(grace / 2);
+    let mut deadline = None;
+    let result = tokio::select! {
+        r = serve => r.map_err(anyhow::Error::from),
+        _ = async {
+            let _ = stop_rx.wait_for(|s| *s).await;
+            deadline = Some(tokio::time::Instant::now() + grace);
+            tokio::time::sleep(grace - reserve).await;
+        } => {
+            tracing::warn!(grace_secs = grace.as_secs_f64(), "grace period over; closing calls still in flight");
+            Ok(())
+        }
+    };
+    let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + grace);
+    (result, deadline)
 }
 
 /// Readiness: SERVING while the store answers and the policy view is current. A lost policy
@@ -644,5 +600,125 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => tracing::info!("SIGINT received"),
         _ = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+/// Applies migrations when `migrate`; otherwise refuses a database that lacks one of this
+/// release's (a newer release's extra migrations are additive and fine).
+async fn schema_ready(store: &Store, migrate: bool) -> anyhow::Result<()> {
+    if migrate {
+        store.migrate_up().await?;
+        let moved = store.adopt_copied_positions().await?;
+        if moved > 0 {
+            tracing::warn!(
+                records = moved,
+                "records carried transaction ids of another PostgreSQL cluster; they now list ahead of every record written here"
+            );
+        }
+        return Ok(());
+    }
+    let status = store.migration_status().await?;
+    let newer: Vec<_> = status
+        .iter()
+        .filter(|m| !m.known)
+        .map(|m| &m.name)
+        .collect();
+    if !newer.is_empty() {
+        // Additive: a previous release serves on a newer schema during a rollout.
+        tracing::info!(newer = ?newer, "the database has migrations of a newer release");
+    }
+    let pending: Vec<_> = status
+        .iter()
+        .filter(|m| !m.applied)
+        .map(|m| m.name.as_str())
+        .collect();
+    if !pending.is_empty() {
+        anyhow::bail!(
+            "the database lacks migrations {}: run `hcp-sense migrate up` or start with --migrate true",
+            pending.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The gRPC listener's TLS: the server's certificate and key, and client certificates as one
+/// optional way in when a client CA is configured.
+fn tls_config(
+    config: &Config,
+    cert_file: &std::path::Path,
+    key_file: &std::path::Path,
+) -> anyhow::Result<ServerTlsConfig> {
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
+    };
+    let mut c = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read(cert_file)?, read(key_file)?))
+        .timeout(config.first_request_timeout);
+    if let Some(ca) = &config.tls.client_ca_file {
+        // Certificates are one way in; callers without one may still send a token.
+        c = c
+            .client_ca_root(Certificate::from_pem(read(ca)?))
+            .client_auth_optional(true);
+    }
+    Ok(c)
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))
+}
+
+fn http_limits(config: &Config) -> crate::http::HttpLimits {
+    crate::http::HttpLimits {
+        caps: crate::sockets::Caps {
+            total: crate::http::MAX_CONNECTIONS,
+            per_peer: config.http_max_connections_per_peer,
+        },
+        idle: config.http_idle_timeout,
+        header_timeout: config.http_header_timeout,
+        body_timeout: config.http_body_timeout,
+        max_body_bytes: config.max_payload_bytes,
+    }
+}
+
+fn service_limits(config: &Config) -> Limits {
+    Limits {
+        max_payload_bytes: config.max_payload_bytes,
+        retention: config.retention(),
+        prune_every: config.prune_interval,
+        hash_principals: config.hash_principals,
+        max_json_depth: config.max_json_depth,
+        // A batch past the call's own deadline can no longer answer anyone.
+        batch_timeout: config.request_timeout,
+        sink_writers: config.sink_writers,
+        watch: crate::service::WatchLimits {
+            max_behind: config.watch_max_behind,
+            max_lag: config.watch_max_lag,
+            progress_every: config.watch_progress,
+            max_watchers: config.max_watches,
+        },
+    }
+}
+
+fn server_limits(config: &Config) -> ServerLimits {
+    ServerLimits {
+        rate_per_sec: config.rate_limit_per_sec,
+        auth_failures_per_sec: config.auth_failure_rate_per_sec,
+        max_request_bytes: config.max_request_bytes,
+        max_concurrent_streams: config.max_concurrent_streams,
+        request_timeout: config.request_timeout,
+        conns: ConnLimits {
+            max_connections: effective_max_connections(config.max_connections),
+            max_per_peer: config.max_connections_per_peer,
+            first_request_timeout: config.first_request_timeout,
+            idle_timeout: config.idle_timeout,
+        },
+        keepalive_interval: config.http2_keepalive_interval,
+        keepalive_timeout: config.http2_keepalive_timeout,
+        watches: HealthWatchLimits {
+            per_connection: config.max_health_watches_per_connection,
+            total: config.max_health_watches,
+        },
     }
 }

@@ -249,7 +249,7 @@ impl AuthConfig {
 
 #[derive(Debug)]
 struct Jwt {
-    keys: Vec<(Option<String>, DecodingKey, Algorithm)>,
+    keys: Vec<JwtKey>,
     validation_by_alg: HashMap<Algorithm, Validation>,
     role_claim: String,
     principal_claim: String,
@@ -268,121 +268,11 @@ pub struct Authenticator {
 
 impl Authenticator {
     pub fn from_config(cfg: &AuthConfig) -> anyhow::Result<Authenticator> {
-        let mut tokens: HashMap<[u8; 32], Identity> = HashMap::new();
-        let mut names = std::collections::HashSet::new();
-        for t in &cfg.tokens {
-            check_id("name", &t.name)
-                .map_err(|e| anyhow::anyhow!("auth token `{}`: {e}", t.name))?;
-            if !names.insert(t.name.as_str()) {
-                anyhow::bail!(
-                    "auth token `{}` is configured twice: names must be unique",
-                    t.name
-                );
-            }
-            let raw = hex::decode(t.sha256.trim())
-                .map_err(|_| anyhow::anyhow!("auth token `{}`: sha256 must be hex", t.name))?;
-            let hash: [u8; 32] = raw
-                .try_into()
-                .map_err(|_| anyhow::anyhow!("auth token `{}`: sha256 must be 32 bytes", t.name))?;
-            if let Some(p) = &t.principal {
-                check_id("principal", p)
-                    .map_err(|e| anyhow::anyhow!("auth token `{}`: {e}", t.name))?;
-            }
-            if t.role == Role::Reader && t.principal.is_none() {
-                anyhow::bail!("auth token `{}`: a reader needs a principal", t.name);
-            }
-            if let Some(other) = tokens.get(&hash) {
-                // One secret cannot stand for two callers: which would it be?
-                anyhow::bail!(
-                    "auth tokens `{}` and `{}` have the same sha256: each token must be distinct",
-                    other.subject,
-                    t.name
-                );
-            }
-            tokens.insert(
-                hash,
-                Identity {
-                    kind: CredentialKind::Token,
-                    subject: t.name.clone(),
-                    role: t.role,
-                    principal: t.principal.clone(),
-                    expires: None,
-                },
-            );
-        }
-        let jwt = match &cfg.jwt {
-            None => None,
-            Some(j) => {
-                let mut keys = Vec::new();
-                if let Some(path) = &j.hs256_secret_file {
-                    // The file's bytes, exactly: a secret is not text to be cleaned up.
-                    let secret = std::fs::read(path)
-                        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-                    if secret.len() < MIN_HS256_SECRET {
-                        anyhow::bail!(
-                            "{}: an HS256 secret must be at least {MIN_HS256_SECRET} bytes, not {}",
-                            path.display(),
-                            secret.len()
-                        );
-                    }
-                    keys.push((None, DecodingKey::from_secret(&secret)?, Algorithm::HS256));
-                }
-                if let Some(path) = &j.jwks_file {
-                    let text = std::fs::read_to_string(path)
-                        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-                    let set: JwkSet = serde_json::from_str(&text)
-                        .map_err(|e| anyhow::anyhow!("{}: not a JWKS: {e}", path.display()))?;
-                    for k in &set.keys {
-                        let alg = match &k.algorithm {
-                            jsonwebtoken::jwk::AlgorithmParameters::RSA(_) => Algorithm::RS256,
-                            jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => {
-                                Algorithm::ES256
-                            }
-                            _ => anyhow::bail!(
-                                "{}: only RSA (RS256) and EC (ES256) keys are supported",
-                                path.display()
-                            ),
-                        };
-                        keys.push((k.common.key_id.clone(), DecodingKey::from_jwk(k)?, alg));
-                    }
-                }
-                if keys.is_empty() {
-                    anyhow::bail!("[auth.jwt] needs hs256_secret_file or jwks_file");
-                }
-                let mut validation_by_alg = HashMap::new();
-                for alg in [Algorithm::HS256, Algorithm::RS256, Algorithm::ES256] {
-                    let mut v = Validation::new(alg);
-                    v.validate_nbf = true;
-                    v.leeway = JWT_LEEWAY_SECS;
-                    // A configured issuer or audience is required, not merely checked when present.
-                    let mut required = vec!["exp", "sub"];
-                    if let Some(iss) = &j.issuer {
-                        v.set_issuer(&[iss]);
-                        required.push("iss");
-                    }
-                    match &j.audience {
-                        Some(aud) => {
-                            v.set_audience(&[aud]);
-                            required.push("aud");
-                        }
-                        None => v.validate_aud = false,
-                    }
-                    v.set_required_spec_claims(&required);
-                    validation_by_alg.insert(alg, v);
-                }
-                Some(Jwt {
-                    keys,
-                    validation_by_alg,
-                    role_claim: j.role_claim.clone().unwrap_or_else(|| "role".into()),
-                    principal_claim: j.principal_claim.clone().unwrap_or_else(|| "sub".into()),
-                })
-            }
-        };
         Ok(Authenticator {
             enabled: cfg.is_enabled(),
             mtls: None,
-            tokens,
-            jwt,
+            tokens: tokens(&cfg.tokens)?,
+            jwt: cfg.jwt.as_ref().map(Jwt::from_config).transpose()?,
             verified: Verified::default(),
         })
     }
@@ -705,6 +595,134 @@ pub fn allowed(method: &str, role: Role) -> bool {
                 Role::Admin,
             )
         )
+}
+
+/// The configured tokens by their SHA-256: each with a unique valid name, a reader's with a
+/// principal, no two with one hash (which caller would it be?).
+fn tokens(configured: &[TokenConfig]) -> anyhow::Result<HashMap<[u8; 32], Identity>> {
+    let mut tokens: HashMap<[u8; 32], Identity> = HashMap::new();
+    let mut names = std::collections::HashSet::new();
+    for t in configured {
+        check_id("name", &t.name).map_err(|e| anyhow::anyhow!("auth token `{}`: {e}", t.name))?;
+        if !names.insert(t.name.as_str()) {
+            anyhow::bail!(
+                "auth token `{}` is configured twice: names must be unique",
+                t.name
+            );
+        }
+        let raw = hex::decode(t.sha256.trim())
+            .map_err(|_| anyhow::anyhow!("auth token `{}`: sha256 must be hex", t.name))?;
+        let hash: [u8; 32] = raw
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("auth token `{}`: sha256 must be 32 bytes", t.name))?;
+        if let Some(p) = &t.principal {
+            check_id("principal", p)
+                .map_err(|e| anyhow::anyhow!("auth token `{}`: {e}", t.name))?;
+        }
+        if t.role == Role::Reader && t.principal.is_none() {
+            anyhow::bail!("auth token `{}`: a reader needs a principal", t.name);
+        }
+        if let Some(other) = tokens.get(&hash) {
+            // One secret cannot stand for two callers: which would it be?
+            anyhow::bail!(
+                "auth tokens `{}` and `{}` have the same sha256: each token must be distinct",
+                other.subject,
+                t.name
+            );
+        }
+        tokens.insert(
+            hash,
+            Identity {
+                kind: CredentialKind::Token,
+                subject: t.name.clone(),
+                role: t.role,
+                principal: t.principal.clone(),
+                expires: None,
+            },
+        );
+    }
+    Ok(tokens)
+}
+
+impl Jwt {
+    fn from_config(j: &JwtConfig) -> anyhow::Result<Jwt> {
+        let mut keys = Vec::new();
+        if let Some(path) = &j.hs256_secret_file {
+            keys.push(hs256_key(path)?);
+        }
+        if let Some(path) = &j.jwks_file {
+            keys.extend(jwks_keys(path)?);
+        }
+        if keys.is_empty() {
+            anyhow::bail!("[auth.jwt] needs hs256_secret_file or jwks_file");
+        }
+        let mut validation_by_alg = HashMap::new();
+        for alg in [Algorithm::HS256, Algorithm::RS256, Algorithm::ES256] {
+            let mut v = Validation::new(alg);
+            v.validate_nbf = true;
+            v.leeway = JWT_LEEWAY_SECS;
+            // A configured issuer or audience is required, not merely checked when present.
+            let mut required = vec!["exp", "sub"];
+            if let Some(iss) = &j.issuer {
+                v.set_issuer(&[iss]);
+                required.push("iss");
+            }
+            match &j.audience {
+                Some(aud) => {
+                    v.set_audience(&[aud]);
+                    required.push("aud");
+                }
+                None => v.validate_aud = false,
+            }
+            v.set_required_spec_claims(&required);
+            validation_by_alg.insert(alg, v);
+        }
+        Ok(Jwt {
+            keys,
+            validation_by_alg,
+            role_claim: j.role_claim.clone().unwrap_or_else(|| "role".into()),
+            principal_claim: j.principal_claim.clone().unwrap_or_else(|| "sub".into()),
+        })
+    }
+}
+
+type JwtKey = (Option<String>, DecodingKey, Algorithm);
+
+/// The HS256 key of a secret file: the file's bytes, exactly (a secret is not text to be
+/// cleaned up), at least MIN_HS256_SECRET of them.
+fn hs256_key(path: &std::path::Path) -> anyhow::Result<JwtKey> {
+    let secret =
+        std::fs::read(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    if secret.len() < MIN_HS256_SECRET {
+        anyhow::bail!(
+            "{}: an HS256 secret must be at least {MIN_HS256_SECRET} bytes, not {}",
+            path.display(),
+            secret.len()
+        );
+    }
+    Ok((None, DecodingKey::from_secret(&secret)?, Algorithm::HS256))
+}
+
+/// The keys of a JWKS file: RSA (RS256) and EC (ES256) keys, by their key ids.
+fn jwks_keys(path: &std::path::Path) -> anyhow::Result<Vec<JwtKey>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let set: JwkSet = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}: not a JWKS: {e}", path.display()))?;
+    set.keys
+        .iter()
+        .map(|k| {
+            let alg = match &k.algorithm {
+                jsonwebtoken::jwk::AlgorithmParameters::RSA(_) => Algorithm::RS256,
+                jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => Algorithm::ES256,
+                _ => anyhow::bail!(
+                    "{}: only RSA (RS256) and EC (ES256) keys are supported",
+                    path.display()
+                ),
+            };
+            Ok((k.common.key_id.clone(), DecodingKey::from_jwk(k)?, alg))
+        })
+        .collect()
 }
 
 #[cfg(test)]

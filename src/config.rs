@@ -12,6 +12,9 @@ use clap::{ArgAction, Args, FromArgMatches};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
+/// Sink writers by default: enough to overlap commits on a PostgreSQL a network away.
+pub const DEFAULT_SINK_WRITERS: usize = 2;
+
 /// Most sink writers: each holds a database connection.
 pub const MAX_SINK_WRITERS: usize = 64;
 
@@ -172,7 +175,7 @@ pub struct Config {
 
     /// Sink writers committing record batches concurrently, each on a database connection of
     /// its own, 1 to 64; PostgreSQL only, SQLite always has one.
-    #[arg(long, env = "HCP_SENSE_SINK_WRITERS", value_name = "N", default_value_t = crate::service::DEFAULT_SINK_WRITERS)]
+    #[arg(long, env = "HCP_SENSE_SINK_WRITERS", value_name = "N", default_value_t = DEFAULT_SINK_WRITERS)]
     pub sink_writers: usize,
 
     /// Seconds to wait for in-flight calls after SIGINT/SIGTERM before exiting.

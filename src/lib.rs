@@ -1,16 +1,14 @@
 //! hcp-sense: the control plane of the Sense loop (HCP §7).
 pub mod app;
 pub mod auth;
-pub mod client;
+pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod error;
-pub mod explain;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod nats;
-pub mod pipe;
 pub mod service;
 pub mod sockets;
 pub mod store;

@@ -47,10 +47,10 @@ enum Cmd {
     /// Run a `sense_only` pack's command and deliver each JSON line it prints as a trigger
     /// (`{"ref": …, "payload": {…}}`, optionally `trigger_id`, `project`, `land`). A
     /// malformed line is reported on stderr with its number; exits with the command's code.
-    Pipe(hcp_sense::pipe::PipeArgs),
+    Pipe(hcp_sense::cli::pipe::PipeArgs),
     /// Ask a server what it would decide on a trigger now, and why: every check in the
     /// decision order with what it read. Records nothing.
-    Explain(hcp_sense::explain::ExplainArgs),
+    Explain(hcp_sense::cli::explain_trigger::ExplainArgs),
     /// Lint a pack manifest (JSON or YAML; `-` reads standard input). Exits 1 on any error.
     Lint {
         /// The manifest file.
@@ -102,12 +102,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn pipe(args: hcp_sense::pipe::PipeArgs) -> ExitCode {
+fn pipe(args: hcp_sense::cli::pipe::PipeArgs) -> ExitCode {
     let rt = match runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    match rt.block_on(hcp_sense::pipe::run(args)) {
+    match rt.block_on(hcp_sense::cli::pipe::run(args)) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -116,12 +116,12 @@ fn pipe(args: hcp_sense::pipe::PipeArgs) -> ExitCode {
     }
 }
 
-fn explain(args: hcp_sense::explain::ExplainArgs) -> ExitCode {
+fn explain(args: hcp_sense::cli::explain_trigger::ExplainArgs) -> ExitCode {
     let rt = match runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    match rt.block_on(hcp_sense::explain::run(args)) {
+    match rt.block_on(hcp_sense::cli::explain_trigger::run(args)) {
         Ok(text) => {
             println!("{}", text.trim_end());
             ExitCode::SUCCESS

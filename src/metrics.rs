@@ -13,7 +13,7 @@ use prometheus_client::registry::Registry;
 
 use opentelemetry::KeyValue;
 
-use crate::domain::decide::{DropReason, Outcome};
+use crate::domain::trigger::{DropReason, Outcome};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeliveryLabels {
@@ -157,6 +157,42 @@ pub struct Metrics {
     otel: Otel,
 }
 
+/// Every metric's name (under the `hcp_sense` prefix) and help text.
+const HELP: [(&str, &str); 21] = [
+    ("deliveries", "Triggers decided, by disposition, drop reason and pack"),
+    ("decision_duration_seconds", "Time to validate and decide one trigger, recording excluded"),
+    ("rpc_duration_seconds", "gRPC call latency, by method"),
+    ("sink_batch_records", "Records per group-commit batch"),
+    ("sink_commit_duration_seconds", "Time to write and commit one batch of records"),
+    ("records_written", "Records committed to the sink"),
+    ("drop_counts_written", "Drops added to the drop_reports table"),
+    ("ingress_refused", "Ingress requests and messages refused before any trigger was decided (a bad signature, a malformed or unmappable message)"),
+    ("ingress_replayed", "Signed ingress requests whose delivery was decided before, answered with the first outcome and not decided again"),
+    ("sink_queue_wait_seconds", "Time a record waited in the sink's queue for a writer, by pack: its lane's backlog, and its turn among the packs"),
+    ("sink_queued_records", "Records of a pack waiting in the sink's queue, as the last batch taken from it left them"),
+    ("quota_admitted", "Triggers of packs with a quota (the pack's or a principal's) that the quota admitted to the decision"),
+    ("quota_throttled", "Triggers refused over a quota: answered RESOURCE_EXHAUSTED (HTTP 429, NATS redelivered later), neither recorded nor dropped"),
+    ("sockets_shed", "Client sockets closed to make room at a listener's cap (peer_cap, total_cap: the oldest not serving a request), and new ones refused because every socket of their peer was serving one (peer_busy)"),
+    ("records_deleted", "Records deleted from the sink, by cause: erasure (EraseRecords) or retention"),
+    ("bindings", "Bindings of registered packs, by health state"),
+    ("auth_signature_checks", "JWT signatures checked, by whether the caller's address was within its budget of failed authentications (within) or past it (over: one check at a time in all)"),
+    ("auth_signature_check_seconds", "Time spent checking JWT signatures, by the same budget"),
+    ("nats_routes", "NATS routes of this replica by the state of their consumer: consuming, or failing (not running, being retried)"),
+    ("nats_consumer_failures", "Times a NATS route's consumer could not start or stopped (a stream missing, NATS unreachable)"),
+    ("build_info", "The running build"),
+];
+
+/// Registers `metric` under `name` with its help text from HELP, and returns it.
+fn registered<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &'static str,
+    metric: M,
+) -> M {
+    let help = HELP.iter().find(|(n, _)| *n == name).map_or("", |(_, h)| h);
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 fn seconds() -> Histogram {
     // 1 µs to about 16 s.
     Histogram::new(exponential_buckets(1e-6, 2.5, 19))
@@ -165,169 +201,63 @@ fn seconds() -> Histogram {
 impl Metrics {
     /// Metrics with at most `max_packs` distinct pack labels.
     pub fn new(max_packs: usize) -> Metrics {
-        let mut registry = Registry::with_prefix("hcp_sense");
-        let deliveries = Family::<DeliveryLabels, Counter>::default();
-        registry.register(
-            "deliveries",
-            "Triggers decided, by disposition, drop reason and pack",
-            deliveries.clone(),
-        );
-        let decision_seconds = seconds();
-        registry.register(
-            "decision_duration_seconds",
-            "Time to validate and decide one trigger, recording excluded",
-            decision_seconds.clone(),
-        );
-        let rpc_seconds =
-            Family::<MethodLabels, Histogram, fn() -> Histogram>::new_with_constructor(seconds);
-        registry.register(
-            "rpc_duration_seconds",
-            "gRPC call latency, by method",
-            rpc_seconds.clone(),
-        );
-        let batch_records = Histogram::new(exponential_buckets(1.0, 2.0, 11));
-        registry.register(
-            "sink_batch_records",
-            "Records per group-commit batch",
-            batch_records.clone(),
-        );
-        let commit_seconds = seconds();
-        registry.register(
-            "sink_commit_duration_seconds",
-            "Time to write and commit one batch of records",
-            commit_seconds.clone(),
-        );
-        let records_written = Counter::default();
-        registry.register(
-            "records_written",
-            "Records committed to the sink",
-            records_written.clone(),
-        );
-        let drop_counts_written = Counter::default();
-        registry.register(
-            "drop_counts_written",
-            "Drops added to the drop_reports table",
-            drop_counts_written.clone(),
-        );
-        let ingress_refused = Family::<IngressLabels, Counter>::default();
-        registry.register(
-            "ingress_refused",
-            "Ingress requests and messages refused before any trigger was decided (a bad signature, a malformed or unmappable message)",
-            ingress_refused.clone(),
-        );
-        let ingress_replayed = Family::<IngressLabels, Counter>::default();
-        registry.register(
-            "ingress_replayed",
-            "Signed ingress requests whose delivery was decided before, answered with the first outcome and not decided again",
-            ingress_replayed.clone(),
-        );
-        let queue_wait_seconds =
-            Family::<PackLabels, Histogram, fn() -> Histogram>::new_with_constructor(seconds);
-        registry.register(
-            "sink_queue_wait_seconds",
-            "Time a record waited in the sink's queue for a writer, by pack: its lane's backlog, and its turn among the packs",
-            queue_wait_seconds.clone(),
-        );
-        let queued_records = Family::<PackLabels, Gauge>::default();
-        registry.register(
-            "sink_queued_records",
-            "Records of a pack waiting in the sink's queue, as the last batch taken from it left them",
-            queued_records.clone(),
-        );
-        let quota_admitted = Family::<PackLabels, Counter>::default();
-        registry.register(
-            "quota_admitted",
-            "Triggers of packs with a quota (the pack's or a principal's) that the quota admitted to the decision",
-            quota_admitted.clone(),
-        );
-        let quota_throttled = Family::<PackLabels, Counter>::default();
-        registry.register(
-            "quota_throttled",
-            "Triggers refused over a quota: answered RESOURCE_EXHAUSTED (HTTP 429, NATS redelivered later), neither recorded nor dropped",
-            quota_throttled.clone(),
-        );
-        let sockets_shed = Family::<ShedLabels, Counter>::default();
-        registry.register(
-            "sockets_shed",
-            "Client sockets closed to make room at a listener's cap (peer_cap, total_cap: the oldest not serving a request), and new ones refused because every socket of their peer was serving one (peer_busy)",
-            sockets_shed.clone(),
-        );
+        let mut r = Registry::with_prefix("hcp_sense");
         let records_deleted = Family::<CauseLabels, Counter>::default();
         for cause in ["erasure", "retention"] {
             // Present from the start, so a dashboard's rate reads 0 rather than nothing.
             let _ = records_deleted.get_or_create(&CauseLabels { cause });
         }
-        registry.register(
-            "records_deleted",
-            "Records deleted from the sink, by cause: erasure (EraseRecords) or retention",
-            records_deleted.clone(),
-        );
-        let bindings = Family::<StateLabels, Gauge>::default();
-        registry.register(
-            "bindings",
-            "Bindings of registered packs, by health state",
-            bindings.clone(),
-        );
         let signature_checks = Family::<BudgetLabels, Counter>::default();
         let signature_check_seconds = Family::<BudgetLabels, Counter<f64, AtomicU64>>::default();
         for budget in ["within", "over"] {
             let _ = signature_checks.get_or_create(&BudgetLabels { budget });
             let _ = signature_check_seconds.get_or_create(&BudgetLabels { budget });
         }
-        registry.register(
-            "auth_signature_checks",
-            "JWT signatures checked, by whether the caller's address was within its budget of failed authentications (within) or past it (over: one check at a time in all)",
-            signature_checks.clone(),
-        );
-        registry.register(
-            "auth_signature_check_seconds",
-            "Time spent checking JWT signatures, by the same budget",
-            signature_check_seconds.clone(),
-        );
-        let nats_routes = Family::<StateLabels, Gauge>::default();
-        registry.register(
-            "nats_routes",
-            "NATS routes of this replica by the state of their consumer: consuming, or failing (not running, being retried)",
-            nats_routes.clone(),
-        );
-        let nats_consumer_failures = Counter::default();
-        registry.register(
-            "nats_consumer_failures",
-            "Times a NATS route's consumer could not start or stopped (a stream missing, NATS unreachable)",
-            nats_consumer_failures.clone(),
-        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION"),
             })
             .set(1);
-        registry.register("build_info", "The running build", build);
+        let per_pack = Family::<PackLabels, Histogram, fn() -> Histogram>::new_with_constructor;
+        let per_method = Family::<MethodLabels, Histogram, fn() -> Histogram>::new_with_constructor;
+        let batch_sizes = Histogram::new(exponential_buckets(1.0, 2.0, 11));
         Metrics {
-            registry,
-            deliveries,
-            decision_seconds,
-            rpc_seconds,
-            batch_records,
-            commit_seconds,
-            records_written,
-            drop_counts_written,
-            ingress_refused,
-            ingress_replayed,
-            queue_wait_seconds,
-            queued_records,
-            quota_admitted,
-            quota_throttled,
-            sockets_shed,
-            records_deleted,
-            bindings,
-            signature_checks,
-            signature_check_seconds,
-            nats_routes,
-            nats_consumer_failures,
+            deliveries: registered(&mut r, "deliveries", Family::default()),
+            decision_seconds: registered(&mut r, "decision_duration_seconds", seconds()),
+            rpc_seconds: registered(&mut r, "rpc_duration_seconds", per_method(seconds)),
+            batch_records: registered(&mut r, "sink_batch_records", batch_sizes),
+            commit_seconds: registered(&mut r, "sink_commit_duration_seconds", seconds()),
+            records_written: registered(&mut r, "records_written", Counter::default()),
+            drop_counts_written: registered(&mut r, "drop_counts_written", Counter::default()),
+            ingress_refused: registered(&mut r, "ingress_refused", Family::default()),
+            ingress_replayed: registered(&mut r, "ingress_replayed", Family::default()),
+            queue_wait_seconds: registered(&mut r, "sink_queue_wait_seconds", per_pack(seconds)),
+            queued_records: registered(&mut r, "sink_queued_records", Family::default()),
+            quota_admitted: registered(&mut r, "quota_admitted", Family::default()),
+            quota_throttled: registered(&mut r, "quota_throttled", Family::default()),
+            sockets_shed: registered(&mut r, "sockets_shed", Family::default()),
+            records_deleted: registered(&mut r, "records_deleted", records_deleted),
+            bindings: registered(&mut r, "bindings", Family::default()),
+            signature_checks: registered(&mut r, "auth_signature_checks", signature_checks),
+            signature_check_seconds: registered(
+                &mut r,
+                "auth_signature_check_seconds",
+                signature_check_seconds,
+            ),
+            nats_routes: registered(&mut r, "nats_routes", Family::default()),
+            nats_consumer_failures: registered(
+                &mut r,
+                "nats_consumer_failures",
+                Counter::default(),
+            ),
             labelled_packs: Mutex::new(HashSet::new()),
             max_packs,
             otel: Otel::new(),
+            registry: {
+                registered(&mut r, "build_info", build);
+                r
+            },
         }
     }
 
@@ -562,5 +492,29 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every metric exposed carries its help text from the one table (families show once
+    /// they have a series).
+    #[test]
+    fn every_metric_has_its_help() {
+        let exposed = Metrics::new(4).encode();
+        let helped: Vec<&str> = exposed
+            .lines()
+            .filter_map(|l| l.strip_prefix("# HELP hcp_sense_"))
+            .collect();
+        assert!(helped.len() >= 5, "{exposed}");
+        for line in helped {
+            assert!(
+                HELP.iter()
+                    .any(|(n, h)| !h.is_empty() && line.starts_with(&format!("{n} {h}"))),
+                "{line}"
+            );
+        }
     }
 }

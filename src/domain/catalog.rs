@@ -1,9 +1,9 @@
 //! The trigger catalog a harness reads: each declared ref with its land, description and payload schema, and whether a principal could receive it now.
 use serde_json::{Map, Value};
 
-use super::decide::{DropReason, Trigger};
 use super::explain::{explain, Verdict};
 use super::policy::PolicyView;
+use super::trigger::{DropReason, Trigger};
 
 /// One declared ref of a registered pack, as ListTriggerTypes shows it.
 #[derive(Debug, Clone, PartialEq)]

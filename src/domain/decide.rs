@@ -1,222 +1,37 @@
 //! The Sense decision (§7.3–§7.5): trigger validation and `decide`, a pure function in the spec's order.
 use serde_json::{Map, Value};
-use std::fmt;
 
-use super::filter::{Filter, Filtered};
+use super::checks;
 use super::names::{check_id, check_land, check_pack_id, check_ref};
-use super::pack::{BindingMode, TriggerSource, BINDING_DEGRADED};
-use super::policy::{
-    Activation, BindingRef, BindingState, PackPolicy, PolicyView, PrincipalPolicy, Route,
-};
+use super::pack::{TriggerSource, BINDING_DEGRADED};
+use super::policy::{BindingRef, BindingState, PolicyView};
+use super::trigger::{Decision, DropReason, RawTrigger, Trigger, BRAIN};
 
-/// The binding identity of records made for public packs (§7.5.1).
-pub const PUBLIC_BINDING: &str = "public";
-/// The land whose records need project membership (§7.5.2).
-pub const BRAIN: &str = "brain";
-
-/// A well-formed trigger, as handed over by a runtime.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Trigger {
-    pub pack_id: String,
-    pub r#ref: String,
-    pub principal: String,
-    pub land: String,
-    pub payload: Map<String, Value>,
-    pub project: Option<String>,
-    pub trigger_id: Option<String>,
-}
-
-/// A trigger as received, before validation.
-#[derive(Debug, Clone, Default)]
-pub struct RawTrigger {
-    pub pack_id: String,
-    pub r#ref: String,
-    pub principal: String,
-    pub land: String,
-    /// The payload; `None` when none was sent (read as `{}`).
-    pub payload: Option<Value>,
-    pub project: String,
-    pub trigger_id: String,
-    /// `None` when unspecified (read as push); `Err` holds an unknown value.
-    pub source: Option<Result<TriggerSource, i32>>,
-}
-
-/// Why a trigger was dropped, in the order `decide` checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DropReason {
-    UnknownPack,
-    UndeclaredRef,
-    NoGrant,
-    NoConnectedBinding,
-    LandMismatch,
-    ActivationOff,
-    /// The service's own `binding.degraded` whose Policy land is `brain`: a brain record
-    /// needs a project and a Binding has none (§7.5.2, §7.7.3).
-    NoProject,
-    /// The activation's filter said not to record the trigger.
-    Filtered,
-    /// The activation's filter failed on the trigger, or yielded neither a bool nor a route.
-    FilterError,
-}
-
-impl DropReason {
-    pub const ALL: [DropReason; 9] = [
-        DropReason::UnknownPack,
-        DropReason::UndeclaredRef,
-        DropReason::NoGrant,
-        DropReason::NoConnectedBinding,
-        DropReason::LandMismatch,
-        DropReason::ActivationOff,
-        DropReason::NoProject,
-        DropReason::Filtered,
-        DropReason::FilterError,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DropReason::UnknownPack => "unknown_pack",
-            DropReason::UndeclaredRef => "undeclared_ref",
-            DropReason::NoGrant => "no_grant",
-            DropReason::NoConnectedBinding => "no_connected_binding",
-            DropReason::LandMismatch => "land_mismatch",
-            DropReason::ActivationOff => "activation_off",
-            DropReason::NoProject => "no_project",
-            DropReason::Filtered => "filtered",
-            DropReason::FilterError => "filter_error",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<DropReason> {
-        DropReason::ALL.into_iter().find(|r| r.as_str() == s)
-    }
-}
-
-impl fmt::Display for DropReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What to do with a trigger.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    Record { route: Route, binding_id: String },
-    Drop(DropReason),
-}
-
-impl Decision {
-    /// `recorded_inbox`, `recorded_silent` or `dropped`, as spans and metrics name it.
-    pub fn disposition(&self) -> &'static str {
-        disposition(match self {
-            Decision::Record { route, .. } => Some(*route),
-            Decision::Drop(_) => None,
-        })
-    }
-}
-
-/// The one mapping from a route (none: dropped) to a disposition's name.
-fn disposition(route: Option<Route>) -> &'static str {
-    match route {
-        Some(Route::Inbox) => "recorded_inbox",
-        Some(Route::Silent) => "recorded_silent",
-        None => "dropped",
-    }
-}
-
-/// Decides on a trigger, checking the clauses in the order of clauses.md:
-/// pack, ref, grant, Binding, land, activation; then the activation's filter, if it has one.
+/// Decides on a trigger, checking the clauses in the order of clauses.md (`checks::CHECKS`):
+/// pack, ref, grant, Binding, land, activation, then the activation's filter; the first that
+/// fails drops it, and a trigger every check passes is recorded with the route and the
+/// Binding identity they found.
 pub fn decide(view: &PolicyView, t: &Trigger) -> Decision {
-    // 1. §7.3.4 (fail closed): an unknown pack has no policy to pass.
-    let Some(pack) = view.pack(&t.pack_id) else {
-        return Decision::Drop(DropReason::UnknownPack);
-    };
-    // 2. §7.3.3: the ref must be declared.
-    let Some(policy_land) = pack.lands.get(&t.r#ref) else {
-        return Decision::Drop(DropReason::UndeclaredRef);
-    };
-    let principal = pack.principals.get(&t.principal);
-    // 3, 4.
-    let binding_id = match admitted(pack, principal) {
-        Ok(id) => id,
-        Err(reason) => return Decision::Drop(reason),
-    };
-    // 5. §7.3.4: the trigger's land must be its Policy entry's.
-    if t.land != *policy_land {
-        return Decision::Drop(DropReason::LandMismatch);
-    }
-    // 6.
-    let (route, filter) = match routed(pack, principal) {
-        Err(reason) => return Decision::Drop(reason),
-        Ok(on) => on,
-    };
-    // 7. The activation's filter, on a trigger every clause admits.
-    match filtered(filter, t, route) {
+    match checks::run(view, t, None) {
+        Ok((binding_id, route)) => Decision::Record { route, binding_id },
         Err(reason) => Decision::Drop(reason),
-        // 8. Record with the route and the Binding identity.
-        Ok(route) => Decision::Record { route, binding_id },
-    }
-}
-
-/// Step 7 of `decide`: the route the filter gives (the activation's without a filter).
-pub(super) fn filtered(
-    filter: Option<&Filter>,
-    t: &Trigger,
-    route: Route,
-) -> Result<Route, DropReason> {
-    match applied(filter, t).map(|f| f.apply(t, route)) {
-        None => Ok(route),
-        Some(Filtered::Pass(route)) => Ok(route),
-        Some(Filtered::Drop) => Err(DropReason::Filtered),
-        Some(Filtered::Error(_)) => Err(DropReason::FilterError),
-    }
-}
-
-/// Steps 3 and 4 of `decide`: the grant, and a connected Binding unless the pack is public.
-/// Returns the Binding identity records carry.
-pub(super) fn admitted(
-    pack: &PackPolicy,
-    principal: Option<&PrincipalPolicy>,
-) -> Result<String, DropReason> {
-    // 3. §7.3.1: the principal must hold sense.enable for the pack.
-    if !principal.is_some_and(|p| p.granted) {
-        return Err(DropReason::NoGrant);
-    }
-    // 4. §7.3.4, §7.2.2: a connected Binding, unless the pack is public.
-    if pack.binding_mode == BindingMode::Public {
-        return Ok(PUBLIC_BINDING.to_owned());
-    }
-    match principal.and_then(|p| p.binding.as_ref()) {
-        Some(b) if b.state == BindingState::Linked => Ok(b.binding_id.clone()),
-        _ => Err(DropReason::NoConnectedBinding),
-    }
-}
-
-/// The filter that applies to `t`: the activation's, except on `binding.degraded`. A filter
-/// chooses among the pack's world changes; the health of the principal's own Binding (§7.7.3)
-/// always reaches them as the activation routes it.
-pub(super) fn applied<'a>(filter: Option<&'a Filter>, t: &Trigger) -> Option<&'a Filter> {
-    filter.filter(|_| t.r#ref != BINDING_DEGRADED)
-}
-
-/// Step 6 of `decide`, §7.4.2: off (or never switched on) routes to drop; on gives the route
-/// and the filter.
-pub(super) fn routed<'a>(
-    pack: &'a PackPolicy,
-    principal: Option<&'a PrincipalPolicy>,
-) -> Result<(Route, Option<&'a Filter>), DropReason> {
-    match pack.activation_for(principal) {
-        Activation::Off => Err(DropReason::ActivationOff),
-        Activation::On(route, filter) => Ok((*route, filter.as_deref())),
     }
 }
 
 /// Whether a trigger of `pack_id` for `principal`, of a declared ref at its Policy land, would
-/// be recorded now: `decide`'s own steps 3, 4 and 6 (GetPackState's `deliverable`).
+/// be recorded now: `decide`'s own grant, Binding and activation checks (GetPackState's
+/// `deliverable`).
 pub fn deliverable(view: &PolicyView, pack_id: &str, principal: &str) -> bool {
-    view.pack(pack_id).is_some_and(|pack| {
-        let p = pack.principals.get(principal);
-        admitted(pack, p).is_ok() && routed(pack, p).is_ok()
-    })
+    let t = Trigger {
+        pack_id: pack_id.to_owned(),
+        r#ref: String::new(),
+        principal: principal.to_owned(),
+        land: String::new(),
+        payload: Map::new(),
+        project: None,
+        trigger_id: None,
+    };
+    checks::principal_admitted(view, &t)
 }
 
 /// §7.7.3: the `binding.degraded` trigger the service produces, as the runtime's hub, when a
@@ -269,42 +84,6 @@ pub fn binding_degraded(
         decide(&linked, &t)
     };
     Some((t, decision))
-}
-
-/// What became of a trigger, as the producer is told.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    /// `Some(route)` when recorded.
-    pub route: Option<Route>,
-    pub drop_reason: Option<DropReason>,
-    pub record_id: Option<String>,
-    /// The trigger id was seen before for this pack; `record_id` is the first record's.
-    pub duplicate: bool,
-}
-
-impl Outcome {
-    pub fn dropped(reason: DropReason) -> Outcome {
-        Outcome {
-            route: None,
-            drop_reason: Some(reason),
-            record_id: None,
-            duplicate: false,
-        }
-    }
-
-    pub fn recorded(route: Route, record_id: String, duplicate: bool) -> Outcome {
-        Outcome {
-            route: Some(route),
-            drop_reason: None,
-            record_id: Some(record_id),
-            duplicate,
-        }
-    }
-
-    /// `recorded_inbox`, `recorded_silent` or `dropped`.
-    pub fn disposition(&self) -> &'static str {
-        disposition(self.route)
-    }
 }
 
 /// Field violations of a malformed trigger: (field, rule).
@@ -418,7 +197,8 @@ pub fn depth(v: &Value) -> usize {
 mod tests {
     use super::*;
     use crate::domain::pack::{lint, Manifest};
-    use crate::domain::policy::{BindingRef, PackPolicy, PrincipalPolicy};
+    use crate::domain::policy::{Activation, BindingRef, PackPolicy, PrincipalPolicy, Route};
+    use crate::domain::trigger::PUBLIC_BINDING;
     use serde_json::json;
 
     fn manifest(mode: &str) -> Manifest {

@@ -6,8 +6,8 @@ use ::cel::common::ast::IdedExpr;
 use ::cel::Value as Cel;
 
 use super::cel::{self, Lifted};
-use super::decide::Trigger;
-use super::policy::Route;
+use super::trigger::{Route, Trigger};
+
 use direct::{object_at, value_at, Direct, V};
 
 mod direct;

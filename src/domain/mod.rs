@@ -28,6 +28,7 @@ macro_rules! str_enum {
 
 pub mod catalog;
 mod cel;
+mod checks;
 pub mod decide;
 pub mod explain;
 pub mod filter;
@@ -39,3 +40,4 @@ pub mod policy;
 #[cfg(test)]
 mod props;
 pub mod quota;
+pub mod trigger;

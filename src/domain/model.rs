@@ -1,9 +1,9 @@
 //! What the store keeps besides packs: grants, Bindings, activations, Execute state, records, drop reports.
 use serde_json::{Map, Value};
 
-use super::decide::DropReason;
 use super::pack::BindingMode;
 use super::policy::{BindingState, Route};
+use super::trigger::{DropReason, Identity};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
@@ -64,6 +64,18 @@ pub struct Record {
     pub position: Position,
 }
 
+impl Record {
+    /// Whether this record, found under a trigger's id, was made for that trigger (a retry)
+    /// rather than for another that reused the id.
+    pub fn same_trigger(&self, t: Identity<'_>) -> bool {
+        Identity {
+            principal: &self.principal,
+            r#ref: &self.r#ref,
+            land: &self.land,
+        } == t
+    }
+}
+
 /// A record's place in commit order, assigned by the store: the id of the transaction that
 /// wrote it (0 where the store has one writer), then a number from the store's sequence.
 /// Every record committed after a listing has read position `p` gets a position above `p`.
@@ -118,7 +130,7 @@ impl RecordFilter {
         r: &Record,
         viewer_projects: &std::collections::BTreeSet<String>,
     ) -> bool {
-        r.land != crate::domain::decide::BRAIN
+        r.land != crate::domain::trigger::BRAIN
             || (self.viewer.is_some()
                 && r.project
                     .as_ref()

@@ -6,15 +6,7 @@ use super::filter::Filter;
 use super::pack::schema::Catalog;
 use super::pack::{BindingMode, Manifest};
 use super::quota::Rule;
-
-/// Where a recorded trigger goes (§7.4.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Route {
-    /// Recorded and surfaced to the principal.
-    Inbox,
-    /// Recorded, not surfaced.
-    Silent,
-}
+pub use super::trigger::Route;
 
 /// A Binding's health (§7.7.2). Only `Linked` is connected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,7 +18,6 @@ pub enum BindingState {
     Error,
 }
 
-str_enum!(Route { Inbox = "inbox", Silent = "silent" });
 str_enum!(BindingState {
     Linked = "linked",
     Stale = "stale",

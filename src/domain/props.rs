@@ -2,9 +2,10 @@
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-use super::decide::{validate, RawTrigger};
+use super::decide::validate;
 use super::names::check_ref;
 use super::pack::lint;
+use super::trigger::RawTrigger;
 
 fn segment() -> impl Strategy<Value = String> {
     "[a-z0-9_-]{1,8}"

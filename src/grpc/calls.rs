@@ -13,21 +13,21 @@ use crate::error::Error;
 
 /// Bounds on health Watch streams, which any caller may open without credentials.
 #[derive(Debug, Clone, Copy)]
-pub struct WatchLimits {
+pub struct HealthWatchLimits {
     pub per_connection: usize,
     pub total: usize,
 }
 
 #[derive(Clone, Debug)]
 pub struct CallLayer {
-    watch: WatchLimits,
+    watch: HealthWatchLimits,
     watches: Arc<AtomicUsize>,
     /// The server's own bound on a call; a caller's `grpc-timeout` may shorten it.
     request_timeout: Duration,
 }
 
 impl CallLayer {
-    pub fn new(watch: WatchLimits, request_timeout: Duration) -> CallLayer {
+    pub fn new(watch: HealthWatchLimits, request_timeout: Duration) -> CallLayer {
         CallLayer {
             watch,
             watches: Arc::new(AtomicUsize::new(0)),

@@ -3,12 +3,12 @@ use prost_types::{value::Kind, ListValue, Struct, Timestamp, Value as PbValue};
 use serde_json::{Map, Number, Value};
 
 use super::pb;
-use crate::domain::decide::{DropReason, Outcome};
 use crate::domain::model::{ActivationRow, Binding, DropReport, ExecuteState, Grant, Record};
 use crate::domain::pack::{
     BindingMode, Finding, PackKind, RegisteredPack, Severity, TriggerSource,
 };
 use crate::domain::policy::{BindingState, Route};
+use crate::domain::trigger::{DropReason, Outcome};
 use crate::error::Error;
 
 /// A protobuf Struct as a JSON object. Whole numbers come back as integers.

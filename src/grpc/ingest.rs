@@ -14,9 +14,9 @@ use super::pb::{
     self, deliver_trigger_request::PayloadSource, deliver_triggers_response,
     ingest_service_server::IngestService,
 };
-use crate::domain::decide::{Decision, Outcome, RawTrigger};
 use crate::domain::explain::{Check, Verdict};
 use crate::domain::quota::Rule;
+use crate::domain::trigger::{Decision, Outcome, RawTrigger};
 use crate::error::Error;
 use crate::service::{QuotaCheck, Service};
 
@@ -232,101 +232,130 @@ impl IngestService for Ingest {
         let bucket = req.extensions().get::<CallerBucket>().cloned();
         // The caller's credential expiring ends the stream too: the guard's timer does that
         // for every stream (grpc/lifetime.rs).
-        let mut inbound = req.into_inner();
-        let service = self.service.clone();
-        let in_flight = self.in_flight.clone();
-        let idle = self.idle;
-        let (tx, mut pending) = mpsc::channel(STREAM_WINDOW);
-        tokio::spawn(async move {
-            let mut index: u64 = 0;
-            // The last trigger in flight for each (pack, trigger id), and whether it is done.
-            let mut keyed: HashMap<(String, String), watch::Receiver<bool>> = HashMap::new();
-            loop {
-                // Once the answers are gone (the caller left, or the stream was ended), the
-                // triggers are no longer read.
-                let item = tokio::select! {
-                    item = tokio::time::timeout(idle, inbound.next()) => item,
-                    () = tx.closed() => break,
-                };
-                let Ok(item) = item else {
-                    // Answered after the outcomes of every trigger before it, like any end.
-                    let idle = Error::Unavailable(format!(
-                        "no trigger for {} s: the stream is closed as idle; open a new one",
-                        idle.as_secs()
-                    ));
-                    let _ = tx.send((index, Err(Status::from(idle)))).await;
-                    break;
-                };
-                let Some(item) = item else { break };
-                let next = match item {
-                    Ok(_) if index > 0 && bucket.as_ref().is_some_and(|b| !b.allow()) => {
-                        Ok(tokio::spawn(async {
-                            refused(Error::ResourceExhausted(RATE_LIMITED.into()))
-                        }))
-                    }
-                    Ok(r) => {
-                        let Ok(permit) = in_flight.clone().acquire_owned().await else {
-                            break;
-                        };
-                        let key = r
-                            .trigger
-                            .as_ref()
-                            .filter(|t| !t.trigger_id.is_empty())
-                            .map(|t| (t.pack_id.clone(), t.trigger_id.clone()));
-                        let (done, done_rx) = watch::channel(false);
-                        let before = key.and_then(|k| keyed.insert(k, done_rx));
-                        if keyed.len() > 2 * STREAM_WINDOW {
-                            keyed.retain(|_, d| !*d.borrow());
-                        }
-                        let service = service.clone();
-                        Ok(tokio::spawn(async move {
-                            if let Some(mut before) = before {
-                                let _ = before.wait_for(|d| *d).await;
-                            }
-                            let result = deliver_one(service, r.trigger).await;
-                            let _ = done.send(true);
-                            drop(permit);
-                            result
-                        }))
-                    }
-                    Err(status) => Err(status),
-                };
-                let end = next.is_err();
-                if tx.send((index, next)).await.is_err() || end {
-                    break;
-                }
-                index += 1;
-            }
-        });
-        let outcomes = async_stream(move |out| async move {
-            loop {
-                // An answer stream that is gone (the caller left, or its credential expired)
-                // lets go of the triggers, which stops their reading.
-                let next = tokio::select! {
-                    next = pending.recv() => next,
-                    () = out.closed() => break,
-                };
-                let Some((index, next)) = next else { break };
-                let item = match next {
-                    Ok(task) => match task.await {
-                        Ok(result) => Ok(pb::DeliverTriggersResponse {
-                            index,
-                            result: Some(result),
-                        }),
-                        Err(e) => {
-                            tracing::error!(error = %e, index, "a trigger's delivery task failed");
-                            Err(Error::Internal(e.to_string()).into())
-                        }
-                    },
-                    Err(status) => Err(status),
-                };
-                let end = item.is_err();
-                if out.send(item).await.is_err() || end {
-                    break;
-                }
-            }
-        });
+        let inbound = req.into_inner();
+        let (tx, pending) = mpsc::channel(STREAM_WINDOW);
+        tokio::spawn(start_each(
+            inbound,
+            self.service.clone(),
+            self.in_flight.clone(),
+            self.idle,
+            bucket,
+            tx,
+        ));
+        let outcomes = async_stream(move |out| answer_in_order(pending, out));
         Ok(Response::new(outcomes))
+    }
+}
+
+/// A trigger of a DeliverTriggers stream by its index: its delivery started as a task, or the
+/// status that ends the stream.
+type Started = (
+    u64,
+    Result<tokio::task::JoinHandle<deliver_triggers_response::Result>, Status>,
+);
+
+/// Reads a stream's triggers and starts each one's delivery as a task of its own, in order,
+/// until the stream ends, idles for `idle`, or its answers are gone.
+async fn start_each(
+    mut inbound: Streaming<pb::DeliverTriggersRequest>,
+    service: Service,
+    in_flight: Arc<Semaphore>,
+    idle: Duration,
+    bucket: Option<CallerBucket>,
+    tx: mpsc::Sender<Started>,
+) {
+    let mut index: u64 = 0;
+    // The last trigger in flight for each (pack, trigger id), and whether it is done.
+    let mut keyed: HashMap<(String, String), watch::Receiver<bool>> = HashMap::new();
+    loop {
+        // Once the answers are gone (the caller left, or the stream was ended), the
+        // triggers are no longer read.
+        let item = tokio::select! {
+            item = tokio::time::timeout(idle, inbound.next()) => item,
+            () = tx.closed() => break,
+        };
+        let Ok(item) = item else {
+            // Answered after the outcomes of every trigger before it, like any end.
+            let idle = Error::Unavailable(format!(
+                "no trigger for {} s: the stream is closed as idle; open a new one",
+                idle.as_secs()
+            ));
+            let _ = tx.send((index, Err(Status::from(idle)))).await;
+            break;
+        };
+        let Some(item) = item else { break };
+        let next = match item {
+            Ok(_) if index > 0 && bucket.as_ref().is_some_and(|b| !b.allow()) => {
+                Ok(tokio::spawn(async {
+                    refused(Error::ResourceExhausted(RATE_LIMITED.into()))
+                }))
+            }
+            Ok(r) => {
+                let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                    break;
+                };
+                let key = r
+                    .trigger
+                    .as_ref()
+                    .filter(|t| !t.trigger_id.is_empty())
+                    .map(|t| (t.pack_id.clone(), t.trigger_id.clone()));
+                let (done, done_rx) = watch::channel(false);
+                let before = key.and_then(|k| keyed.insert(k, done_rx));
+                if keyed.len() > 2 * STREAM_WINDOW {
+                    keyed.retain(|_, d| !*d.borrow());
+                }
+                let service = service.clone();
+                Ok(tokio::spawn(async move {
+                    if let Some(mut before) = before {
+                        let _ = before.wait_for(|d| *d).await;
+                    }
+                    let result = deliver_one(service, r.trigger).await;
+                    let _ = done.send(true);
+                    drop(permit);
+                    result
+                }))
+            }
+            Err(status) => Err(status),
+        };
+        let end = next.is_err();
+        if tx.send((index, next)).await.is_err() || end {
+            break;
+        }
+        index += 1;
+    }
+}
+
+/// Sends each started trigger's outcome, in the order the triggers came, until one ends the
+/// stream or the caller is gone.
+async fn answer_in_order(
+    mut pending: mpsc::Receiver<Started>,
+    out: mpsc::Sender<Result<pb::DeliverTriggersResponse, Status>>,
+) {
+    loop {
+        // An answer stream that is gone (the caller left, or its credential expired)
+        // lets go of the triggers, which stops their reading.
+        let next = tokio::select! {
+            next = pending.recv() => next,
+            () = out.closed() => break,
+        };
+        let Some((index, next)) = next else { break };
+        let item = match next {
+            Ok(task) => match task.await {
+                Ok(result) => Ok(pb::DeliverTriggersResponse {
+                    index,
+                    result: Some(result),
+                }),
+                Err(e) => {
+                    tracing::error!(error = %e, index, "a trigger's delivery task failed");
+                    Err(Error::Internal(e.to_string()).into())
+                }
+            },
+            Err(status) => Err(status),
+        };
+        let end = item.is_err();
+        if out.send(item).await.is_err() || end {
+            break;
+        }
     }
 }
 

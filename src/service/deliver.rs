@@ -8,13 +8,12 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
 use super::Service;
-use crate::domain::decide::{
-    binding_degraded, decide, validate, Decision, Outcome, RawTrigger, Trigger,
-};
+use crate::domain::decide::{binding_degraded, decide, validate};
 use crate::domain::explain::{explain, Explanation};
 use crate::domain::model::{Binding, Record};
 use crate::domain::pack::schema::{PayloadSchema, PayloadViolation};
 use crate::domain::policy::{BindingRef, PolicyView, Route};
+use crate::domain::trigger::{Decision, Outcome, RawTrigger, Trigger};
 use crate::error::{Error, Result, Violation};
 use crate::store::Stored;
 
@@ -230,7 +229,7 @@ impl Service {
         let mut first = None;
         if let (Decision::Drop(_), Some(id)) = (&decision, &t.trigger_id) {
             if let Some(r) = self.store.record_for_trigger(&t.pack_id, id).await? {
-                if r.principal != t.principal || r.r#ref != t.r#ref || r.land != t.land {
+                if !r.same_trigger(t.identity()) {
                     return Err(conflict(id));
                 }
                 decision = Decision::Record {
@@ -306,7 +305,7 @@ impl Service {
         let mut duplicate = None;
         if let Some(id) = &t.trigger_id {
             if let Some(r) = self.store.record_for_trigger(&t.pack_id, id).await? {
-                if r.principal != t.principal || r.r#ref != t.r#ref || r.land != t.land {
+                if !r.same_trigger(t.identity()) {
                     return Err(conflict(id));
                 }
                 duplicate = Some(r);

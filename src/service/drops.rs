@@ -3,8 +3,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use crate::domain::decide::DropReason;
 use crate::domain::model::DropReport;
+use crate::domain::trigger::DropReason;
 use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::store::{now_micros, Store};

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{valid_pack_id, Service};
-use crate::domain::decide::{Outcome, RawTrigger};
 use crate::domain::ingress::{
-    check_route_id, check_secret, cloud_event, compile, evaluate, verify, Compiled, IngressKind,
-    Mapped, Mapping, Route, Verified, MAX_SECRETS,
+    check_route_id, check_secret, cloud_event, compile, evaluate, verify, CloudEvent, Compiled,
+    IngressKind, Mapped, Mapping, Route, Verified, MAX_SECRETS,
 };
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, PolicyView};
+use crate::domain::trigger::{Outcome, RawTrigger};
 use crate::error::{Error, Result, Violation};
 use crate::store::audit::Actor;
 use crate::store::now_micros;
@@ -370,31 +370,7 @@ impl Service {
         body: &[u8],
         delivery_id: String,
     ) -> Result<Vec<Received>> {
-        let is_event = match route.kind {
-            IngressKind::CloudEvents => true,
-            // The CloudEvents NATS binding: `ce-` headers, or a structured-mode event.
-            IngressKind::Nats => {
-                headers.contains_key("ce-specversion")
-                    || headers
-                        .get("content-type")
-                        .is_some_and(|c| c.starts_with("application/cloudevents"))
-            }
-            _ => false,
-        };
-        let (payload, event) = match is_event {
-            true => {
-                let e = cloud_event(headers, body).map_err(|(f, d)| invalid(vec![(f, d)]))?;
-                (e.data.clone(), Some(e))
-            }
-            false => {
-                let payload: Value = serde_json::from_slice(body)
-                    .map_err(|e| Error::invalid("body", format!("is not JSON: {e}")))?;
-                if !payload.is_object() {
-                    return Err(Error::invalid("body", "must be a JSON object"));
-                }
-                (payload, None)
-            }
-        };
+        let (payload, event) = message(route, headers, body)?;
         let compiled = self.mappings.compiled(route)?;
         let signed = route.kind.signed_headers().is_some();
         let unsigned_event = signed && event.as_ref().is_some_and(|e| !e.structured);
@@ -408,51 +384,12 @@ impl Service {
             // makes a replay the first record.
             mapped.trigger_id.get_or_insert_with(|| delivery_id.clone());
         }
-        if let Some(e) = &event {
-            // What a CloudEvent names itself, where the mapping does not say otherwise.
-            let ty = e.attr("type");
-            mapped.r#ref.get_or_insert_with(|| {
-                ty.strip_prefix(route.type_prefix.as_str())
-                    .unwrap_or(ty)
-                    .to_owned()
-            });
-            if mapped.binding_id.is_none() && !route.fan_out && mapped.principal.is_none() {
-                let subject = e.attr("subject");
-                if subject.is_empty() {
-                    return Err(Error::invalid(
-                        "subject",
-                        "is required: the route maps no principal, so the event's subject names it",
-                    ));
-                }
-                mapped.principal = Some(subject.to_owned());
+        match &event {
+            Some(e) => named_by_event(route, e, &mut mapped)?,
+            None if route.kind == IngressKind::Nats => {
+                named_by_headers(route, headers, &mut mapped)?
             }
-            mapped.trigger_id.get_or_insert_with(|| e.trigger_id());
-        } else if route.kind == IngressKind::Nats {
-            // A plain message names its trigger in `hcp-*` headers.
-            let header = |n: &str| headers.get(n).filter(|v| !v.is_empty()).cloned();
-            if mapped.r#ref.is_none() {
-                mapped.r#ref = Some(header("hcp-ref").ok_or_else(|| {
-                    Error::invalid("hcp-ref", "is required: a message without a CloudEvent names its ref in the hcp-ref header")
-                })?);
-            }
-            if mapped.principal.is_none() && mapped.binding_id.is_none() && !route.fan_out {
-                mapped.principal = header("hcp-principal");
-                mapped.binding_id = header("hcp-binding-id");
-                if mapped.principal.is_none() && mapped.binding_id.is_none() {
-                    return Err(Error::invalid(
-                        "hcp-principal",
-                        "is required (or hcp-binding-id): the route maps no principal",
-                    ));
-                }
-            }
-            for (slot, name) in [
-                (&mut mapped.project, "hcp-project"),
-                (&mut mapped.land, "hcp-land"),
-            ] {
-                if slot.is_none() {
-                    *slot = header(name);
-                }
-            }
+            None => {}
         }
         let view = self.view();
         let trigger_id = mapped.trigger_id.clone().unwrap_or(delivery_id);
@@ -463,34 +400,7 @@ impl Service {
             ));
         }
         let principals = self.principals_of(&view, route, &mapped)?;
-        let fanned = route.fan_out;
-        let kind = route.kind.as_str();
-        let mut triggers = Vec::with_capacity(principals.len());
-        for principal in principals {
-            // One trigger per principal, each with an id of its own: idempotency is per
-            // (pack, trigger id), so a redelivered fan-out records each principal's once.
-            let id = match (&trigger_id, fanned) {
-                (id, _) if id.is_empty() => String::new(),
-                (id, true) => format!("{id}:{principal}"),
-                (id, false) => id.clone(),
-            };
-            let r#ref = mapped.r#ref.clone().unwrap_or_default();
-            let land = mapped.land.clone().unwrap_or_else(|| {
-                view.pack(&route.pack_id)
-                    .and_then(|p| p.lands.get(&r#ref).cloned())
-                    .unwrap_or_else(|| LAND_OF_UNDECLARED.to_owned())
-            });
-            triggers.push(RawTrigger {
-                pack_id: route.pack_id.clone(),
-                r#ref,
-                principal,
-                land,
-                payload: Some(payload.clone()),
-                project: mapped.project.clone().unwrap_or_default(),
-                trigger_id: id,
-                source: None,
-            });
-        }
+        let triggers = triggers_of(&view, route, &mapped, principals, &trigger_id, &payload);
         // Every trigger of the message carries the one payload under one ref: it conforms to
         // the ref's schema for all or none.
         if let Some(t) = triggers.first() {
@@ -508,8 +418,16 @@ impl Service {
                 return Err(e);
             }
         }
-        // A fan-out's triggers are decided FAN_OUT_AT_ONCE at a time, so the sink commits
-        // them together instead of one batch each.
+        self.deliver_message(triggers, route.kind.as_str()).await
+    }
+
+    /// Delivers a message's admitted triggers, FAN_OUT_AT_ONCE at a time so the sink commits
+    /// a fan-out's together instead of one batch each; the outcomes in the triggers' order.
+    async fn deliver_message(
+        &self,
+        triggers: Vec<RawTrigger>,
+        kind: &'static str,
+    ) -> Result<Vec<Received>> {
         let mut out = Vec::with_capacity(triggers.len());
         let mut rest = triggers.into_iter().peekable();
         while rest.peek().is_some() {
@@ -613,4 +531,129 @@ impl Service {
         all.sort();
         Ok(all)
     }
+}
+
+/// A message's payload, and its CloudEvent when it is one: a CloudEvents route's always, a
+/// NATS message's when it carries `ce-` headers or is a structured-mode event (the CloudEvents
+/// NATS binding). Any other body must be a JSON object.
+fn message(
+    route: &Route,
+    headers: &BTreeMap<String, String>,
+    body: &[u8],
+) -> Result<(Value, Option<CloudEvent>)> {
+    let is_event = match route.kind {
+        IngressKind::CloudEvents => true,
+        IngressKind::Nats => {
+            headers.contains_key("ce-specversion")
+                || headers
+                    .get("content-type")
+                    .is_some_and(|c| c.starts_with("application/cloudevents"))
+        }
+        _ => false,
+    };
+    if is_event {
+        let e = cloud_event(headers, body).map_err(|(f, d)| invalid(vec![(f, d)]))?;
+        return Ok((e.data.clone(), Some(e)));
+    }
+    let payload: Value = serde_json::from_slice(body)
+        .map_err(|e| Error::invalid("body", format!("is not JSON: {e}")))?;
+    if !payload.is_object() {
+        return Err(Error::invalid("body", "must be a JSON object"));
+    }
+    Ok((payload, None))
+}
+
+/// What a CloudEvent names itself, where the mapping does not say otherwise: its type (less
+/// the route's prefix) is the ref, its subject the principal, its source and id the trigger id.
+fn named_by_event(route: &Route, e: &CloudEvent, mapped: &mut Mapped) -> Result<()> {
+    let ty = e.attr("type");
+    mapped.r#ref.get_or_insert_with(|| {
+        ty.strip_prefix(route.type_prefix.as_str())
+            .unwrap_or(ty)
+            .to_owned()
+    });
+    if mapped.binding_id.is_none() && !route.fan_out && mapped.principal.is_none() {
+        let subject = e.attr("subject");
+        if subject.is_empty() {
+            return Err(Error::invalid(
+                "subject",
+                "is required: the route maps no principal, so the event's subject names it",
+            ));
+        }
+        mapped.principal = Some(subject.to_owned());
+    }
+    mapped.trigger_id.get_or_insert_with(|| e.trigger_id());
+    Ok(())
+}
+
+/// A plain NATS message names its trigger in `hcp-*` headers, where the mapping does not.
+fn named_by_headers(
+    route: &Route,
+    headers: &BTreeMap<String, String>,
+    mapped: &mut Mapped,
+) -> Result<()> {
+    let header = |n: &str| headers.get(n).filter(|v| !v.is_empty()).cloned();
+    if mapped.r#ref.is_none() {
+        mapped.r#ref = Some(header("hcp-ref").ok_or_else(|| {
+            Error::invalid(
+                "hcp-ref",
+                "is required: a message without a CloudEvent names its ref in the hcp-ref header",
+            )
+        })?);
+    }
+    if mapped.principal.is_none() && mapped.binding_id.is_none() && !route.fan_out {
+        mapped.principal = header("hcp-principal");
+        mapped.binding_id = header("hcp-binding-id");
+        if mapped.principal.is_none() && mapped.binding_id.is_none() {
+            return Err(Error::invalid(
+                "hcp-principal",
+                "is required (or hcp-binding-id): the route maps no principal",
+            ));
+        }
+    }
+    for (slot, name) in [
+        (&mut mapped.project, "hcp-project"),
+        (&mut mapped.land, "hcp-land"),
+    ] {
+        if slot.is_none() {
+            *slot = header(name);
+        }
+    }
+    Ok(())
+}
+
+/// One trigger per principal of the message, each with an id of its own: idempotency is per
+/// (pack, trigger id), so a redelivered fan-out records each principal's once. Without a
+/// mapped land a trigger takes its ref's Policy land.
+fn triggers_of(
+    view: &PolicyView,
+    route: &Route,
+    mapped: &Mapped,
+    principals: Vec<String>,
+    trigger_id: &str,
+    payload: &Value,
+) -> Vec<RawTrigger> {
+    let r#ref = mapped.r#ref.clone().unwrap_or_default();
+    let land = mapped.land.clone().unwrap_or_else(|| {
+        view.pack(&route.pack_id)
+            .and_then(|p| p.lands.get(&r#ref).cloned())
+            .unwrap_or_else(|| LAND_OF_UNDECLARED.to_owned())
+    });
+    principals
+        .into_iter()
+        .map(|principal| RawTrigger {
+            pack_id: route.pack_id.clone(),
+            r#ref: r#ref.clone(),
+            land: land.clone(),
+            payload: Some(payload.clone()),
+            project: mapped.project.clone().unwrap_or_default(),
+            trigger_id: match (trigger_id, route.fan_out) {
+                ("", _) => String::new(),
+                (id, true) => format!("{id}:{principal}"),
+                (id, false) => id.to_owned(),
+            },
+            principal,
+            source: None,
+        })
+        .collect()
 }

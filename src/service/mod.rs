@@ -22,10 +22,10 @@ pub use quota::QuotaCheck;
 pub use records::ERASE_BATCH;
 pub use watch::{Watch, WatchEvent, WatchLimits, MAX_PER_MESSAGE};
 
-use crate::domain::decide::DropReason;
 use crate::domain::model::Retention;
 use crate::domain::names::{check_id, check_pack_id};
 use crate::domain::policy::PolicyView;
+use crate::domain::trigger::DropReason;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::store::{Sink, Store};
@@ -52,9 +52,6 @@ pub struct Limits {
     pub watch: WatchLimits,
 }
 
-/// Sink writers by default: enough to overlap commits on a PostgreSQL a network away.
-pub const DEFAULT_SINK_WRITERS: usize = 2;
-
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -64,7 +61,7 @@ impl Default for Limits {
             hash_principals: false,
             max_json_depth: 32,
             batch_timeout: std::time::Duration::from_secs(30),
-            sink_writers: DEFAULT_SINK_WRITERS,
+            sink_writers: crate::config::DEFAULT_SINK_WRITERS,
             watch: WatchLimits::default(),
         }
     }

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use super::deliver::BindingChange;
 use super::{unknown_pack, valid_id, valid_pack_id, Service};
 use crate::domain::decide::deliverable;
-use crate::domain::decide::{Outcome, PUBLIC_BINDING};
 use crate::domain::filter::Filter;
 use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member};
 use crate::domain::policy::{Activation, BindingRef, BindingState, PolicyView, Route};
+use crate::domain::trigger::{Outcome, PUBLIC_BINDING};
 use crate::error::{Error, Result};
 use crate::store::now_micros;
 

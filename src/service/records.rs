@@ -1,8 +1,8 @@
 //! Reads of the sink, the drop log and the audit log — reading changes nothing (§7.5.3) — and the erasure of a principal's records.
 use super::{valid_id, valid_pack_id, Service};
-use crate::domain::decide::DropReason;
 use crate::domain::model::{DropReport, RecordFilter};
 use crate::domain::names::{check_land, check_ref};
+use crate::domain::trigger::DropReason;
 use crate::error::{Error, Result};
 use crate::store::audit::{Actor, AuditEvent};
 use crate::store::{Listed, RecordCursor};

@@ -14,8 +14,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::Service;
-use crate::domain::decide::BRAIN;
 use crate::domain::model::{Erasure, Position, Record, RecordFilter};
+use crate::domain::trigger::BRAIN;
 use crate::error::{Error, Interruption, Result};
 
 /// Records the tail reads from the store at once.
@@ -335,49 +335,63 @@ impl Service {
                 tokio::time::sleep(MIN_READ_GAP - since).await;
             }
             last_read = Instant::now();
-            if tail.status.borrow().state == TailState::Idle {
-                // History is each watch's to read from the store; the ring starts now.
-                match self.store_read(self.store.watermark()).await {
-                    Ok(now) => {
-                        {
-                            let mut ring = tail.ring();
-                            ring.records.clear();
-                            ring.evicted_upto = now;
-                            // What is read from here on was read after every erasure so far.
-                            ring.erased.clear();
-                        }
-                        tail.set(|s| {
-                            s.watermark = now;
-                            s.epoch += 1;
-                        });
-                        tail.push(Vec::new(), now);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "watch tail cannot read the store");
-                        tokio::time::sleep(RETRY).await;
-                        continue;
-                    }
-                }
+            if tail.status.borrow().state == TailState::Idle && !self.restart_ring().await {
+                tokio::time::sleep(RETRY).await;
+                continue;
             }
-            loop {
-                let from = tail.status.borrow().watermark;
-                match self
-                    .store_read(self.store.tail_records(from, TAIL_READ))
-                    .await
+            self.read_ahead().await;
+        }
+    }
+
+    /// Starts the ring afresh at the store's position now: history is each watch's to read
+    /// from the store. False when the store could not be read.
+    async fn restart_ring(&self) -> bool {
+        let tail = &self.tail;
+        match self.store_read(self.store.watermark()).await {
+            Ok(now) => {
                 {
-                    Ok((records, reach)) => {
-                        let full = records.len() as u64 >= TAIL_READ;
-                        tail.push(records, reach);
-                        if !full {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "watch tail cannot read the store; watches end");
-                        tail.set(|s| s.state = TailState::Failing);
-                        tokio::time::sleep(RETRY).await;
+                    let mut ring = tail.ring();
+                    ring.records.clear();
+                    ring.evicted_upto = now;
+                    // What is read from here on was read after every erasure so far.
+                    ring.erased.clear();
+                }
+                tail.set(|s| {
+                    s.watermark = now;
+                    s.epoch += 1;
+                });
+                tail.push(Vec::new(), now);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "watch tail cannot read the store");
+                false
+            }
+        }
+    }
+
+    /// Reads the records committed past the ring's watermark, TAIL_READ at a time, until a
+    /// read comes back short; a failing store ends the watches (Failing) for a while.
+    async fn read_ahead(&self) {
+        let tail = &self.tail;
+        loop {
+            let from = tail.status.borrow().watermark;
+            match self
+                .store_read(self.store.tail_records(from, TAIL_READ))
+                .await
+            {
+                Ok((records, reach)) => {
+                    let full = records.len() as u64 >= TAIL_READ;
+                    tail.push(records, reach);
+                    if !full {
                         break;
                     }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch tail cannot read the store; watches end");
+                    tail.set(|s| s.state = TailState::Failing);
+                    tokio::time::sleep(RETRY).await;
+                    break;
                 }
             }
         }

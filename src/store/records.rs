@@ -8,9 +8,9 @@ use sea_orm::{
 use super::audit::{self, Actor};
 use super::entity::{drop_reports, project_members, records};
 use super::{classify, Engine, Store};
-use crate::domain::decide::{DropReason, BRAIN};
 use crate::domain::model::{DropReport, Erasure, Position, Record, RecordFilter};
 use crate::domain::policy::Route;
+use crate::domain::trigger::{DropReason, BRAIN};
 use crate::error::{Error, Result};
 
 fn record(m: records::Model) -> Result<Record> {

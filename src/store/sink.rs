@@ -10,6 +10,7 @@ use super::fair::{FairQueue, LANE_BOUND, TOTAL_BOUND};
 use super::{classify, Engine, Store};
 use crate::domain::model::Record;
 use crate::domain::policy::Route;
+use crate::domain::trigger::Identity;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
@@ -380,14 +381,15 @@ pub(crate) async fn write_records(
             let (Some(t), Some(firsts)) = (r.trigger_id.as_deref(), &firsts) else {
                 return Ok(inserted);
             };
-            match firsts.iter().find(|f| f.0 == r.pack_id && f.1 == t) {
-                Some(f) if f.2 == r.record_id => Ok(inserted),
-                Some(f) if f.4 != r.principal || f.5 != r.r#ref || f.6 != r.land => {
-                    Ok(Stored::Conflict)
-                }
+            match firsts
+                .iter()
+                .find(|f| f.pack_id == r.pack_id && f.producer_trigger_id == t)
+            {
+                Some(f) if f.record_id == r.record_id => Ok(inserted),
+                Some(f) if !r.same_trigger(f.identity()) => Ok(Stored::Conflict),
                 Some(f) => Ok(Stored::Duplicate {
-                    record_id: f.2.clone(),
-                    route: Route::parse(&f.3)
+                    record_id: f.record_id.clone(),
+                    route: Route::parse(&f.route)
                         .ok_or_else(|| Error::Internal("bad stored route".into()))?,
                 }),
                 // The first record went (retention) between the insert and the lookup.
@@ -530,12 +532,31 @@ fn sqlite_insert(rows: usize) -> &'static str {
     &all[rows.trailing_zeros() as usize]
 }
 
-/// The stored (pack, trigger id, record id, route, principal, ref, land) of every record in
-/// the batch that carries a trigger id.
-async fn firsts(
-    txn: &impl ConnectionTrait,
-    rs: &[Record],
-) -> Result<Vec<(String, String, String, String, String, String, String)>> {
+/// The first record stored under a (pack, trigger id): what a later record with the same id
+/// is answered with, or refused against.
+#[derive(Debug, sea_orm::FromQueryResult)]
+struct FirstRecord {
+    pack_id: String,
+    producer_trigger_id: String,
+    record_id: String,
+    route: String,
+    principal: String,
+    r#ref: String,
+    land: String,
+}
+
+impl FirstRecord {
+    fn identity(&self) -> Identity<'_> {
+        Identity {
+            principal: &self.principal,
+            r#ref: &self.r#ref,
+            land: &self.land,
+        }
+    }
+}
+
+/// The first records of every record in the batch that carries a trigger id.
+async fn firsts(txn: &impl ConnectionTrait, rs: &[Record]) -> Result<Vec<FirstRecord>> {
     use records::Column as C;
     let keys: Vec<(String, String)> = rs
         .iter()
@@ -558,7 +579,7 @@ async fn firsts(
         .filter(
             Expr::tuple([Expr::col(C::PackId), Expr::col(C::ProducerTriggerId)]).in_tuples(keys),
         )
-        .into_tuple()
+        .into_model::<FirstRecord>()
         .all(txn)
         .await
         .map_err(classify)

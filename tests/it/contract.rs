@@ -193,7 +193,7 @@ both_stores! {
     }
 
     async fn the_drop_key_cap_holds_across_flushes_and_restarts(app) {
-        use hcp_sense::domain::decide::DropReason as Why;
+        use hcp_sense::domain::trigger::DropReason as Why;
         use hcp_sense::service::DropLog;
         let metrics = Arc::new(hcp_sense::metrics::Metrics::new(100));
         let store = hcp_sense::store::Store::connect(&hcp_sense::config::StoreConfig::at(app.test_db.url.clone())).await.expect("store");

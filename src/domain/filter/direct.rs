@@ -12,7 +12,7 @@ use ::cel::Value as Cel;
 use serde_json::{Map, Value};
 
 use super::super::cel::Lifted;
-use super::super::decide::Trigger;
+use super::super::trigger::Trigger;
 
 /// A filter in the shapes this module evaluates, laid out flat: its nodes in one buffer, each
 /// after the nodes it reads (the last is the root), and every string they name end to end in

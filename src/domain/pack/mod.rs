@@ -3,6 +3,7 @@ use serde_json::Value;
 
 mod lint;
 pub mod schema;
+pub use super::trigger::TriggerSource;
 pub use lint::lint;
 
 /// The ref of the trigger that reports Binding health (§7.7).
@@ -22,18 +23,8 @@ pub enum BindingMode {
     Public,
 }
 
-/// How the condition behind a trigger is obtained. Only `Push` is a pack trigger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TriggerSource {
-    Push,
-    Poll,
-    Timer,
-    Monitor,
-}
-
 str_enum!(PackKind { Standard = "standard", SenseOnly = "sense_only" });
 str_enum!(BindingMode { User = "user", Local = "local", Mothership = "mothership", Public = "public" });
-str_enum!(TriggerSource { Push = "push", Poll = "poll", Timer = "timer", Monitor = "monitor" });
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeclaredTrigger {

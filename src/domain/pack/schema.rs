@@ -393,17 +393,7 @@ impl Walk {
                     )),
                 }
             } else if k == "enum" {
-                let values = v.as_array().map(Vec::as_slice).unwrap_or_default();
-                self.enum_values += values.len();
-                for e in values {
-                    let deep = match e {
-                        Value::Array(_) | Value::Object(_) => {
-                            serde_json::to_vec(e).map_or(0, |b| b.len() as u64 / 16)
-                        }
-                        _ => 0,
-                    };
-                    self.nodes[at].weight += 1 + deep;
-                }
+                self.enumerated(at, v);
             } else if k == "pattern" {
                 self.pattern(at, v.as_str().unwrap_or_default(), &here);
             } else if IN_PLACE_ONE.contains(&k) {
@@ -428,18 +418,7 @@ impl Walk {
                 let c = self.node(v, here);
                 self.nodes[at].children[kind].all.push(c);
             } else if k == "prefixItems" || k == "properties" {
-                let group: Vec<usize> = match v {
-                    Value::Object(m) => m
-                        .iter()
-                        .map(|(name, s)| self.node(s, format!("{here}/{}", escape(name))))
-                        .collect(),
-                    Value::Array(a) => a
-                        .iter()
-                        .enumerate()
-                        .map(|(i, s)| self.node(s, format!("{here}/{i}")))
-                        .collect(),
-                    _ => Vec::new(),
-                };
+                let group = self.group(v, &here);
                 let kind = if k == "prefixItems" { ITEMS } else { MEMBERS };
                 self.nodes[at].children[kind].one_of.push(group);
             } else if MEMBERS_MATCHING.contains(&k) {
@@ -454,6 +433,39 @@ impl Walk {
                     self.node(s, format!("{here}/{}", escape(name)));
                 }
             }
+        }
+    }
+
+    /// An `enum`'s values: one unit of work each to compare, one more per 16 bytes of a value
+    /// that is an array or object.
+    fn enumerated(&mut self, at: usize, v: &Value) {
+        let values = v.as_array().map(Vec::as_slice).unwrap_or_default();
+        self.enum_values += values.len();
+        for e in values {
+            let deep = match e {
+                Value::Array(_) | Value::Object(_) => {
+                    serde_json::to_vec(e).map_or(0, |b| b.len() as u64 / 16)
+                }
+                _ => 0,
+            };
+            self.nodes[at].weight += 1 + deep;
+        }
+    }
+
+    /// The subschemas of `properties` (by name) or `prefixItems` (by place): one of them
+    /// meets a given member or item.
+    fn group(&mut self, v: &Value, here: &str) -> Vec<usize> {
+        match v {
+            Value::Object(m) => m
+                .iter()
+                .map(|(name, s)| self.node(s, format!("{here}/{}", escape(name))))
+                .collect(),
+            Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .map(|(i, s)| self.node(s, format!("{here}/{i}")))
+                .collect(),
+            _ => Vec::new(),
         }
     }
 

@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic::Code;
 use tonic_types::StatusExt;
 
-use crate::client::ServerArgs;
+use super::ServerArgs;
 
 /// Options of `hcp-sense pipe`.
 #[derive(Debug, Clone, clap::Args)]

@@ -1,4 +1,7 @@
-//! What the command-line clients (`pipe`, `explain`) share: the server's address and token, and calls made with them.
+//! The command-line clients of a running server (`hcp-sense pipe`, `hcp-sense explain`) and what they share: the server's address and token, and calls made with them.
+
+pub mod explain_trigger;
+pub mod pipe;
 use std::time::Duration;
 
 use tonic::metadata::MetadataValue;

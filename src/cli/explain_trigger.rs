@@ -5,7 +5,7 @@ use hcp_sense_api::v1::{
     ExplainTriggerResponse,
 };
 
-use crate::client::ServerArgs;
+use super::ServerArgs;
 
 /// Options of `hcp-sense explain`.
 #[derive(Debug, Clone, clap::Args)]
