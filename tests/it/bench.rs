@@ -116,6 +116,9 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
         .find(|r| r["phase"] == "schema check")
         .unwrap_or_else(|| panic!("no schema check in {report}"));
     assert!(check["check_us"].as_f64() > Some(0.0), "{check}");
+    // The cold check and the floor it is read against.
+    assert!(check["cold_check_us"].as_f64() > Some(0.0), "{check}");
+    assert!(check["cold_empty_check_us"].as_f64() > Some(0.0), "{check}");
     for store in ["sqlite", "postgres"] {
         assert!(find(store, "store limit")["rows_per_sec"].as_f64() > Some(0.0));
         for c in [4, 8] {
@@ -174,6 +177,18 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
                 "filtered_server_cpu_us",
             ] {
                 assert!(r[k].as_f64() > Some(0.0), "{store} {load} {k}: {r}");
+            }
+            // Four pairs of adjacent A and B phases, their changes summarised.
+            assert_eq!(r["pairs"], 4, "{r}");
+            for k in [
+                "pair_change_mean",
+                "pair_change_standard_error",
+                "pair_change_median",
+            ] {
+                assert!(
+                    r[k].as_f64().is_some_and(f64::is_finite),
+                    "{store} {load} {k}: {r}"
+                );
             }
             for kind in kinds {
                 let phase = find(store, &format!("recorded, {load}, {kind}"));

@@ -76,14 +76,15 @@ pub async fn activate_all(ch: &Channel, pop: Population, filter: &str) -> anyhow
 /// weighs on both alike.
 const ORDER: [bool; 8] = [false, true, true, false, true, false, false, true];
 
-/// Recorded phases at `pace` in the order ORDER, after one unmeasured phase, with `set(false)`
-/// (A) or `set(true)` (B) made before each; four of each kind.
+/// Recorded phases at `pace` in the order ORDER, `rounds` times over, after one unmeasured
+/// phase, with `set(false)` (A) or `set(true)` (B) made before each; four of each kind a round.
 pub async fn alternating<F, Fut>(
     server: &Server,
     chs: &[Channel],
     duration: Duration,
     pace: Pace,
     pop: Population,
+    rounds: usize,
     set: F,
 ) -> anyhow::Result<(Vec<Measured>, Vec<Measured>)>
 where
@@ -93,7 +94,12 @@ where
     set(false).await?;
     measured(server, chs, duration, pace, pop).await;
     let (mut a, mut b) = (Vec::new(), Vec::new());
-    for second in ORDER {
+    for second in ORDER
+        .iter()
+        .copied()
+        .cycle()
+        .take(ORDER.len() * rounds.max(1))
+    {
         set(second).await?;
         let m = measured(server, chs, duration, pace, pop).await;
         if second {
@@ -103,4 +109,38 @@ where
         }
     }
     Ok((a, b))
+}
+
+/// The change of the recorded rate from A to B over the pairs of adjacent phases.
+pub struct PairChanges {
+    pub n: usize,
+    pub mean: f64,
+    pub standard_error: f64,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+/// `b`'s rate over `a`'s, less one, for the k-th phase of each kind: adjacent in ORDER (each
+/// pair of ORDER holds one of each), so a drift over the run cancels within a pair.
+pub fn pair_changes(a: &[Measured], b: &[Measured]) -> PairChanges {
+    let mut changes: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .map(|(a, b)| b.phase.rate() / a.phase.rate() - 1.0)
+        .filter(|c| c.is_finite())
+        .collect();
+    changes.sort_by(f64::total_cmp);
+    let n = changes.len();
+    let mean = changes.iter().sum::<f64>() / n.max(1) as f64;
+    let variance =
+        changes.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / n.saturating_sub(1).max(1) as f64;
+    PairChanges {
+        n,
+        mean,
+        standard_error: (variance / n.max(1) as f64).sqrt(),
+        median: changes.get(n / 2).copied().unwrap_or(f64::NAN),
+        min: changes.first().copied().unwrap_or(f64::NAN),
+        max: changes.last().copied().unwrap_or(f64::NAN),
+    }
 }

@@ -119,6 +119,10 @@ struct Options {
     /// recorded rate with a typical schema on the packs' ref against none.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     schema: bool,
+    /// How many times the filter and schema phases run their eight alternating phases
+    /// (A B B A B A A B); each adjacent A and B make a pair whose rates are compared.
+    #[arg(long, default_value_t = 1)]
+    ab_rounds: usize,
     /// Measure fairness: a quiet pack's latency beside Health/Check while another pack floods
     /// with --flood-callers, the flood's rate alone and beside it, and ten packs flooding.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -329,7 +333,7 @@ async fn flood_replicas_phase(o: &Options) -> anyhow::Result<()> {
 
 /// Fairness on one store: pack 1 delivering every 20 ms beside Health/Check, with no flood and
 /// while pack 0 floods; pack 0's rate alone and beside it; up to ten packs flooding at once,
-/// with as many callers each.
+/// with as many callers each. Then quotas (`quota_phase`).
 async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     let pop = o.population(o.principals);
     let (db, server) = prepare(o, kind, "flood", pop, &[]).await?;
@@ -378,10 +382,55 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         "{kind:<9} flood: {spread} packs flooding ({} callers each): {total:.0}/s in all, each pack's rate over an even share {lo:.2}x to {hi:.2}x; {} errors",
         c / spread, ten.errors
     );
-    // Quotas: what a refusal costs against a drop (the same callers, each sent again at once),
-    // and a quota on the flooding pack held while it floods beside the quiet pack.
-    // Each with the CPU the server (and PostgreSQL) spent per answer: the cost on the service's
-    // side, apart from the client's, which shares these cores.
+    let mut flooded = quota_phase(&server, &chs, kind, (d, c), pop, rate(&alone)).await?;
+    for (k, v) in [
+        ("calm_quiet_p50_ms", calm.quiet.pct(0.5)),
+        ("calm_quiet_p99_ms", calm.quiet.pct(0.99)),
+        ("calm_health_p50_ms", calm.health.pct(0.5)),
+        ("calm_health_p99_ms", calm.health.pct(0.99)),
+        ("quiet_p50_ms", q.pct(0.5)),
+        ("quiet_p99_ms", q.pct(0.99)),
+        ("health_p50_ms", h.pct(0.5)),
+        ("health_p99_ms", h.pct(0.99)),
+        ("flood_alone_per_sec", rate(&alone)),
+        ("flood_beside_quiet_per_sec", rate(&during)),
+        ("spread_per_sec", total),
+        ("spread_share_min", lo),
+        ("spread_share_max", hi),
+        // Where the quiet pack's time went.
+        ("quiet_noop_p50_ms", during.noop.pct(0.5)),
+        ("quiet_noop_p99_ms", during.noop.pct(0.99)),
+        ("quiet_queue_wait_ms", sink.quiet_wait_ms),
+        ("batch_records_mean", sink.batch_records),
+        ("commit_ms_mean", sink.commit_ms),
+    ] {
+        flooded[k] = json!(v);
+    }
+    flooded["quiet_errors"] = json!(q.errors);
+    flooded["spread_packs"] = json!(spread);
+    flooded["errors"] = json!(alone.errors + during.errors + ten.errors);
+    flooded["store"] = json!(kind);
+    flooded["phase"] = json!("flood");
+    flooded["callers"] = json!(c);
+    result(flooded);
+    server.stop();
+    db.drop_db().await;
+    Ok(())
+}
+
+/// Quotas on one store: what a refusal costs against a drop (the same callers, each sent
+/// again at once), with the no-op as the floor under both, and a quota of a quarter of
+/// `alone` (the flooding pack's rate alone) held while it floods beside the quiet pack. Each
+/// with the CPU the server (and PostgreSQL) spent per answer: the cost on the service's side,
+/// apart from the client's, which shares these cores.
+async fn quota_phase(
+    server: &server::Server,
+    chs: &[Channel],
+    kind: &str,
+    (d, c): (Duration, usize),
+    pop: Population,
+    alone: f64,
+) -> anyhow::Result<serde_json::Value> {
     let pid = server.pid();
     let costed = |m: fn(usize, usize, Population) -> pb::DeliverTriggerRequest| {
         let chs = &chs;
@@ -399,7 +448,7 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         let before = cpu::sample(pid);
         let started = Instant::now();
         let dropped = |w, n, p| flood::dropped(w, n, p, false);
-        let (per_sec, errors) = flood::answers(&chs, (d, c), dropped, pop, Load::Noop).await;
+        let (per_sec, errors) = flood::answers(chs, (d, c), dropped, pop, Load::Noop).await;
         let calls = (per_sec * started.elapsed().as_secs_f64()) as usize;
         (
             per_sec,
@@ -412,43 +461,11 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         costed(|w, n, p| flood::dropped(w, n, p, true)).await,
     ];
     let mut admin = pb::policy_service_client::PolicyServiceClient::new(chs[0].clone());
-    let quota = |rate: f64, burst: u32| pb::PutQuotaRequest {
-        pack_id: "pack-0".into(),
-        principal: None,
-        rate_per_second: rate,
-        burst,
-    };
-    admin.put_quota(quota(0.001, 1)).await?;
+    admin.put_quota(pack_0_quota(0.001, 1)).await?;
     let refusals = [
         costed(|w, n, p| flood::of_pack_0(w, n, p, false)).await,
         costed(|w, n, p| flood::of_pack_0(w, n, p, true)).await,
     ];
-    let limit = (rate(&alone) * 0.25).round().max(100.0);
-    let before = server.scrape().await;
-    admin
-        .put_quota(quota(limit, (limit / 10.0).ceil() as u32))
-        .await?;
-    let held = flood::run(&chs, d, c, 1, Some(1), pop, "quota").await;
-    let after = server.scrape().await;
-    admin
-        .delete_quota(pb::DeleteQuotaRequest {
-            pack_id: "pack-0".into(),
-            principal: None,
-        })
-        .await?;
-    // What the server counted for pack 0 meanwhile: decided as recorded or dropped.
-    let counted = |disposition: &str| -> f64 {
-        after
-            .iter()
-            .filter(|(k, _)| {
-                k.starts_with("hcp_sense_deliveries_total{")
-                    && k.contains(r#"pack="pack-0""#)
-                    && k.contains(&format!(r#"disposition="{disposition}"#))
-            })
-            .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
-            .sum()
-    };
-    let held_rate = rate(&held);
     for (i, what) in ["without trigger ids", "with trigger ids"]
         .iter()
         .enumerate()
@@ -472,6 +489,73 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         drops[0].2 / noop.2.max(1e-9),
         noop.1
     );
+    let mut costs = quota_held(server, chs, kind, (d, c), pop, alone).await?;
+    for (k, v) in json!({
+        "dropped_per_sec": drops[0].0, "refused_per_sec": refusals[0].0,
+        "dropped_with_ids_per_sec": drops[1].0, "refused_with_ids_per_sec": refusals[1].0,
+        "drop_server_cpu_us": drops[0].2, "refusal_server_cpu_us": refusals[0].2,
+        "drop_with_ids_server_cpu_us": drops[1].2, "refusal_with_ids_server_cpu_us": refusals[1].2,
+        "drop_refuse_errors": drops[0].1 + drops[1].1 + refusals[0].1 + refusals[1].1,
+        // The floor under a refusal and a drop.
+        "noop_per_sec": noop.0, "noop_server_cpu_us": noop.2, "noop_errors": noop.1,
+    })
+    .as_object()
+    .into_iter()
+    .flatten()
+    {
+        costs[k] = v.clone();
+    }
+    Ok(costs)
+}
+
+/// A quota of `rate` a second (and `burst`) on the flooding pack, pack 0.
+fn pack_0_quota(rate: f64, burst: u32) -> pb::PutQuotaRequest {
+    pb::PutQuotaRequest {
+        pack_id: "pack-0".into(),
+        principal: None,
+        rate_per_second: rate,
+        burst,
+    }
+}
+
+/// A quota of a quarter of `alone` (the flooding pack's rate alone, at least 100/s) on the
+/// flooding pack while it floods beside the quiet pack: what it recorded, what it was refused,
+/// and what the server counted meanwhile.
+async fn quota_held(
+    server: &server::Server,
+    chs: &[Channel],
+    kind: &str,
+    (d, c): (Duration, usize),
+    pop: Population,
+    alone: f64,
+) -> anyhow::Result<serde_json::Value> {
+    let mut admin = pb::policy_service_client::PolicyServiceClient::new(chs[0].clone());
+    let limit = (alone * 0.25).round().max(100.0);
+    let before = server.scrape().await;
+    admin
+        .put_quota(pack_0_quota(limit, (limit / 10.0).ceil() as u32))
+        .await?;
+    let held = flood::run(chs, d, c, 1, Some(1), pop, "quota").await;
+    let after = server.scrape().await;
+    admin
+        .delete_quota(pb::DeleteQuotaRequest {
+            pack_id: "pack-0".into(),
+            principal: None,
+        })
+        .await?;
+    // What the server counted for pack 0 meanwhile: decided as recorded or dropped.
+    let counted = |disposition: &str| -> f64 {
+        after
+            .iter()
+            .filter(|(k, _)| {
+                k.starts_with("hcp_sense_deliveries_total{")
+                    && k.contains(r#"pack="pack-0""#)
+                    && k.contains(&format!(r#"disposition="{disposition}"#))
+            })
+            .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+            .sum()
+    };
+    let held_rate = held.rates.get(&0).copied().unwrap_or(0.0);
     println!(
         "{kind:<9} flood: quota {limit:.0}/s on the flooding pack: recorded {held_rate:.0}/s ({:.3}x the quota), refused {:.0}/s with RetryInfo; server counted {:.0} recorded (of {} answered), {:.0} dropped; quiet pack p50 {:.1} / p99 {:.1} ms",
         held_rate / limit,
@@ -482,43 +566,13 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         held.quiet.pct(0.5),
         held.quiet.pct(0.99)
     );
-    let mut flooded = json!({
-        "store": kind, "phase": "flood", "callers": c,
-        "dropped_per_sec": drops[0].0, "refused_per_sec": refusals[0].0,
-        "dropped_with_ids_per_sec": drops[1].0, "refused_with_ids_per_sec": refusals[1].0,
-        "drop_server_cpu_us": drops[0].2, "refusal_server_cpu_us": refusals[0].2,
-        "drop_with_ids_server_cpu_us": drops[1].2, "refusal_with_ids_server_cpu_us": refusals[1].2,
-        "drop_refuse_errors": drops[0].1 + drops[1].1 + refusals[0].1 + refusals[1].1,
+    Ok(json!({
         "quota_per_sec": limit, "quota_recorded_per_sec": held_rate,
         "quota_refused_per_sec": held.refused_per_sec,
         "quota_counted_recorded": counted("recorded"), "quota_answered_recorded": held.recorded,
         "quota_counted_dropped": counted("dropped"),
         "quota_quiet_p50_ms": held.quiet.pct(0.5), "quota_quiet_p99_ms": held.quiet.pct(0.99),
-        "calm_quiet_p50_ms": calm.quiet.pct(0.5), "calm_quiet_p99_ms": calm.quiet.pct(0.99),
-        "calm_health_p50_ms": calm.health.pct(0.5), "calm_health_p99_ms": calm.health.pct(0.99),
-        "quiet_p50_ms": q.pct(0.5), "quiet_p99_ms": q.pct(0.99), "quiet_errors": q.errors,
-        "health_p50_ms": h.pct(0.5), "health_p99_ms": h.pct(0.99),
-        "flood_alone_per_sec": rate(&alone), "flood_beside_quiet_per_sec": rate(&during),
-        "spread_packs": spread, "spread_per_sec": total, "spread_share_min": lo, "spread_share_max": hi,
-        "errors": alone.errors + during.errors + ten.errors,
-    });
-    // Where the quiet pack's time went, and the floor under a refusal and a drop.
-    for (k, v) in [
-        ("quiet_noop_p50_ms", during.noop.pct(0.5)),
-        ("quiet_noop_p99_ms", during.noop.pct(0.99)),
-        ("quiet_queue_wait_ms", sink.quiet_wait_ms),
-        ("batch_records_mean", sink.batch_records),
-        ("commit_ms_mean", sink.commit_ms),
-        ("noop_per_sec", noop.0),
-        ("noop_server_cpu_us", noop.2),
-        ("noop_errors", noop.1 as f64),
-    ] {
-        flooded[k] = json!(v);
-    }
-    result(flooded);
-    server.stop();
-    db.drop_db().await;
-    Ok(())
+    }))
 }
 
 /// An activation filter's cost on each store, at the sweep's first concurrency: recorded
@@ -570,23 +624,33 @@ async fn schema_phase(o: &Options) -> anyhow::Result<()> {
     }
     let check_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(N);
     // Cold: each check after the caches were filled with something else, as a check between
-    // other work meets its validator and payload.
+    // other work meets its validator. The payload is read just before, as the server has just
+    // decoded it when it checks it; an empty schema's check, timed the same way, is the floor
+    // any check pays (the call, the clock).
+    let empty = jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft202012)
+        .build(&json!({}))
+        .map_err(|e| anyhow::anyhow!("the empty schema: {e}"))?;
     const COLD: u32 = 2_000;
     let mut other = vec![0u8; 32 << 20];
-    let mut cold = Duration::ZERO;
+    let (mut cold, mut floor) = (Duration::ZERO, Duration::ZERO);
     for n in 0..COLD {
-        for b in other.iter_mut().step_by(64) {
-            *b = b.wrapping_add(n as u8);
+        for (v, took) in [(&compiled, &mut cold), (&empty, &mut floor)] {
+            for b in other.iter_mut().step_by(64) {
+                *b = b.wrapping_add(n as u8);
+            }
+            std::hint::black_box(serde_json::to_vec(&payload)?);
+            let at = Instant::now();
+            failing += usize::from(!v.is_valid(std::hint::black_box(&payload)));
+            *took += at.elapsed();
         }
-        let at = Instant::now();
-        failing += usize::from(!compiled.is_valid(std::hint::black_box(&payload)));
-        cold += at.elapsed();
     }
     std::hint::black_box(&other);
-    let cold_us = cold.as_secs_f64() * 1e6 / f64::from(COLD);
-    println!("schema: one check of the benchmark payload against the typical schema {check_us:.3} us warm ({N} checks in this process), {cold_us:.3} us cold ({COLD} checks, each after 32 MiB written); {failing} failing");
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / f64::from(COLD);
+    let (cold_us, floor_us) = (per(cold), per(floor));
+    println!("schema: one check of the benchmark payload against the typical schema {check_us:.3} us warm ({N} checks in this process), {cold_us:.3} us cold and an empty schema's {floor_us:.3} us cold ({COLD} checks each, each after 32 MiB written and the payload read); {failing} failing");
     result(
-        json!({ "phase": "schema check", "check_us": check_us, "cold_check_us": cold_us, "checks": N }),
+        json!({ "phase": "schema check", "check_us": check_us, "cold_check_us": cold_us, "cold_empty_check_us": floor_us, "checks": N }),
     );
     ab_phase(o, "schema", ("no schema", "schema"), move |chs, pop, on| {
         let (ch, schema) = (chs[0].clone(), schema.clone());
@@ -622,7 +686,7 @@ where
             (filter::Pace::Open(1000.0), "1000/s".to_owned()),
         ] {
             let (plain, filtered) =
-                filter::alternating(&server, &chs, o.duration(), pace, pop, |on| {
+                filter::alternating(&server, &chs, o.duration(), pace, pop, o.ab_rounds, |on| {
                     set(chs.clone(), pop, on)
                 })
                 .await?;
@@ -653,17 +717,30 @@ where
                 mean(&filtered, |m| m.server_cpu_us),
             );
             let (la, lb) = labels;
+            // Each A beside its B: the change of rate pair by pair, so a drift over the run
+            // (records piling up) weighs on neither kind.
+            let pairs = filter::pair_changes(&plain, &filtered);
             println!(
-                "{kind:<9} {name} at {label}: decision {da:.2} us {la}, {db_:.2} us {lb} ({:+.2} us); server CPU per call {ca:.1} us {la}, {cb:.1} us {lb} ({:+.1} us); recorded {a:.0}/s {la}, {b:.0}/s {lb}: {:+.1}% (means of 4, A B B A B A A B)",
+                "{kind:<9} {name} at {label}: decision {da:.2} us {la}, {db_:.2} us {lb} ({:+.2} us); server CPU per call {ca:.1} us {la}, {cb:.1} us {lb} ({:+.1} us); recorded {a:.0}/s {la}, {b:.0}/s {lb}: {:+.1}% (means of {}); pair by pair {:+.1}% ± {:.1}% (mean ± standard error of {} pairs), median {:+.1}%, {:+.1}% to {:+.1}%",
                 db_ - da,
                 cb - ca,
-                (b / a - 1.0) * 100.0
+                (b / a - 1.0) * 100.0,
+                plain.len(),
+                pairs.mean * 100.0,
+                pairs.standard_error * 100.0,
+                pairs.n,
+                pairs.median * 100.0,
+                pairs.min * 100.0,
+                pairs.max * 100.0,
             );
             result(json!({
                 "store": kind, "phase": name, "load": label, "a": la, "b": lb,
                 "plain_decision_us": da, "filtered_decision_us": db_, "extra_decision_us": db_ - da,
                 "plain_server_cpu_us": ca, "filtered_server_cpu_us": cb,
                 "plain_per_s": a, "filtered_per_s": b, "change": b / a - 1.0,
+                "pairs": pairs.n, "pair_change_mean": pairs.mean,
+                "pair_change_standard_error": pairs.standard_error,
+                "pair_change_median": pairs.median,
             }));
         }
         server.stop();
@@ -736,30 +813,101 @@ async fn nats_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
 /// (names as the kernel keeps them, 15 bytes).
 const SINK_THREADS: &[&str] = &["hcp-sense-sink", "sqlx-sqlite-wor"];
 
+/// The store's own limit: the same rows inserted into the migrated schema from this process,
+/// as microseconds and CPU microseconds per row.
+async fn store_limit(o: &Options, kind: &str, pop: Population) -> anyhow::Result<(f64, f64)> {
+    let db = BenchDb::create(kind, &o.postgres_url, "limit").await?;
+    server::migrate(bin(o), &db.url)?;
+    let conn = db.connect().await?;
+    let cpu0 = (cpu::client(), cpu::postgres());
+    let (rows, secs) = seed::store_limit(&conn, pop, o.duration()).await?;
+    let cpu1 = (cpu::client(), cpu::postgres());
+    let _ = conn.close().await;
+    db.drop_db().await;
+    // This process did nothing else meanwhile: its CPU and PostgreSQL's are the insert's.
+    let cpu_us = ((cpu1.0 - cpu0.0) + (cpu1.1 - cpu0.1)) * 1e6 / rows.max(1) as f64;
+    let rate = rows as f64 / secs;
+    println!(
+        "{kind:<9} store limit: {rate:.0} rows/s, {:.1} us per row, {cpu_us:.1} us CPU per row (multi-row INSERT of 256 with bound values, one per transaction)",
+        1e6 / rate
+    );
+    result(
+        json!({ "store": kind, "phase": "store limit", "rows_per_sec": rate, "us_per_row": 1e6 / rate, "cpu_us_per_row": cpu_us }),
+    );
+    Ok((1e6 / rate, cpu_us))
+}
+
+/// One concurrency of the sweep: the no-op and recorded phases at `c` callers, where the
+/// CPU went, and the sink's batches; the two phases' results.
+async fn sweep_point(
+    o: &Options,
+    kind: &str,
+    server: &Server,
+    chs: &[Channel],
+    c: usize,
+    limit: Option<(f64, f64)>,
+) -> (Phase, Phase) {
+    let pop = o.population(o.principals);
+    let cpu0 = cpu::sample(server.pid());
+    let base = closed(chs, o.duration(), c, pop, Load::Noop).await;
+    let cpu1 = cpu::sample(server.pid());
+    row(kind, &format!("baseline (no-op), C={c}"), &base, None);
+    let before = server.scrape().await;
+    let cpu2 = cpu::sample(server.pid());
+    let sink0 = cpu::threads(server.pid(), SINK_THREADS);
+    let rec = closed(chs, o.duration(), c, pop, Load::Recorded).await;
+    let sink1 = cpu::threads(server.pid(), SINK_THREADS);
+    let cpu3 = cpu::sample(server.pid());
+    let after = server.scrape().await;
+    row(kind, &format!("recorded, C={c}"), &rec, Some(&base));
+    let (nb, nr) = (
+        cpu0.per_call(&cpu1, base.calls),
+        cpu2.per_call(&cpu3, rec.calls),
+    );
+    println!(
+        "{kind:<9}   CPU us per call at C={c}: no-op server {:.1} client {:.1} postgres {:.1}; recorded server {:.1} client {:.1} postgres {:.1}",
+        nb.server, nb.client, nb.postgres, nr.server, nr.client, nr.postgres
+    );
+    result(json!({
+        "store": kind, "phase": "cpu", "concurrency": c,
+        "noop_us_per_call": { "server": nb.server, "client": nb.client, "postgres": nb.postgres },
+        "recorded_us_per_call": { "server": nr.server, "client": nr.client, "postgres": nr.postgres },
+    }));
+    let w = Writer::between(&before, &after);
+    // The writer's CPU: its threads, SQLite's worker threads, and PostgreSQL's processes
+    // (the server sends PostgreSQL nothing else while it delivers).
+    let writer_cpu = ((sink1 - sink0) * 1e6 + nr.postgres * rec.calls as f64) / w.records.max(1.0);
+    println!(
+        "{kind:<9}   sink at C={c}: {:.0} records per batch, batch commit p99 {:.2} ms, writer {:.1} us per record{}, {writer_cpu:.1} us CPU per record{}",
+        w.per_batch,
+        w.commit_p99_ms,
+        w.us_per_record,
+        limit.map_or(String::new(), |(l, _)| format!(" ({:.2} x the raw insert's {l:.1} us)", w.us_per_record / l)),
+        limit.map_or(String::new(), |(_, c)| format!(" ({:.2} x the raw insert's {c:.1} us)", writer_cpu / c)),
+    );
+    let bound = 2.0 * (w.commit_p99_ms + base.pct(0.99));
+    println!(
+        "{kind:<9}   p99 bound at C={c}: {bound:.2} ms (2 x (commit p99 + no-op p99)); recorded p99 {:.2} ms",
+        rec.pct(0.99)
+    );
+    result(json!({
+        "store": kind, "phase": "sink", "concurrency": c,
+        "records_per_batch": w.per_batch, "commit_p99_ms": w.commit_p99_ms,
+        "writer_us_per_record": w.us_per_record,
+        "writer_over_raw_insert": limit.map(|(l, _)| w.us_per_record / l),
+        "writer_cpu_us_per_record": writer_cpu,
+        "writer_cpu_over_raw_insert": limit.map(|(_, c)| writer_cpu / c),
+        "p99_bound_ms": bound,
+    }));
+    (base, rec)
+}
+
 /// The store limit, then no-op and recorded over the concurrency sweep, dropped, the open loop
 /// at half the recorded rate, and the DeliverTriggers streams, on one store.
 async fn sweep(o: &Options, kind: &str) -> anyhow::Result<()> {
     let pop = o.population(o.principals);
     let limit = if o.store_limit {
-        let db = BenchDb::create(kind, &o.postgres_url, "limit").await?;
-        server::migrate(bin(o), &db.url)?;
-        let conn = db.connect().await?;
-        let cpu0 = (cpu::client(), cpu::postgres());
-        let (rows, secs) = seed::store_limit(&conn, pop, o.duration()).await?;
-        let cpu1 = (cpu::client(), cpu::postgres());
-        let _ = conn.close().await;
-        db.drop_db().await;
-        // This process did nothing else meanwhile: its CPU and PostgreSQL's are the insert's.
-        let cpu_us = ((cpu1.0 - cpu0.0) + (cpu1.1 - cpu0.1)) * 1e6 / rows.max(1) as f64;
-        let rate = rows as f64 / secs;
-        println!(
-            "{kind:<9} store limit: {rate:.0} rows/s, {:.1} us per row, {cpu_us:.1} us CPU per row (multi-row INSERT of 256 with bound values, one per transaction)",
-            1e6 / rate
-        );
-        result(
-            json!({ "store": kind, "phase": "store limit", "rows_per_sec": rate, "us_per_row": 1e6 / rate, "cpu_us_per_row": cpu_us }),
-        );
-        Some((1e6 / rate, cpu_us))
+        Some(store_limit(o, kind, pop).await?)
     } else {
         None
     };
@@ -775,59 +923,7 @@ async fn sweep(o: &Options, kind: &str) -> anyhow::Result<()> {
     let chs = server.channels(o.channels).await?;
     let (mut peak_base, mut peak_rec) = (0f64, 0f64);
     for &c in &o.concurrency {
-        let c = c.max(1);
-        let cpu0 = cpu::sample(server.pid());
-        let base = closed(&chs, o.duration(), c, pop, Load::Noop).await;
-        let cpu1 = cpu::sample(server.pid());
-        row(kind, &format!("baseline (no-op), C={c}"), &base, None);
-        let before = server.scrape().await;
-        let cpu2 = cpu::sample(server.pid());
-        let sink0 = cpu::threads(server.pid(), SINK_THREADS);
-        let rec = closed(&chs, o.duration(), c, pop, Load::Recorded).await;
-        let sink1 = cpu::threads(server.pid(), SINK_THREADS);
-        let cpu3 = cpu::sample(server.pid());
-        let after = server.scrape().await;
-        row(kind, &format!("recorded, C={c}"), &rec, Some(&base));
-        let (nb, nr) = (
-            cpu0.per_call(&cpu1, base.calls),
-            cpu2.per_call(&cpu3, rec.calls),
-        );
-        println!(
-            "{kind:<9}   CPU us per call at C={c}: no-op server {:.1} client {:.1} postgres {:.1}; recorded server {:.1} client {:.1} postgres {:.1}",
-            nb.server, nb.client, nb.postgres, nr.server, nr.client, nr.postgres
-        );
-        result(json!({
-            "store": kind, "phase": "cpu", "concurrency": c,
-            "noop_us_per_call": { "server": nb.server, "client": nb.client, "postgres": nb.postgres },
-            "recorded_us_per_call": { "server": nr.server, "client": nr.client, "postgres": nr.postgres },
-        }));
-        let w = Writer::between(&before, &after);
-        // The writer's CPU: its threads, SQLite's worker threads, and PostgreSQL's processes
-        // (the server sends PostgreSQL nothing else while it delivers).
-        let writer_cpu =
-            ((sink1 - sink0) * 1e6 + nr.postgres * rec.calls as f64) / w.records.max(1.0);
-        println!(
-            "{kind:<9}   sink at C={c}: {:.0} records per batch, batch commit p99 {:.2} ms, writer {:.1} us per record{}, {writer_cpu:.1} us CPU per record{}",
-            w.per_batch,
-            w.commit_p99_ms,
-            w.us_per_record,
-            limit.map_or(String::new(), |(l, _)| format!(" ({:.2} x the raw insert's {l:.1} us)", w.us_per_record / l)),
-            limit.map_or(String::new(), |(_, c)| format!(" ({:.2} x the raw insert's {c:.1} us)", writer_cpu / c)),
-        );
-        let bound = 2.0 * (w.commit_p99_ms + base.pct(0.99));
-        println!(
-            "{kind:<9}   p99 bound at C={c}: {bound:.2} ms (2 x (commit p99 + no-op p99)); recorded p99 {:.2} ms",
-            rec.pct(0.99)
-        );
-        result(json!({
-            "store": kind, "phase": "sink", "concurrency": c,
-            "records_per_batch": w.per_batch, "commit_p99_ms": w.commit_p99_ms,
-            "writer_us_per_record": w.us_per_record,
-            "writer_over_raw_insert": limit.map(|(l, _)| w.us_per_record / l),
-            "writer_cpu_us_per_record": writer_cpu,
-            "writer_cpu_over_raw_insert": limit.map(|(_, c)| writer_cpu / c),
-            "p99_bound_ms": bound,
-        }));
+        let (base, rec) = sweep_point(o, kind, &server, &chs, c.max(1), limit).await;
         peak_base = peak_base.max(base.rate());
         peak_rec = peak_rec.max(rec.rate());
     }

@@ -97,143 +97,200 @@ impl Writer {
 
 /// The README's Performance tables, rendered from a `--json` file of an earlier run.
 pub fn markdown(json: &serde_json::Value) -> String {
-    let empty = Vec::new();
-    let results = json["results"].as_array().unwrap_or(&empty);
-    let find = |store: &str, phase: &str| {
-        results
+    let r = Report::of(json);
+    let mut out = r.sweep_table();
+    out += &r.limits_table();
+    out += &r.cpu_table();
+    out += &r.writers_line();
+    out
+}
+
+/// The results of a run, the stores it measured and the sweep's concurrencies.
+struct Report<'a> {
+    results: &'a [serde_json::Value],
+    stores: Vec<&'static str>,
+    concurrency: Vec<i64>,
+}
+
+fn num(v: Option<&serde_json::Value>, key: &str) -> Option<f64> {
+    v.and_then(|r| r[key].as_f64())
+}
+
+/// A rate with a thousands separator; `-` when absent.
+fn rate(x: Option<f64>) -> String {
+    x.map_or("-".to_owned(), |v| {
+        let n = v.round() as i64;
+        let (hi, lo) = (n / 1000, n % 1000);
+        if hi > 0 {
+            format!("{hi},{lo:03}")
+        } else {
+            lo.to_string()
+        }
+    })
+}
+
+fn fixed(x: Option<f64>, d: usize) -> String {
+    x.map_or("-".to_owned(), |v| format!("{v:.d$}"))
+}
+
+fn name(store: &str) -> &'static str {
+    if store == "sqlite" {
+        "SQLite"
+    } else {
+        "PostgreSQL"
+    }
+}
+
+/// The CPU groups of a store's table: SQLite's work is the server's own.
+fn groups(store: &str) -> &'static [&'static str] {
+    if store == "sqlite" {
+        &["server", "client"]
+    } else {
+        &["server", "client", "postgres"]
+    }
+}
+
+impl<'a> Report<'a> {
+    fn of(json: &'a serde_json::Value) -> Report<'a> {
+        let results = json["results"].as_array().map_or(&[][..], Vec::as_slice);
+        let mut r = Report {
+            results,
+            stores: Vec::new(),
+            concurrency: Vec::new(),
+        };
+        r.stores = ["sqlite", "postgres"]
+            .into_iter()
+            .filter(|s| r.find(s, "peak").is_some())
+            .collect();
+        r.concurrency = results
+            .iter()
+            .filter(|r| r["phase"] == "sink")
+            .filter_map(|r| r["concurrency"].as_i64())
+            .collect();
+        r.concurrency.sort_unstable();
+        r.concurrency.dedup();
+        r
+    }
+
+    fn find(&self, store: &str, phase: &str) -> Option<&'a serde_json::Value> {
+        self.results
             .iter()
             .find(|r| r["store"] == store && r["phase"] == phase)
-    };
-    let num = |v: Option<&serde_json::Value>, key: &str| v.and_then(|r| r[key].as_f64());
-    let rate = |x: Option<f64>| {
-        x.map_or("-".to_owned(), |v| {
-            let n = v.round() as i64;
-            let (hi, lo) = (n / 1000, n % 1000);
-            if hi > 0 {
-                format!("{hi},{lo:03}")
-            } else {
-                lo.to_string()
-            }
-        })
-    };
-    let fixed = |x: Option<f64>, d: usize| x.map_or("-".to_owned(), |v| format!("{v:.d$}"));
-    let stores: Vec<&str> = ["sqlite", "postgres"]
-        .into_iter()
-        .filter(|s| find(s, "peak").is_some())
-        .collect();
-    let mut concurrency: Vec<i64> = results
-        .iter()
-        .filter(|r| r["phase"] == "sink")
-        .filter_map(|r| r["concurrency"].as_i64())
-        .collect();
-    concurrency.sort_unstable();
-    concurrency.dedup();
-    let name = |s: &str| {
-        if s == "sqlite" {
-            "SQLite"
-        } else {
-            "PostgreSQL"
-        }
-    };
-    let mut out = String::from("| callers |");
-    let mut rule = String::from("|---|");
-    for s in &stores {
-        out += &format!(
-            " {0} no-op/s | {0} recorded/s | ratio | p99 ms (bound) | writer / raw insert: time, CPU |",
-            name(s)
-        );
-        rule += "---|---|---|---|---|";
     }
-    out += "\n";
-    out += &rule;
-    out += "\n";
-    for c in &concurrency {
-        out += &format!("| {c} |");
-        for s in &stores {
-            let base = find(s, &format!("baseline (no-op), C={c}"));
-            let rec = find(s, &format!("recorded, C={c}"));
-            let sink = results
-                .iter()
-                .find(|r| r["store"] == *s && r["phase"] == "sink" && r["concurrency"] == *c);
+
+    /// A store's result of `phase` at concurrency `c`.
+    fn at(&self, store: &str, phase: &str, c: i64) -> Option<&'a serde_json::Value> {
+        self.results
+            .iter()
+            .find(|r| r["store"] == store && r["phase"] == phase && r["concurrency"] == c)
+    }
+
+    /// No-op and recorded rates, their ratio, p99 and its bound, the writer against the raw
+    /// insert, per concurrency.
+    fn sweep_table(&self) -> String {
+        let mut out = String::from("| callers |");
+        let mut rule = String::from("|---|");
+        for s in &self.stores {
             out += &format!(
-                " {} | {} | {} | {} ({}) | {}, {} |",
-                rate(num(base, "calls_per_sec")),
-                rate(num(rec, "calls_per_sec")),
-                fixed(num(rec, "ratio"), 2),
-                fixed(num(rec, "p99_ms"), 1),
-                fixed(num(sink, "p99_bound_ms"), 1),
-                fixed(num(sink, "writer_over_raw_insert"), 2),
-                fixed(num(sink, "writer_cpu_over_raw_insert"), 2),
+                " {0} no-op/s | {0} recorded/s | ratio | p99 ms (bound) | writer / raw insert: time, CPU |",
+                name(s)
             );
+            rule += "---|---|---|---|---|";
         }
-        out += "\n";
-    }
-    out += "\n| store | raw insert rows/s | peak recorded / peak no-op | DeliverTriggers/s | over raw insert |\n|---|---|---|---|---|\n";
-    for s in &stores {
-        let streamed = results.iter().find(|r| {
-            r["store"] == *s
-                && r["phase"]
-                    .as_str()
-                    .is_some_and(|p| p.starts_with("DeliverTriggers"))
-        });
-        out += &format!(
-            "| {} | {} | {} | {} | {} |\n",
-            name(s),
-            rate(num(find(s, "store limit"), "rows_per_sec")),
-            fixed(num(find(s, "peak"), "ratio"), 2),
-            rate(num(streamed, "calls_per_sec")),
-            fixed(num(find(s, "stream over store limit"), "ratio"), 2),
-        );
-    }
-    out += "\nCPU µs per call, no-op → recorded (server, benchmark client, PostgreSQL's processes):\n\n| callers |";
-    let mut rule = String::from("|---|");
-    let groups = |s: &str| {
-        if s == "sqlite" {
-            // SQLite's work is the server's own.
-            &["server", "client"][..]
-        } else {
-            &["server", "client", "postgres"][..]
-        }
-    };
-    for s in &stores {
-        for g in groups(s) {
-            out += &format!(" {} {g} |", name(s));
-            rule += "---|";
-        }
-    }
-    out += "\n";
-    out += &rule;
-    out += "\n";
-    for c in &concurrency {
-        out += &format!("| {c} |");
-        for s in &stores {
-            let cpu = results
-                .iter()
-                .find(|r| r["store"] == *s && r["phase"] == "cpu" && r["concurrency"] == *c);
-            for group in groups(s) {
-                let at = |k: &str| cpu.and_then(|r| r[k][group].as_f64());
+        out += &format!("\n{rule}\n");
+        for c in &self.concurrency {
+            out += &format!("| {c} |");
+            for s in &self.stores {
+                let base = self.find(s, &format!("baseline (no-op), C={c}"));
+                let rec = self.find(s, &format!("recorded, C={c}"));
+                let sink = self.at(s, "sink", *c);
                 out += &format!(
-                    " {} → {} |",
-                    fixed(at("noop_us_per_call"), 0),
-                    fixed(at("recorded_us_per_call"), 0)
+                    " {} | {} | {} | {} ({}) | {}, {} |",
+                    rate(num(base, "calls_per_sec")),
+                    rate(num(rec, "calls_per_sec")),
+                    fixed(num(rec, "ratio"), 2),
+                    fixed(num(rec, "p99_ms"), 1),
+                    fixed(num(sink, "p99_bound_ms"), 1),
+                    fixed(num(sink, "writer_over_raw_insert"), 2),
+                    fixed(num(sink, "writer_cpu_over_raw_insert"), 2),
                 );
             }
+            out += "\n";
         }
-        out += "\n";
+        out
     }
-    if let Some(w) = results.iter().find(|r| r["phase"] == "writers compare") {
+
+    /// The raw insert, the peak ratio and DeliverTriggers against the raw insert, per store.
+    fn limits_table(&self) -> String {
+        let mut out = String::from("\n| store | raw insert rows/s | peak recorded / peak no-op | DeliverTriggers/s | over raw insert |\n|---|---|---|---|---|\n");
+        for s in &self.stores {
+            let streamed = self.results.iter().find(|r| {
+                r["store"] == *s
+                    && r["phase"]
+                        .as_str()
+                        .is_some_and(|p| p.starts_with("DeliverTriggers"))
+            });
+            out += &format!(
+                "| {} | {} | {} | {} | {} |\n",
+                name(s),
+                rate(num(self.find(s, "store limit"), "rows_per_sec")),
+                fixed(num(self.find(s, "peak"), "ratio"), 2),
+                rate(num(streamed, "calls_per_sec")),
+                fixed(num(self.find(s, "stream over store limit"), "ratio"), 2),
+            );
+        }
+        out
+    }
+
+    /// CPU per call, no-op against recorded, per concurrency and store.
+    fn cpu_table(&self) -> String {
+        let mut out = String::from("\nCPU µs per call, no-op → recorded (server, benchmark client, PostgreSQL's processes):\n\n| callers |");
+        let mut rule = String::from("|---|");
+        for s in &self.stores {
+            for g in groups(s) {
+                out += &format!(" {} {g} |", name(s));
+                rule += "---|";
+            }
+        }
+        out += &format!("\n{rule}\n");
+        for c in &self.concurrency {
+            out += &format!("| {c} |");
+            for s in &self.stores {
+                let cpu = self.at(s, "cpu", *c);
+                for group in groups(s) {
+                    let at = |k: &str| cpu.and_then(|r| r[k][group].as_f64());
+                    out += &format!(
+                        " {} → {} |",
+                        fixed(at("noop_us_per_call"), 0),
+                        fixed(at("recorded_us_per_call"), 0)
+                    );
+                }
+            }
+            out += "\n";
+        }
+        out
+    }
+
+    /// Recorded rates by sink writer count behind a delaying proxy, when measured.
+    fn writers_line(&self) -> String {
+        let Some(w) = self
+            .results
+            .iter()
+            .find(|r| r["phase"] == "writers compare")
+        else {
+            return String::new();
+        };
         let rates: Vec<String> = w["rates"]
             .as_array()
-            .unwrap_or(&empty)
+            .map_or(&[][..], Vec::as_slice)
             .iter()
             .map(|r| format!("{} writer(s) {}/s", r[0], rate(r[1].as_f64())))
             .collect();
-        out += &format!(
+        format!(
             "\nPostgreSQL behind {} ms per round trip, {} callers: {}\n",
             w["delay_ms"],
             w["concurrency"],
             rates.join(", ")
-        );
+        )
     }
-    out
 }
