@@ -382,7 +382,15 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         "{kind:<9} flood: {spread} packs flooding ({} callers each): {total:.0}/s in all, each pack's rate over an even share {lo:.2}x to {hi:.2}x; {} errors",
         c / spread, ten.errors
     );
-    let mut flooded = quota_phase(&server, &chs, kind, (d, c), pop, rate(&alone)).await?;
+    let flooding = Flooding {
+        server: &server,
+        chs: &chs,
+        kind,
+        duration: d,
+        callers: c,
+        pop,
+    };
+    let mut flooded = quota_phase(&flooding, rate(&alone)).await?;
     for (k, v) in [
         ("calm_quiet_p50_ms", calm.quiet.pct(0.5)),
         ("calm_quiet_p99_ms", calm.quiet.pct(0.99)),
@@ -418,19 +426,25 @@ async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One store's flood phase: its server and channels, how long each part runs and with how
+/// many callers, over which population.
+struct Flooding<'a> {
+    server: &'a Server,
+    chs: &'a [Channel],
+    kind: &'a str,
+    duration: Duration,
+    callers: usize,
+    pop: Population,
+}
+
 /// Quotas on one store: what a refusal costs against a drop (the same callers, each sent
 /// again at once), with the no-op as the floor under both, and a quota of a quarter of
 /// `alone` (the flooding pack's rate alone) held while it floods beside the quiet pack. Each
 /// with the CPU the server (and PostgreSQL) spent per answer: the cost on the service's side,
 /// apart from the client's, which shares these cores.
-async fn quota_phase(
-    server: &server::Server,
-    chs: &[Channel],
-    kind: &str,
-    (d, c): (Duration, usize),
-    pop: Population,
-    alone: f64,
-) -> anyhow::Result<serde_json::Value> {
+async fn quota_phase(f: &Flooding<'_>, alone: f64) -> anyhow::Result<serde_json::Value> {
+    let (server, chs, kind, pop) = (f.server, f.chs, f.kind, f.pop);
+    let (d, c) = (f.duration, f.callers);
     let pid = server.pid();
     let costed = |m: fn(usize, usize, Population) -> pb::DeliverTriggerRequest| {
         let chs = &chs;
@@ -489,7 +503,7 @@ async fn quota_phase(
         drops[0].2 / noop.2.max(1e-9),
         noop.1
     );
-    let mut costs = quota_held(server, chs, kind, (d, c), pop, alone).await?;
+    let mut costs = quota_held(f, alone).await?;
     for (k, v) in json!({
         "dropped_per_sec": drops[0].0, "refused_per_sec": refusals[0].0,
         "dropped_with_ids_per_sec": drops[1].0, "refused_with_ids_per_sec": refusals[1].0,
@@ -521,14 +535,9 @@ fn pack_0_quota(rate: f64, burst: u32) -> pb::PutQuotaRequest {
 /// A quota of a quarter of `alone` (the flooding pack's rate alone, at least 100/s) on the
 /// flooding pack while it floods beside the quiet pack: what it recorded, what it was refused,
 /// and what the server counted meanwhile.
-async fn quota_held(
-    server: &server::Server,
-    chs: &[Channel],
-    kind: &str,
-    (d, c): (Duration, usize),
-    pop: Population,
-    alone: f64,
-) -> anyhow::Result<serde_json::Value> {
+async fn quota_held(f: &Flooding<'_>, alone: f64) -> anyhow::Result<serde_json::Value> {
+    let (server, chs, kind, pop) = (f.server, f.chs, f.kind, f.pop);
+    let (d, c) = (f.duration, f.callers);
     let mut admin = pb::policy_service_client::PolicyServiceClient::new(chs[0].clone());
     let limit = (alone * 0.25).round().max(100.0);
     let before = server.scrape().await;
