@@ -2,7 +2,7 @@
 use tonic::{Request, Response, Status};
 
 use super::convert::timestamp;
-use super::paging::{fingerprint, next_token, page_size, PageTokens, SEP};
+use super::paging::{fingerprint, PageTokens};
 use super::pb::{self, audit_service_server::AuditService};
 use crate::error::Error;
 use crate::service::{valid_id, valid_pack_id, Service};
@@ -29,15 +29,15 @@ impl AuditService for Audit {
         if let Some(p) = principal {
             valid_id("principal", p)?;
         }
-        let size = page_size(r.page_size)?;
-        let fp = fingerprint(&[&r.pack_id, &r.principal]);
-        let token = self.pages.decode(KIND, &fp, &r.page_token)?;
-        let before = match &token {
+        let page = self.pages.page(
+            KIND,
+            fingerprint(&[&r.pack_id, &r.principal]),
+            r.page_size,
+            &r.page_token,
+        )?;
+        let before = match page.after::<2>()? {
             None => None,
-            Some(k) => {
-                let (t, id) = k
-                    .split_once(SEP)
-                    .ok_or_else(|| Error::invalid("page_token", "is malformed"))?;
+            Some([t, id]) => {
                 let t: i64 = t
                     .parse()
                     .map_err(|_| Error::invalid("page_token", "is malformed"))?;
@@ -46,12 +46,9 @@ impl AuditService for Audit {
         };
         let mut events = self
             .service
-            .list_audit_events(pack, principal, before, size + 1)
+            .list_audit_events(pack, principal, before, page.limit())
             .await?;
-        let next_page_token = next_token(&mut events, size, |e| {
-            self.pages
-                .encode(KIND, &fp, &format!("{}{SEP}{}", e.time, e.event_id))
-        });
+        let next_page_token = page.next(&mut events, |e| [e.time.to_string(), e.event_id.clone()]);
         Ok(Response::new(pb::ListAuditEventsResponse {
             audit_events: events
                 .into_iter()

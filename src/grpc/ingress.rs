@@ -2,7 +2,7 @@
 use tonic::{Request, Response, Status};
 
 use super::actor_of;
-use super::paging::{next_token, page_size, PageTokens};
+use super::paging::PageTokens;
 use super::pb::{self, ingress_service_server::IngressService};
 use crate::domain::ingress::{IngressKind, Mapping, Route};
 use crate::error::Error;
@@ -120,15 +120,15 @@ impl IngressService for Ingress {
         req: Request<pb::ListIngressRoutesRequest>,
     ) -> Result<Response<pb::ListIngressRoutesResponse>, Status> {
         let req = req.into_inner();
-        let size = page_size(req.page_size)?;
-        let after = self.pages.decode(PAGE_KIND, "", &req.page_token)?;
+        let page = self
+            .pages
+            .page(PAGE_KIND, String::new(), req.page_size, &req.page_token)?;
+        let after = page.after::<1>()?.map(|[id]| id);
         let mut routes = self
             .service
-            .list_ingress_routes(after.as_deref(), size + 1)
+            .list_ingress_routes(after, page.limit())
             .await?;
-        let next_page_token = next_token(&mut routes, size, |last| {
-            self.pages.encode(PAGE_KIND, "", &last.route_id)
-        });
+        let next_page_token = page.next(&mut routes, |last| [last.route_id.clone()]);
         Ok(Response::new(pb::ListIngressRoutesResponse {
             routes: routes.iter().map(to_pb).collect(),
             next_page_token,

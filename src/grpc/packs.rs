@@ -4,7 +4,7 @@ use tonic::{Request, Response, Status};
 
 use super::actor_of;
 use super::convert::{finding, pack, struct_to_json_checked};
-use super::paging::{fingerprint, next_token, page_size, PageTokens, SEP};
+use super::paging::{fingerprint, PageTokens};
 use super::pb::{self, pack_service_server::PackService};
 use crate::auth::{Caller, Role};
 use crate::domain::catalog::TriggerTypeView;
@@ -140,12 +140,12 @@ impl PackService for Packs {
         req: Request<pb::ListPacksRequest>,
     ) -> Result<Response<pb::ListPacksResponse>, Status> {
         let req = req.into_inner();
-        let size = page_size(req.page_size)?;
-        let after = self.pages.decode(PAGE_KIND, "", &req.page_token)?;
-        let mut packs = self.service.list_packs(after.as_deref(), size + 1).await?;
-        let next_page_token = next_token(&mut packs, size, |last| {
-            self.pages.encode(PAGE_KIND, "", &last.manifest.pack_id)
-        });
+        let page = self
+            .pages
+            .page(PAGE_KIND, String::new(), req.page_size, &req.page_token)?;
+        let after = page.after::<1>()?.map(|[id]| id);
+        let mut packs = self.service.list_packs(after, page.limit()).await?;
+        let next_page_token = page.next(&mut packs, |last| [last.manifest.pack_id.clone()]);
         Ok(Response::new(pb::ListPacksResponse {
             packs: packs.iter().map(pack).collect(),
             next_page_token,
@@ -158,30 +158,23 @@ impl PackService for Packs {
     ) -> Result<Response<pb::ListTriggerTypesResponse>, Status> {
         let caller = req.extensions().get::<Caller>().cloned();
         let req = req.into_inner();
-        let size = page_size(req.page_size)?;
         let principal = as_reader_of(caller.as_ref(), req.principal)?;
-        let fp = fingerprint(&[&req.pack_id, &principal]);
-        let after = self.pages.decode(TYPES_KIND, &fp, &req.page_token)?;
-        let after =
-            match &after {
-                Some(a) => Some(a.split_once(SEP).ok_or_else(|| {
-                    Error::invalid("page_token", "is not a token of this listing")
-                })?),
-                None => None,
-            };
+        let page = self.pages.page(
+            TYPES_KIND,
+            fingerprint(&[&req.pack_id, &principal]),
+            req.page_size,
+            &req.page_token,
+        )?;
+        let after = page.after::<2>()?.map(|[p, r]| (p, r));
         let pack_id = (!req.pack_id.is_empty()).then_some(req.pack_id.as_str());
         let mut types = self.service.list_trigger_types(
             pack_id,
             after,
-            usize::try_from(size + 1).unwrap_or(usize::MAX),
+            usize::try_from(page.limit()).unwrap_or(usize::MAX),
             (!principal.is_empty()).then_some(principal.as_str()),
         )?;
-        let next_page_token = next_token(&mut types, size, |last| {
-            self.pages.encode(
-                TYPES_KIND,
-                &fp,
-                &format!("{}{SEP}{}", last.pack_id, last.r#ref),
-            )
+        let next_page_token = page.next(&mut types, |last| {
+            [last.pack_id.clone(), last.r#ref.clone()]
         });
         Ok(Response::new(pb::ListTriggerTypesResponse {
             trigger_types: types.into_iter().map(trigger_type).collect(),

@@ -1,10 +1,11 @@
-//! AIP-158 pagination: page sizes and opaque page tokens.
+//! AIP-158 pagination: page sizes, opaque page tokens, and the records' position tokens that ListRecords and WatchRecords share.
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
+use crate::domain::model::Position;
 use crate::error::{Error, Result};
 
 pub const DEFAULT_PAGE_SIZE: u64 = 50;
@@ -114,6 +115,106 @@ impl PageTokens {
             )),
             _ => Err(bad()),
         }
+    }
+}
+
+/// One request's page of a listing: its size, the key of the row it starts after (from the
+/// previous page's token, which continues only the same kind of listing with the same
+/// filters), and the next page's token.
+pub struct Page<'t> {
+    tokens: &'t PageTokens,
+    kind: &'static str,
+    fp: String,
+    pub size: u64,
+    key: Option<String>,
+}
+
+impl PageTokens {
+    /// The page a request asks for: `page_size` read, `page_token` checked against the
+    /// listing's kind and the fingerprint of its filters.
+    pub fn page(
+        &self,
+        kind: &'static str,
+        fp: String,
+        page_size: i32,
+        page_token: &str,
+    ) -> Result<Page<'_>> {
+        let size = self::page_size(page_size)?;
+        let key = self.decode(kind, &fp, page_token)?;
+        Ok(Page {
+            tokens: self,
+            kind,
+            fp,
+            size,
+            key,
+        })
+    }
+}
+
+impl Page<'_> {
+    /// Rows to fetch: one past the page, to know whether another follows.
+    pub fn limit(&self) -> u64 {
+        self.size + 1
+    }
+
+    /// The key the page starts after, in its `N` parts (none on the first page).
+    pub fn after<const N: usize>(&self) -> Result<Option<[&str; N]>> {
+        let Some(k) = &self.key else {
+            return Ok(None);
+        };
+        let parts: Vec<&str> = k.splitn(N, SEP).collect();
+        <[&str; N]>::try_from(parts)
+            .map(Some)
+            .map_err(|_| Error::invalid("page_token", "is malformed"))
+    }
+
+    /// `rows` cut to the page, and the next page's token (empty on the last), made of the
+    /// last row's key parts.
+    pub fn next<T, const N: usize>(
+        &self,
+        rows: &mut Vec<T>,
+        key: impl Fn(&T) -> [String; N],
+    ) -> String {
+        next_token(rows, self.size, |last| {
+            let key = key(last).join(&SEP.to_string());
+            self.tokens.encode(self.kind, &self.fp, &key)
+        })
+    }
+}
+
+/// Positions, not receive times: a token of a release that paged by time is refused as not
+/// issued here, and this release's tokens are refused by such a release. ListRecords' page
+/// tokens and WatchRecords' resume tokens are one kind: either continues the other.
+const RECORDS: &str = "records@position";
+
+impl PageTokens {
+    /// A ListRecords page token or WatchRecords resume token: the position a listing of
+    /// filters `fp` continues after.
+    pub fn position_token(&self, fp: &str, p: Position) -> String {
+        self.encode(RECORDS, fp, &format!("{}{SEP}{}", p.txid, p.seq))
+    }
+
+    /// The position a page or resume token holds (`None`: empty, the start), reported as
+    /// `field` when it is not one.
+    pub fn token_position(&self, fp: &str, token: &str, field: &str) -> Result<Option<Position>> {
+        let rename = |e: Error| match e {
+            Error::InvalidArgument(mut v) => {
+                for x in &mut v {
+                    x.field = field.to_owned();
+                }
+                Error::InvalidArgument(v)
+            }
+            e => e,
+        };
+        let Some(k) = self.decode(RECORDS, fp, token).map_err(rename)? else {
+            return Ok(None);
+        };
+        let bad = || Error::invalid(field, "is malformed");
+        let (txid, seq) = k.split_once(SEP).ok_or_else(bad)?;
+        Ok(Some(Position {
+            txid: txid.parse().map_err(|_| bad())?,
+            seq: seq.parse().map_err(|_| bad())?,
+        }))
     }
 }
 

@@ -6,7 +6,7 @@ use super::convert::{
     activation, binding, binding_state, binding_state_from, execute_state, grant, outcome, quota,
     route, route_from, timestamp,
 };
-use super::paging::{fingerprint, next_token, page_size as page_size_of, PageTokens, SEP};
+use super::paging::{fingerprint, Page, PageTokens};
 use super::pb::{self, policy_service_server::PolicyService};
 use crate::domain::model::{ExecuteState, KeyPage};
 use crate::domain::policy::Activation;
@@ -26,24 +26,21 @@ fn opt(s: &str) -> Option<&str> {
 }
 
 /// One request's page of an AIP-158 listing keyed by two strings, filtered by each when set.
-struct Listing<'r> {
-    kind: &'static str,
-    /// The listing's fingerprint: a token continues only the listing it came from.
-    fp: String,
-    size: u64,
+struct Listing<'p, 'r> {
+    page: Page<'p>,
     first: &'r str,
     second: &'r str,
     after: Option<(String, String)>,
 }
 
-impl Listing<'_> {
+impl Listing<'_, '_> {
     /// What to fetch: one row past the page, to know whether another follows.
     fn page(&self) -> KeyPage<'_> {
         KeyPage {
             first: opt(self.first),
             second: opt(self.second),
             after: self.after.as_ref().map(|(a, b)| (a.as_str(), b.as_str())),
-            limit: self.size + 1,
+            limit: self.page.limit(),
         }
     }
 }
@@ -55,21 +52,15 @@ impl Policy {
         (first, second): (&'r str, &'r str),
         page_size: i32,
         page_token: &str,
-    ) -> Result<Listing<'r>, Error> {
-        let fp = fingerprint(&[first, second]);
-        let after = match self.pages.decode(kind, &fp, page_token)? {
-            Some(k) => {
-                let (a, b) = k
-                    .split_once(SEP)
-                    .ok_or_else(|| Error::invalid("page_token", "is malformed"))?;
-                Some((a.to_owned(), b.to_owned()))
-            }
-            None => None,
-        };
+    ) -> Result<Listing<'_, 'r>, Error> {
+        let page = self
+            .pages
+            .page(kind, fingerprint(&[first, second]), page_size, page_token)?;
+        let after = page
+            .after::<2>()?
+            .map(|[a, b]| (a.to_owned(), b.to_owned()));
         Ok(Listing {
-            kind,
-            fp,
-            size: page_size_of(page_size)?,
+            page,
             first,
             second,
             after,
@@ -79,13 +70,13 @@ impl Policy {
     /// `rows` cut to the page, and the token of the next page (empty on the last).
     fn next_page<T>(
         &self,
-        l: &Listing<'_>,
+        l: &Listing<'_, '_>,
         rows: &mut Vec<T>,
         key: impl Fn(&T) -> (&str, &str),
     ) -> String {
-        next_token(rows, l.size, |r| {
+        l.page.next(rows, |r| {
             let (a, b) = key(r);
-            self.pages.encode(l.kind, &l.fp, &format!("{a}{SEP}{b}"))
+            [a.to_owned(), b.to_owned()]
         })
     }
 }

@@ -5,17 +5,12 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::convert::{drop_reason_from, drop_report, micros, record, route_from};
-use super::paging::{fingerprint, next_token, page_size, PageTokens, SEP};
+use super::paging::{fingerprint, next_token, page_size, PageTokens};
 use super::pb::{self, record_service_server::RecordService};
 use crate::auth::{Caller, Role};
 use crate::domain::model::{Position, RecordFilter};
 use crate::error::Error;
 use crate::service::{Service, WatchEvent};
-
-/// Positions, not receive times: a token of a release that paged by time is refused as not
-/// issued here, and this release's tokens are refused by such a release. ListRecords' page
-/// tokens and WatchRecords' resume tokens are one kind: either continues the other.
-const RECORDS: &str = "records@position";
 
 /// A reader reads as its own principal: the authenticated identity replaces `viewer`, and
 /// other principals' records are not its to read. Returns the reader's principal.
@@ -41,41 +36,6 @@ fn as_reader(
     Ok(Some(own))
 }
 
-impl Records {
-    fn position_token(&self, fp: &str, p: Position) -> String {
-        self.pages
-            .encode(RECORDS, fp, &format!("{}{SEP}{}", p.txid, p.seq))
-    }
-
-    /// The position a page or resume token holds (`None`: empty, the start), reported as
-    /// `field` when it is not one.
-    fn token_position(
-        &self,
-        fp: &str,
-        token: &str,
-        field: &str,
-    ) -> Result<Option<Position>, Error> {
-        let rename = |e: Error| match e {
-            Error::InvalidArgument(mut v) => {
-                for x in &mut v {
-                    x.field = field.to_owned();
-                }
-                Error::InvalidArgument(v)
-            }
-            e => e,
-        };
-        let Some(k) = self.pages.decode(RECORDS, fp, token).map_err(rename)? else {
-            return Ok(None);
-        };
-        let bad = || Error::invalid(field, "is malformed");
-        let (txid, seq) = k.split_once(SEP).ok_or_else(bad)?;
-        Ok(Some(Position {
-            txid: txid.parse().map_err(|_| bad())?,
-            seq: seq.parse().map_err(|_| bad())?,
-        }))
-    }
-}
-
 #[derive(Clone, Debug)]
 pub struct Records {
     pub service: Service,
@@ -84,10 +44,6 @@ pub struct Records {
 
 fn opt(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
-}
-
-fn bad_token(rule: &str) -> Error {
-    Error::invalid("page_token", rule)
 }
 
 /// The fingerprint of a ListRecords listing: its filters and order.
@@ -148,13 +104,15 @@ impl RecordService for Records {
         };
         let fp = filter_fingerprint(&filter);
         let size = page_size(r.page_size)?;
-        let after = self.token_position(&fp, &r.page_token, "page_token")?;
+        let after = self
+            .pages
+            .token_position(&fp, &r.page_token, "page_token")?;
         let listed = self
             .service
             .list_records(&filter, after.as_ref(), size + 1)
             .await?;
         let mut records = listed.records;
-        let token = |p: Position| self.position_token(&fp, p);
+        let token = |p: Position| self.pages.position_token(&fp, p);
         let mut next_page_token = next_token(&mut records, size, |r| token(r.position));
         // Writes still in flight may commit after this page: an ascending listing goes on
         // from here (an empty page is possible) rather than end. Descending, they would come
@@ -206,6 +164,7 @@ impl RecordService for Records {
         let fp = filter_fingerprint(&filter);
         let from = match r.start {
             Some(Start::ResumeToken(t)) if !t.is_empty() => self
+                .pages
                 .token_position(&fp, &t, "resume_token")?
                 .unwrap_or_default(),
             Some(Start::AfterRecordId(id)) => {
@@ -232,7 +191,7 @@ impl RecordService for Records {
                         .filter(|r| !this.service.erased(r))
                         .map(|r| record(r))
                         .collect(),
-                    resume_token: this.position_token(&fp, position),
+                    resume_token: this.pages.position_token(&fp, position),
                 }),
                 WatchEvent::Ended {
                     cause,
@@ -241,7 +200,7 @@ impl RecordService for Records {
                 } => Err(Status::from(Error::Interrupted {
                     cause,
                     message: why,
-                    resume_token: this.position_token(&fp, position),
+                    resume_token: this.pages.position_token(&fp, position),
                 })),
             });
         Ok(Response::new(Box::pin(stream)))
@@ -270,31 +229,25 @@ impl RecordService for Records {
     ) -> Result<Response<pb::ListDropReportsResponse>, Status> {
         const KIND: &str = "drop_reports";
         let r = req.into_inner();
-        let size = page_size(r.page_size)?;
         let reason = drop_reason_from("reason", r.reason)?;
-        let fp = fingerprint(&[&r.pack_id, &r.reason.to_string()]);
-        let token = self.pages.decode(KIND, &fp, &r.page_token)?;
-        let after = match &token {
-            None => None,
-            Some(k) => {
-                let mut parts = k.splitn(3, SEP);
-                match (parts.next(), parts.next(), parts.next()) {
-                    (Some(p), Some(rf), Some(why)) => Some((p, rf, why)),
-                    _ => return Err(bad_token("is malformed").into()),
-                }
-            }
-        };
+        let page = self.pages.page(
+            KIND,
+            fingerprint(&[&r.pack_id, &r.reason.to_string()]),
+            r.page_size,
+            &r.page_token,
+        )?;
+        let after = page.after::<3>()?.map(|[p, rf, why]| (p, rf, why));
         let pack = (!r.pack_id.is_empty()).then_some(r.pack_id.as_str());
         let mut reports = self
             .service
-            .list_drop_reports(pack, reason, after, size + 1)
+            .list_drop_reports(pack, reason, after, page.limit())
             .await?;
-        let next_page_token = next_token(&mut reports, size, |d| {
-            self.pages.encode(
-                KIND,
-                &fp,
-                &format!("{}{SEP}{}{SEP}{}", d.pack_id, d.r#ref, d.reason.as_str()),
-            )
+        let next_page_token = page.next(&mut reports, |d| {
+            [
+                d.pack_id.clone(),
+                d.r#ref.clone(),
+                d.reason.as_str().to_owned(),
+            ]
         });
         Ok(Response::new(pb::ListDropReportsResponse {
             drop_reports: reports.iter().map(drop_report).collect(),
