@@ -52,6 +52,15 @@ pub async fn health_ok(ch: &Channel) -> Duration {
 
 /// Opens `idle` sockets that send nothing and `half` that send half the HTTP/2 preface.
 async fn flood(addr: &str, idle: usize, half: usize) -> Vec<TcpStream> {
+    flood_timed(addr, idle, half)
+        .await
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect()
+}
+
+/// `flood`, with the moment each socket was opened.
+async fn flood_timed(addr: &str, idle: usize, half: usize) -> Vec<(TcpStream, Instant)> {
     let mut socks = Vec::new();
     for i in 0..idle + half {
         // 3 s covers one lost SYN's retransmission (1 s), which a busy machine now and then has.
@@ -63,7 +72,7 @@ async fn flood(addr: &str, idle: usize, half: usize) -> Vec<TcpStream> {
         if i >= idle {
             let _ = s.write_all(b"PRI * HTTP/2.0\r\n").await;
         }
-        socks.push(s);
+        socks.push((s, Instant::now()));
     }
     socks
 }
@@ -92,15 +101,14 @@ fn timers(c: &mut hcp_sense::config::Config) {
 async fn idle_and_half_open_sockets_are_closed_while_calls_go_on() {
     let app = spawn_app_with(StoreKind::Sqlite, timers).await;
     let addr = app.addr.to_string();
-    let opened_at = Instant::now();
-    let mut socks = flood(&addr, 300, 100).await;
+    let mut socks = flood_timed(&addr, 300, 100).await;
     assert_eq!(socks.len(), 400);
     // A legitimate caller is served at once, on a new connection, during the flood.
     let ch = channel(&addr).await;
     let took = health_ok(&ch).await;
     assert!(took < Duration::from_secs(1), "call took {took:?}");
     let mut open = 0;
-    for s in &mut socks {
+    for (s, opened_at) in &mut socks {
         let left = Duration::from_millis(2500).saturating_sub(opened_at.elapsed());
         if !closed(s, left).await {
             open += 1;
