@@ -139,15 +139,15 @@ pub(super) fn run(
     }
 }
 
-/// Whether the principal checks (grant, Binding, activation) pass for `t`'s principal.
+/// Whether the principal checks (grant, Binding, activation) pass for `t`'s principal;
+/// without the pack none is reached, so none passes.
 pub(super) fn principal_admitted(view: &PolicyView, t: &Trigger) -> bool {
     let r = Reading::new(view, t);
     let mut found = Found::default();
-    r.pack.is_some()
-        && CHECKS
-            .iter()
-            .filter(|c| PRINCIPAL_CHECKS.contains(&c.name))
-            .all(|c| (c.judge)(&r, &mut found, None) == Judged::Pass)
+    CHECKS
+        .iter()
+        .filter(|c| PRINCIPAL_CHECKS.contains(&c.name))
+        .all(|c| (c.judge)(&r, &mut found, None) == Judged::Pass)
 }
 
 fn yes(b: bool) -> String {
