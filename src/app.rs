@@ -466,17 +466,22 @@ async fn connect_waiting(
     database: &crate::config::StoreConfig,
     wait: Duration,
 ) -> anyhow::Result<Store> {
+    use backon::{ConstantBuilder, Retryable};
     let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        match Store::connect(database).await {
-            Ok(store) => return Ok(store),
-            Err(crate::error::Error::Unavailable(m)) if tokio::time::Instant::now() < deadline => {
-                tracing::warn!(error = %m, "the store is unreachable; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
+    let connect = || Store::connect(database);
+    let store = connect
+        .retry(
+            ConstantBuilder::new()
+                .with_delay(Duration::from_secs(1))
+                .without_max_times(),
+        )
+        .when(|e| {
+            matches!(e, crate::error::Error::Unavailable(_))
+                && tokio::time::Instant::now() < deadline
+        })
+        .notify(|e, _| tracing::warn!(error = %e, "the store is unreachable; retrying"))
+        .await?;
+    Ok(store)
 }
 
 /// /metrics (Prometheus text), /healthz (the process answers) and /readyz (the store answers

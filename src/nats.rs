@@ -17,6 +17,7 @@ use tokio_stream::StreamExt;
 use crate::domain::ingress::{IngressKind, Route};
 use crate::error::Error;
 use crate::service::Service;
+use backon::{BackoffBuilder, ConstantBuilder, ExponentialBuilder, Retryable};
 
 /// How often the routes are read again, to start and stop consumers as admins change them.
 const ROUTES_EVERY: Duration = Duration::from_secs(2);
@@ -98,21 +99,24 @@ struct Running {
 /// one consumer task per route; removes the consumers of routes deleted or moved to another
 /// stream.
 pub async fn run(service: Service, url: String, mut stop: watch::Receiver<bool>) {
-    let client = loop {
-        let attempt = async_nats::ConnectOptions::new()
+    let connect = || {
+        async_nats::ConnectOptions::new()
             .name("hcp-sense")
             .retry_on_initial_connect()
-            .connect(url.as_str());
-        tokio::select! {
-            c = attempt => match c {
-                Ok(c) => break c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "NATS not reachable; retrying");
-                    tokio::time::sleep(RETRY).await;
-                }
-            },
-            () = stopped(&mut stop) => return,
-        }
+            .connect(url.as_str())
+    };
+    let attempts = connect
+        .retry(ConstantBuilder::new().with_delay(RETRY).without_max_times())
+        .notify(|e, _| tracing::warn!(error = %e, "NATS not reachable; retrying"));
+    let client = tokio::select! {
+        c = attempts => match c {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "NATS not reachable; the NATS ingress stops");
+                return;
+            }
+        },
+        () = stopped(&mut stop) => return,
     };
     // The URL may carry credentials: not logged.
     tracing::info!("NATS ingress connected");
@@ -252,10 +256,17 @@ async fn nats_routes(service: &Service) -> crate::error::Result<HashMap<String, 
 /// logged with the route id and counted, and the route reported failing until it consumes. A
 /// consumer stopped because the route changed meanwhile is no failure.
 async fn consume(service: Service, js: jetstream::Context, route: Route, state: Arc<AtomicU8>) {
-    let mut pause = RETRY;
+    let mut pauses = restart_pauses();
     loop {
         let started = tokio::time::Instant::now();
-        if let Err(e) = consume_once(&service, &js, &route, &state).await {
+        let failed = consume_once(&service, &js, &route, &state).await.err();
+        // A consumer that ran a while starts again at once; one that keeps failing (a
+        // stream not created yet) is retried less and less often, up to every MAX_RETRY.
+        if started.elapsed() > Duration::from_secs(60) {
+            pauses = restart_pauses();
+        }
+        let pause = pauses.next().unwrap_or(MAX_RETRY);
+        if let Some(e) = failed {
             if matches!(still_defined(&service, &route).await, Ok(false)) {
                 // Removed by a replica that saw the route change first: no failure; this
                 // replica stops the task at its next refresh.
@@ -267,14 +278,18 @@ async fn consume(service: Service, js: jetstream::Context, route: Route, state: 
                 tracing::warn!(route_id = %route.route_id, stream = %route.nats_stream, error = %e, retry_secs = pause.as_secs(), "NATS consumer not running; trying again");
             }
         }
-        // A consumer that ran a while starts again at once; one that keeps failing (a
-        // stream not created yet) is retried less and less often, up to every MAX_RETRY.
-        if started.elapsed() > Duration::from_secs(60) {
-            pause = RETRY;
-        }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(MAX_RETRY);
     }
+}
+
+/// The pauses before a route's consumer is started again: RETRY, doubling up to MAX_RETRY.
+fn restart_pauses() -> backon::ExponentialBackoff {
+    ExponentialBuilder::new()
+        .with_min_delay(RETRY)
+        .with_max_delay(MAX_RETRY)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
 }
 
 /// The route as the store holds it now is still `route`'s definition (same stream, subject,

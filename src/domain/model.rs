@@ -223,31 +223,30 @@ impl Retention {
     }
 }
 
-/// `30d`, `12h`, `90m`, `3600s` or `3600`; zero is `None` (for ever).
+/// `30d`, `12h`, `90m`, `3600s` or `3600`; zero is `None` (for ever). `humantime` reads the
+/// number and its unit; of its units an age takes only these four, whose length is fixed
+/// (`humantime`'s month and year are fractions of days) and which a reader cannot confuse
+/// (`m` is minutes here, never months).
 fn parse_age(s: &str) -> Result<Option<std::time::Duration>, String> {
-    let (digits, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => s.split_at(i),
-        None => (s, "s"),
+    let bad = || format!("the age `{s}` must be a whole number with s, m, h or d (30d)");
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let unit = &s[digits..];
+    if digits == 0 || !matches!(unit, "" | "s" | "m" | "h" | "d") {
+        return Err(bad());
+    }
+    let text = if unit.is_empty() {
+        format!("{s}s")
+    } else {
+        s.to_owned()
     };
-    let unit: u64 = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => {
-            return Err(format!(
-                "the age `{s}` must be a whole number with s, m, h or d (30d)"
-            ))
-        }
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("the age `{s}` must be a whole number with s, m, h or d (30d)"))?;
-    let secs = n
-        .checked_mul(unit)
-        .filter(|s| *s <= i64::MAX as u64 / 1_000_000)
-        .ok_or_else(|| format!("the age `{s}` is too long"))?;
-    Ok((secs > 0).then(|| std::time::Duration::from_secs(secs)))
+    let age = humantime::parse_duration(&text).map_err(|e| match e {
+        humantime::DurationError::NumberOverflow => format!("the age `{s}` is too long"),
+        _ => bad(),
+    })?;
+    if age.as_secs() > i64::MAX as u64 / 1_000_000 {
+        return Err(format!("the age `{s}` is too long"));
+    }
+    Ok((!age.is_zero()).then_some(age))
 }
 
 #[cfg(test)]
@@ -290,6 +289,12 @@ mod tests {
             ("=1d", "non-empty"),
             ("user=1d,user=2d", "twice"),
             ("user=99999999999999999d", "too long"),
+            ("user=99999999999999999999999s", "too long"),
+            ("user=1h30m", "s, m, h or d"),
+            ("user=1h 30m", "s, m, h or d"),
+            ("user=1month", "s, m, h or d"),
+            ("user=30 d", "s, m, h or d"),
+            ("user=1y", "s, m, h or d"),
         ] {
             let e = Retention::parse_lands(bad).expect_err(bad);
             assert!(e.contains(says), "{bad}: {e}");

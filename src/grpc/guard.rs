@@ -1,8 +1,11 @@
 //! The authentication and authorization layer: every call is authenticated (failed signatures bounded per address, never valid ones), checked against its method's roles, rate limited per caller, and its answer stream bounded by the caller's credential.
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use governor::Quota;
 
 use tokio::sync::Semaphore;
 use tonic::transport::server::TlsConnectInfo;
@@ -49,7 +52,7 @@ impl GuardLayer {
         GuardLayer {
             auth,
             limiter: Arc::new(RateLimiter::new(rate_per_sec)),
-            failures: Arc::new(RateLimiter::new(failures_per_sec)),
+            failures: Arc::new(RateLimiter::peekable(failures_per_sec)),
             over_budget: Arc::new(Semaphore::new(OVER_BUDGET_CHECKS)),
             metrics,
             streaming: Arc::new(super::layer::streaming_methods()),
@@ -105,59 +108,110 @@ impl CallerBucket {
     }
 }
 
-/// Token buckets per caller: `rate` calls a second, bursts of twice that.
+/// Token buckets per key (a caller, an address): `rate` a second, bursts of twice that, on
+/// `governor`'s keyed limiter. It answers "take one"; the failure budget also asks "is one
+/// left" without taking it, which `governor` does not answer, so each take also notes when a
+/// key is left with none and until when.
 #[derive(Debug)]
 struct RateLimiter {
-    rate: f64,
-    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    /// None when the rate is 0 (no limit).
+    buckets: Option<Buckets>,
 }
+
+#[derive(Debug)]
+struct Buckets {
+    limiter: governor::RateLimiter<
+        String,
+        governor::state::keyed::DefaultKeyedStateStore<String>,
+        governor::clock::DefaultClock,
+        governor::middleware::StateInformationMiddleware,
+    >,
+    /// How long one token takes to come back.
+    per_token: Duration,
+    /// For a limiter asked "is one left": keys whose last take left their bucket empty, and
+    /// when the next token is due.
+    empty: Option<Mutex<HashMap<String, Instant>>>,
+}
+
+/// Keys the limiter keeps before it forgets those whose buckets are full again.
+const MAX_KEYS: usize = 100_000;
 
 impl RateLimiter {
     fn new(rate: f64) -> RateLimiter {
-        RateLimiter {
-            rate,
-            buckets: Mutex::new(HashMap::new()),
-        }
+        RateLimiter::with(rate, false)
+    }
+
+    /// A limiter that also answers `has_token`.
+    fn peekable(rate: f64) -> RateLimiter {
+        RateLimiter::with(rate, true)
+    }
+
+    fn with(rate: f64, peekable: bool) -> RateLimiter {
+        let buckets = (rate > 0.0 && rate.is_finite()).then(|| {
+            let per_token = Duration::from_secs_f64(1.0 / rate).max(Duration::from_nanos(1));
+            let burst = NonZeroU32::new((rate * 2.0).clamp(1.0, f64::from(u32::MAX)) as u32)
+                .unwrap_or(NonZeroU32::MIN);
+            let quota = Quota::with_period(per_token)
+                .unwrap_or_else(|| Quota::per_second(NonZeroU32::MAX))
+                .allow_burst(burst);
+            Buckets {
+                limiter: governor::RateLimiter::keyed(quota).with_middleware(),
+                per_token,
+                empty: peekable.then(|| Mutex::new(HashMap::new())),
+            }
+        });
+        RateLimiter { buckets }
     }
 
     fn is_on(&self) -> bool {
-        self.rate > 0.0
+        self.buckets.is_some()
     }
 
     /// Takes one token from `who`'s bucket; false when it is empty.
     fn allow(&self, who: &str) -> bool {
-        self.take(who, true)
+        let Some(b) = &self.buckets else {
+            return true;
+        };
+        if b.limiter.len() > MAX_KEYS {
+            // Forget callers whose buckets are full again rather than grow without bound.
+            b.limiter.retain_recent();
+            b.limiter.shrink_to_fit();
+        }
+        let key = who.to_owned();
+        let (took, left) = match b.limiter.check_key(&key) {
+            Ok(snapshot) => (true, snapshot.remaining_burst_capacity()),
+            Err(_) => (false, 0),
+        };
+        let Some(empty) = &b.empty else {
+            return took;
+        };
+        let now = Instant::now();
+        let mut empty = empty
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if left > 0 {
+            empty.remove(&key);
+        } else {
+            if empty.len() > MAX_KEYS {
+                empty.retain(|_, due| *due > now);
+            }
+            empty.insert(key, now + b.per_token);
+        }
+        took
     }
 
     /// Whether `who`'s bucket has a token, without taking it.
     fn has_token(&self, who: &str) -> bool {
-        self.take(who, false)
-    }
-
-    fn take(&self, who: &str, consume: bool) -> bool {
-        if self.rate <= 0.0 {
-            return true;
-        }
-        let Ok(mut b) = self.buckets.lock() else {
+        let Some(b) = &self.buckets else {
             return true;
         };
-        let now = Instant::now();
-        let burst = self.rate * 2.0;
-        if b.len() > 100_000 {
-            // Forget idle callers rather than grow without bound.
-            b.retain(|_, (_, t)| now.duration_since(*t).as_secs() < 60);
-        }
-        let (tokens, last) = b.entry(who.to_owned()).or_insert((burst, now));
-        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(burst);
-        *last = now;
-        if *tokens >= 1.0 {
-            if consume {
-                *tokens -= 1.0;
-            }
-            true
-        } else {
-            false
-        }
+        let Some(empty) = &b.empty else {
+            return true;
+        };
+        let empty = empty
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        empty.get(who).is_none_or(|due| *due <= Instant::now())
     }
 }
 
@@ -256,5 +310,39 @@ where
                 None => answer,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RateLimiter;
+
+    #[test]
+    fn a_bucket_holds_twice_the_rate_and_each_key_its_own() {
+        let l = RateLimiter::new(2.0);
+        assert!(l.is_on());
+        for i in 0..4 {
+            assert!(l.allow("a"), "take {i} of the burst of 4");
+        }
+        assert!(!l.allow("a"), "the fifth is refused");
+        assert!(l.allow("b"), "another key has its own bucket");
+        assert!(!RateLimiter::new(0.0).is_on(), "0 is no limit");
+        assert!(RateLimiter::new(0.0).allow("a"));
+    }
+
+    #[test]
+    fn has_token_says_whether_a_take_would_pass_without_taking() {
+        let l = RateLimiter::peekable(1.0);
+        assert!(l.has_token("peer"), "a key never seen");
+        assert!(l.allow("peer"));
+        assert!(l.has_token("peer"), "one of the burst of 2 left");
+        assert!(l.has_token("peer"), "asking took nothing");
+        assert!(l.allow("peer"));
+        assert!(!l.has_token("peer"), "the burst spent");
+        assert!(!l.allow("peer"));
+        std::thread::sleep(std::time::Duration::from_millis(1_050));
+        assert!(l.has_token("peer"), "a token back after a second");
+        assert!(l.allow("peer"));
+        assert!(!l.has_token("peer"), "and spent again");
     }
 }
