@@ -16,10 +16,10 @@ use crate::auth::Authenticator;
 use crate::grpc::calls::{CallLayer, HealthWatchLimits};
 use crate::grpc::conn::{self, effective_max_connections, ConnLimits};
 use crate::grpc::guard::GuardLayer;
-use crate::grpc::ingest::Ingest;
-use crate::grpc::ingress::Ingress;
+use crate::grpc::ingest::IngestApi;
+use crate::grpc::ingress::IngressApi;
 use crate::grpc::layer::RpcLayer;
-use crate::grpc::packs::Packs;
+use crate::grpc::packs::PacksApi;
 use crate::grpc::paging::PageTokens;
 use crate::grpc::pb::{
     self, audit_service_server::AuditServiceServer, bench_service_server::BenchServiceServer,
@@ -27,10 +27,10 @@ use crate::grpc::pb::{
     pack_service_server::PackServiceServer, policy_service_server::PolicyServiceServer,
     record_service_server::RecordServiceServer,
 };
-use crate::grpc::policy::Policy;
-use crate::grpc::records::Records;
+use crate::grpc::policy::PolicyApi;
+use crate::grpc::records::RecordsApi;
 use crate::metrics::Metrics;
-use crate::service::{Limits, Service};
+use crate::service::{Hub, Limits, Policy};
 use crate::store::Store;
 
 /// A service with its store open and its port bound, ready to serve.
@@ -46,7 +46,7 @@ pub struct App {
     /// How long a socket of the HTTP listeners may move no byte before it is closed.
     /// The HTTP listeners' limits; the ingress listener's body is a trigger's payload.
     http: crate::http::HttpLimits,
-    service: Service,
+    hub: Hub,
     shutdown_grace: Duration,
     bench_baseline: bool,
     auth: Arc<Authenticator>,
@@ -113,7 +113,7 @@ impl App {
             ingress_listener,
             nats_url: config.nats_url.clone(),
             http: http_limits(&config),
-            service: Service::start(store, service_limits(&config), metrics).await?,
+            hub: Hub::start(store, service_limits(&config), metrics).await?,
             shutdown_grace: config.shutdown_grace,
             bench_baseline: config.bench_baseline,
             auth,
@@ -140,8 +140,9 @@ impl App {
             .and_then(|l| l.local_addr().ok())
     }
 
-    pub fn service(&self) -> &Service {
-        &self.service
+    /// The service's capabilities, as started.
+    pub fn hub(&self) -> &Hub {
+        &self.hub
     }
 
     /// Serves until `shutdown` completes, then stops accepting, lets calls in
@@ -150,17 +151,18 @@ impl App {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let _bindings = bindings_gauge(self.service.clone());
+        let _bindings = bindings_gauge(self.hub.policy.clone());
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status(LIVENESS, tonic_health::ServingStatus::Serving)
             .await;
         let routes = self.grpc_routes()?.add_service(health_service);
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let stop_rx = self.hub.stopping();
         let ready_rx = self.start_following(&health, &stop_rx).await;
+        let hub = self.hub.clone();
         tokio::spawn(async move {
             shutdown.await;
-            let _ = stop_tx.send(true);
+            hub.begin_stop();
         });
         let ingress_addr = self.ingress_addr();
         let App {
@@ -171,7 +173,7 @@ impl App {
             ingress_listener,
             nats_url,
             http,
-            service,
+            hub,
             shutdown_grace,
             auth,
             limits: l,
@@ -179,7 +181,7 @@ impl App {
             ..
         } = self;
         spawn_listeners(
-            &service,
+            &hub,
             http,
             metrics_listener,
             ingress_listener,
@@ -187,7 +189,7 @@ impl App {
             ready_rx,
             &stop_rx,
         );
-        let metrics = service.metrics.clone();
+        let metrics = hub.metrics.clone();
         let mut builder = Server::builder();
         if let Some(tls) = tls {
             builder = builder.tls_config(tls)?;
@@ -225,7 +227,8 @@ impl App {
         }
         let (result, deadline) = within_grace(serve, stop_rx, shutdown_grace).await;
         // An unreachable store must not keep the process from exiting.
-        final_writes(service, deadline).await;
+        hub.close(deadline.min(tokio::time::Instant::now() + FINAL_WRITES))
+            .await;
         tracing::info!("stopped");
         result
     }
@@ -233,47 +236,47 @@ impl App {
     /// The API's gRPC services and reflection, each refusing a request over the size limit.
     fn grpc_routes(&self) -> anyhow::Result<Routes> {
         let max = self.limits.max_request_bytes;
-        let (service, pages) = (&self.service, &self.pages);
+        let (hub, pages) = (&self.hub, &self.pages);
         let mut routes = Routes::new(reflection().build_v1()?)
             .add_service(reflection().build_v1alpha()?)
             .add_service(
-                PackServiceServer::new(Packs {
-                    service: service.clone(),
+                PackServiceServer::new(PacksApi {
+                    policy: hub.policy.clone(),
                     pages: pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
             .add_service(
-                IngressServiceServer::new(Ingress {
-                    service: service.clone(),
+                IngressServiceServer::new(IngressApi {
+                    ingress: hub.ingress.clone(),
                     pages: pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
             .add_service(
-                PolicyServiceServer::new(Policy {
-                    service: service.clone(),
+                PolicyServiceServer::new(PolicyApi {
+                    policy: hub.policy.clone(),
                     pages: pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
             .add_service(
-                IngestServiceServer::new(Ingest::new(
-                    service.clone(),
+                IngestServiceServer::new(IngestApi::new(
+                    hub.delivery.clone(),
                     self.limits.conns.idle_timeout,
                 ))
                 .max_decoding_message_size(max),
             )
             .add_service(
-                RecordServiceServer::new(Records {
-                    service: service.clone(),
+                RecordServiceServer::new(RecordsApi {
+                    records: hub.records.clone(),
                     pages: pages.clone(),
                 })
                 .max_decoding_message_size(max),
             )
             .add_service(
-                AuditServiceServer::new(crate::grpc::audit::Audit {
-                    service: service.clone(),
+                AuditServiceServer::new(crate::grpc::audit::AuditApi {
+                    policy: hub.policy.clone(),
                     pages: pages.clone(),
                 })
                 .max_decoding_message_size(max),
@@ -291,19 +294,15 @@ impl App {
         health: &HealthReporter,
         stop_rx: &watch::Receiver<bool>,
     ) -> watch::Receiver<bool> {
-        // Replicas: follow other replicas' policy changes; report NOT_SERVING while behind.
-        self.service.start_listener(stop_rx.clone());
-        // WatchRecords: one tail per replica; watches end (resumable) when shutdown begins.
-        self.service.start_tail(stop_rx.clone());
         // Serve once the listener has subscribed and reloaded (PostgreSQL), so a fresh replica
         // is not unready for its first calls; if that takes long, serve NOT_SERVING meanwhile.
-        let mut current = self.service.watch_current();
+        let mut current = self.hub.policy.watch_current();
         let _ = tokio::time::timeout(STARTUP_LISTEN_WAIT, current.wait_for(|c| *c)).await;
-        let ready_now = self.service.ready().await;
+        let ready_now = self.hub.ready().await;
         let (ready_tx, ready_rx) = watch::channel(ready_now);
         set_serving(health, ready_now).await;
         tokio::spawn(follow_readiness(
-            self.service.clone(),
+            self.hub.clone(),
             health.clone(),
             ready_tx,
             stop_rx.clone(),
@@ -314,11 +313,11 @@ impl App {
 
 /// Binding health for OTLP metrics (a no-op without a meter provider), kept while the
 /// returned gauge lives.
-fn bindings_gauge(service: Service) -> opentelemetry::metrics::ObservableGauge<i64> {
+fn bindings_gauge(policy: Policy) -> opentelemetry::metrics::ObservableGauge<i64> {
     opentelemetry::global::meter("hcp-sense")
         .i64_observable_gauge("hcp_sense.bindings")
         .with_callback(move |g| {
-            for (state, n) in service.binding_states() {
+            for (state, n) in policy.binding_states() {
                 g.observe(n, &[opentelemetry::KeyValue::new("state", state)]);
             }
         })
@@ -328,7 +327,7 @@ fn bindings_gauge(service: Service) -> opentelemetry::metrics::ObservableGauge<i
 /// Serves /metrics and the probes, the HTTP ingress when it has a listener, and consumes
 /// NATS when configured, each until `stop`.
 fn spawn_listeners(
-    service: &Service,
+    hub: &Hub,
     http: crate::http::HttpLimits,
     metrics_listener: TcpListener,
     ingress_listener: Option<TcpListener>,
@@ -339,27 +338,27 @@ fn spawn_listeners(
     tokio::spawn(crate::http::serve(
         "metrics",
         metrics_listener,
-        http_routes(service.clone(), ready_rx),
+        http_routes(hub, ready_rx),
         crate::http::HttpLimits {
             // Scrapes and probes carry no body.
             max_body_bytes: 64 << 10,
             ..http
         },
-        service.metrics.clone(),
+        hub.metrics.clone(),
         stop_rx.clone(),
     ));
     if let Some(l) = ingress_listener {
         tokio::spawn(crate::http::serve(
             "ingress",
             l,
-            crate::webhooks::routes(service.clone(), service.max_payload_bytes()),
+            crate::webhooks::routes(hub.ingress.clone(), hub.delivery.max_payload_bytes()),
             http,
-            service.metrics.clone(),
+            hub.metrics.clone(),
             stop_rx.clone(),
         ));
     }
     if let Some(url) = nats_url {
-        tokio::spawn(crate::nats::run(service.clone(), url, stop_rx.clone()));
+        tokio::spawn(crate::nats::run(hub.ingress.clone(), url, stop_rx.clone()));
     }
 }
 
@@ -404,12 +403,12 @@ async fn within_grace(
 /// listener is reported at once; otherwise readiness is asked every READINESS_PROBE. Ends at
 /// shutdown, which has its own say (NOT_SERVING).
 async fn follow_readiness(
-    service: Service,
+    hub: Hub,
     health: tonic_health::server::HealthReporter,
     ready_tx: watch::Sender<bool>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut current = service.watch_current();
+    let mut current = hub.policy.watch_current();
     let mut serving = None;
     let mut tick = tokio::time::interval(READINESS_PROBE);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -424,7 +423,7 @@ async fn follow_readiness(
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        let now = service.ready().await;
+        let now = hub.ready().await;
         if *stop.borrow() {
             return;
         }
@@ -445,21 +444,6 @@ async fn follow_readiness(
 
 /// An HTTP listener (metrics and health, or ingress), until shutdown; its sockets are capped
 /// and closed when idle (`crate::http`).
-/// The last drop counts, then the store closed, by `deadline`. The final writes normally take
-/// milliseconds; a store that does not answer gets no more than FINAL_WRITES of what is left
-/// of the grace period.
-async fn final_writes(service: Service, deadline: tokio::time::Instant) {
-    let deadline = deadline.min(tokio::time::Instant::now() + FINAL_WRITES);
-    match tokio::time::timeout_at(deadline, service.flush_drops()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "drop counts not written at shutdown"),
-        Err(_) => {
-            tracing::warn!("drop counts not written at shutdown: the store did not answer")
-        }
-    }
-    let _ = tokio::time::timeout_at(deadline, service.store.close()).await;
-}
-
 /// Opens the store, retrying while it is unreachable (a replica may start while its database
 /// restarts) for up to `wait`; any other error ends at once.
 async fn connect_waiting(
@@ -486,15 +470,16 @@ async fn connect_waiting(
 
 /// /metrics (Prometheus text), /healthz (the process answers) and /readyz (the store answers
 /// and the policy view is current).
-fn http_routes(service: Service, ready: watch::Receiver<bool>) -> axum::Router {
+fn http_routes(hub: &Hub, ready: watch::Receiver<bool>) -> axum::Router {
     use axum::http::{header, StatusCode};
     use axum::routing::get;
-    let metrics = {
-        let service = service.clone();
+    let (metrics, policy) = (hub.metrics.clone(), hub.policy.clone());
+    let scrape = {
+        let policy = policy.clone();
         move |headers: axum::http::HeaderMap| {
-            let service = service.clone();
+            let (metrics, policy) = (metrics.clone(), policy.clone());
             async move {
-                service.metrics.set_bindings(&service.binding_states());
+                metrics.set_bindings(&policy.binding_states());
                 let openmetrics = headers
                     .get(header::ACCEPT)
                     .and_then(|v| v.to_str().ok())
@@ -505,7 +490,7 @@ fn http_routes(service: Service, ready: watch::Receiver<bool>) -> axum::Router {
                             header::CONTENT_TYPE,
                             "application/openmetrics-text; version=1.0.0; charset=utf-8",
                         )],
-                        service.metrics.encode(),
+                        metrics.encode(),
                     )
                 } else {
                     (
@@ -513,7 +498,7 @@ fn http_routes(service: Service, ready: watch::Receiver<bool>) -> axum::Router {
                             header::CONTENT_TYPE,
                             "text/plain; version=0.0.4; charset=utf-8",
                         )],
-                        service.metrics.encode_text(),
+                        metrics.encode_text(),
                     )
                 }
             }
@@ -522,7 +507,7 @@ fn http_routes(service: Service, ready: watch::Receiver<bool>) -> axum::Router {
     // The last readiness probe's answer, and a lost policy listener at once: a probe that
     // hangs on an unreachable store would itself time out.
     let ready = move || {
-        let ok = *ready.borrow() && service.policy_current();
+        let ok = *ready.borrow() && policy.current();
         async move {
             if ok {
                 (StatusCode::OK, "ready\n")
@@ -535,7 +520,7 @@ fn http_routes(service: Service, ready: watch::Receiver<bool>) -> axum::Router {
         }
     };
     axum::Router::new()
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(scrape))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
 }

@@ -1,4 +1,4 @@
-//! NATS JetStream ingress: one durable pull consumer per NATS route and definition, whose messages take `Service::route_message` and are acknowledged only once recorded or counted as dropped.
+//! NATS JetStream ingress: one durable pull consumer per NATS route and definition, whose messages take `Ingress::route_message` and are acknowledged only once recorded or counted as dropped.
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use tokio_stream::StreamExt;
 
 use crate::domain::ingress::{IngressKind, Route};
 use crate::error::Error;
-use crate::service::Service;
+use crate::service::Ingress;
 use backon::{BackoffBuilder, ConstantBuilder, ExponentialBuilder, Retryable};
 
 /// How often the routes are read again, to start and stop consumers as admins change them.
@@ -98,7 +98,7 @@ struct Running {
 /// Runs the NATS ingress until `stop`: connects (retrying), follows the NATS routes and keeps
 /// one consumer task per route; removes the consumers of routes deleted or moved to another
 /// stream.
-pub async fn run(service: Service, url: String, mut stop: watch::Receiver<bool>) {
+pub async fn run(ingress: Ingress, url: String, mut stop: watch::Receiver<bool>) {
     let connect = || {
         async_nats::ConnectOptions::new()
             .name("hcp-sense")
@@ -125,7 +125,7 @@ pub async fn run(service: Service, url: String, mut stop: watch::Receiver<bool>)
     // (stream, consumer) of routes deleted or moved to another stream, still to be removed.
     let mut retired: HashSet<(String, String)> = HashSet::new();
     loop {
-        match nats_routes(&service).await {
+        match nats_routes(&ingress).await {
             Ok(routes) => {
                 let changed: Vec<String> = running
                     .iter()
@@ -167,7 +167,7 @@ pub async fn run(service: Service, url: String, mut stop: watch::Receiver<bool>)
                     }
                     let state = Arc::new(AtomicU8::new(STARTING));
                     let task = tokio::spawn(consume(
-                        service.clone(),
+                        ingress.clone(),
                         js.clone(),
                         route.clone(),
                         state.clone(),
@@ -180,7 +180,8 @@ pub async fn run(service: Service, url: String, mut stop: watch::Receiver<bool>)
                         .filter(|r| r.state.load(Ordering::Relaxed) == s)
                         .count() as i64
                 };
-                service
+                ingress
+                    .delivery
                     .metrics
                     .set_nats_routes(count(CONSUMING), count(FAILING));
             }
@@ -233,11 +234,14 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn nats_routes(service: &Service) -> crate::error::Result<HashMap<String, Route>> {
+async fn nats_routes(ingress: &Ingress) -> crate::error::Result<HashMap<String, Route>> {
     let mut out = HashMap::new();
     let mut after: Option<String> = None;
     loop {
-        let page = service.list_ingress_routes(after.as_deref(), 500).await?;
+        let page = ingress
+            .store()
+            .list_ingress_routes(after.as_deref(), 500)
+            .await?;
         let full = page.len() == 500;
         after = page.last().map(|r| r.route_id.clone());
         out.extend(
@@ -255,11 +259,11 @@ async fn nats_routes(service: &Service) -> crate::error::Result<HashMap<String, 
 /// a failure (a stream not there yet, a NATS restart) with a growing pause; every failure is
 /// logged with the route id and counted, and the route reported failing until it consumes. A
 /// consumer stopped because the route changed meanwhile is no failure.
-async fn consume(service: Service, js: jetstream::Context, route: Route, state: Arc<AtomicU8>) {
+async fn consume(ingress: Ingress, js: jetstream::Context, route: Route, state: Arc<AtomicU8>) {
     let mut pauses = restart_pauses();
     loop {
         let started = tokio::time::Instant::now();
-        let failed = consume_once(&service, &js, &route, &state).await.err();
+        let failed = consume_once(&ingress, &js, &route, &state).await.err();
         // A consumer that ran a while starts again at once; one that keeps failing (a
         // stream not created yet) is retried less and less often, up to every MAX_RETRY.
         if started.elapsed() > Duration::from_secs(60) {
@@ -267,14 +271,14 @@ async fn consume(service: Service, js: jetstream::Context, route: Route, state: 
         }
         let pause = pauses.next().unwrap_or(MAX_RETRY);
         if let Some(e) = failed {
-            if matches!(still_defined(&service, &route).await, Ok(false)) {
+            if matches!(still_defined(&ingress, &route).await, Ok(false)) {
                 // Removed by a replica that saw the route change first: no failure; this
                 // replica stops the task at its next refresh.
                 state.store(STARTING, Ordering::Relaxed);
                 tracing::info!(route_id = %route.route_id, stream = %route.nats_stream, reason = %e, "NATS consumer stopped: the route changed");
             } else {
                 state.store(FAILING, Ordering::Relaxed);
-                service.metrics.nats_consumer_failed();
+                ingress.delivery.metrics.nats_consumer_failed();
                 tracing::warn!(route_id = %route.route_id, stream = %route.nats_stream, error = %e, retry_secs = pause.as_secs(), "NATS consumer not running; trying again");
             }
         }
@@ -295,8 +299,8 @@ fn restart_pauses() -> backon::ExponentialBackoff {
 /// The route as the store holds it now is still `route`'s definition (same stream, subject,
 /// hence consumer): what a replica checks before it makes or removes a consumer, so that one
 /// still running an older definition (for up to one refresh) undoes nothing a newer one did.
-async fn still_defined(service: &Service, route: &Route) -> anyhow::Result<bool> {
-    match service.get_ingress_route(&route.route_id).await {
+async fn still_defined(ingress: &Ingress, route: &Route) -> anyhow::Result<bool> {
+    match ingress.get_ingress_route(&route.route_id).await {
         Ok(now) => Ok(now.kind == IngressKind::Nats && consumer_of(&now) == consumer_of(route)),
         Err(Error::NotFound(_)) => Ok(false),
         Err(e) => Err(anyhow::anyhow!("the route was not read: {e}")),
@@ -324,12 +328,12 @@ async fn consumers_of(
 /// acknowledged is not delivered again and what they had not reached yet is not lost; a new
 /// route (or one moved to this stream) starts at the stream's first message.
 async fn create(
-    service: &Service,
+    ingress: &Ingress,
     stream: &jetstream::stream::Stream,
     route: &Route,
     name: &str,
 ) -> anyhow::Result<jetstream::consumer::PullConsumer> {
-    if !still_defined(service, route).await? {
+    if !still_defined(ingress, route).await? {
         anyhow::bail!("the route changed; its new definition takes over");
     }
     let earlier = consumers_of(stream, &route.route_id).await?;
@@ -370,7 +374,7 @@ async fn create(
 /// Removes the route's other consumers on its stream (earlier definitions'), once its own is
 /// in place and only while the store still defines the route this way.
 async fn remove_earlier(
-    service: &Service,
+    ingress: &Ingress,
     stream: &jetstream::stream::Stream,
     route: &Route,
     name: &str,
@@ -381,7 +385,7 @@ async fn remove_earlier(
         .map(|c| c.name)
         .filter(|n| n != name)
         .collect();
-    if earlier.is_empty() || !still_defined(service, route).await? {
+    if earlier.is_empty() || !still_defined(ingress, route).await? {
         return Ok(());
     }
     for old in earlier {
@@ -397,7 +401,7 @@ async fn remove_earlier(
 }
 
 async fn consume_once(
-    service: &Service,
+    ingress: &Ingress,
     js: &jetstream::Context,
     route: &Route,
     state: &AtomicU8,
@@ -410,13 +414,13 @@ async fn consume_once(
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?,
         Err(e) if e.kind() == jetstream::context::ConsumerInfoErrorKind::NotFound => {
-            create(service, &stream, route, &name).await?
+            create(ingress, &stream, route, &name).await?
         }
         Err(e) => return Err(e.into()),
     };
     // Consuming matters more than tidying: an earlier consumer left in place is removed at the
     // next start, and consumes nothing meanwhile (no replica pulls from it).
-    if let Err(e) = remove_earlier(service, &stream, route, &name).await {
+    if let Err(e) = remove_earlier(ingress, &stream, route, &name).await {
         tracing::warn!(route_id = %route.route_id, stream = %route.nats_stream, error = %e, "NATS consumers of the route's earlier definition not removed");
     }
     // Messages stream in (pulled ahead, FETCH at a time) while earlier ones are decided;
@@ -442,9 +446,9 @@ async fn consume_once(
             tokio::time::sleep_until(until).await;
         }
         let slot = slots.clone().acquire_owned().await?;
-        let (service, route, paused) = (service.clone(), route.clone(), paused.clone());
+        let (ingress, route, paused) = (ingress.clone(), route.clone(), paused.clone());
         work.spawn(async move {
-            let done = take(&service, &route, m, &paused).await;
+            let done = take(&ingress, &route, m, &paused).await;
             drop(slot);
             if let Err(e) = done {
                 tracing::warn!(route_id = %route.route_id, error = %e, "NATS acknowledgement not sent");
@@ -461,7 +465,7 @@ async fn consume_once(
 /// counted, terminated (never redelivered) when it is malformed, redelivered later when the
 /// store could not take it.
 async fn take(
-    service: &Service,
+    ingress: &Ingress,
     route: &Route,
     m: jetstream::Message,
     paused: &std::sync::Mutex<Option<tokio::time::Instant>>,
@@ -485,8 +489,8 @@ async fn take(
         }
     };
     let decided = tokio::time::timeout(
-        service.call_timeout(),
-        service.route_message(route, &headers, &m.payload, delivery_id.clone()),
+        ingress.delivery.call_timeout(),
+        ingress.route_message(route, &headers, &m.payload, delivery_id.clone()),
     )
     .await
     .unwrap_or_else(|_| {
@@ -513,7 +517,10 @@ async fn take(
         }
         Err(e) => {
             tracing::warn!(route_id = %route.route_id, message = %delivery_id, reason = %e, "NATS message terminated");
-            service.metrics.ingress_refused(IngressKind::Nats.as_str());
+            ingress
+                .delivery
+                .metrics
+                .ingress_refused(IngressKind::Nats.as_str());
             AckKind::Term
         }
     };

@@ -1,4 +1,4 @@
-//! The HTTP ingress listener: POST /v1/ingress/{route} turns a signed webhook into triggers through `Service::receive`, answering only after each is recorded or counted as dropped.
+//! The HTTP ingress listener: POST /v1/ingress/{route} turns a signed webhook into triggers through `Ingress::receive`, answering only after each is recorded or counted as dropped.
 use std::collections::BTreeMap;
 
 use axum::body::Bytes;
@@ -10,14 +10,14 @@ use axum::Json;
 use serde_json::json;
 
 use crate::error::Error;
-use crate::service::Service;
+use crate::service::Ingress;
 
 /// The routes of the ingress listener; a body over `max_body_bytes` is answered 413.
-pub fn routes(service: Service, max_body_bytes: usize) -> axum::Router {
+pub fn routes(ingress: Ingress, max_body_bytes: usize) -> axum::Router {
     axum::Router::new()
         .route("/v1/ingress/{route}", post(receive))
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(service)
+        .with_state(ingress)
 }
 
 /// Header names in lower case; a header given several times is one value joined by ", "
@@ -37,7 +37,7 @@ fn header_map(h: &HeaderMap) -> BTreeMap<String, String> {
 }
 
 async fn receive(
-    State(service): State<Service>,
+    State(ingress): State<Ingress>,
     Path(route): Path<String>,
     headers: HeaderMap,
     body: Bytes,
@@ -48,8 +48,8 @@ async fn receive(
     let headers = header_map(&headers);
     // A store gone silent never says so: the request is answered 503 in the call's time.
     let received = tokio::time::timeout(
-        service.call_timeout(),
-        service.receive(&route, &headers, &body, now),
+        ingress.delivery.call_timeout(),
+        ingress.receive(&route, &headers, &body, now),
     )
     .await
     .unwrap_or_else(|_| {
@@ -69,7 +69,7 @@ async fn receive(
             .into_response(),
         Err(e) => {
             if matches!(e, Error::InvalidArgument(_) | Error::Unauthenticated(_)) {
-                service.metrics.ingress_refused("http");
+                ingress.delivery.metrics.ingress_refused("http");
             }
             refusal(e)
         }

@@ -5,16 +5,16 @@ use super::convert::timestamp;
 use super::paging::{fingerprint, PageTokens};
 use super::pb::{self, audit_service_server::AuditService};
 use crate::error::Error;
-use crate::service::{valid_id, valid_pack_id, Service};
+use crate::service::{valid_id, valid_pack_id, Policy};
 
 #[derive(Clone, Debug)]
-pub struct Audit {
-    pub service: Service,
+pub struct AuditApi {
+    pub policy: Policy,
     pub pages: PageTokens,
 }
 
 #[tonic::async_trait]
-impl AuditService for Audit {
+impl AuditService for AuditApi {
     async fn list_audit_events(
         &self,
         req: Request<pb::ListAuditEventsRequest>,
@@ -45,7 +45,8 @@ impl AuditService for Audit {
             }
         };
         let mut events = self
-            .service
+            .policy
+            .store()
             .list_audit_events(pack, principal, before, page.limit())
             .await?;
         let next_page_token = page.next(&mut events, |e| [e.time.to_string(), e.event_id.clone()]);

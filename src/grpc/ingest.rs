@@ -18,7 +18,7 @@ use crate::domain::explain::{Check, Verdict};
 use crate::domain::quota::Rule;
 use crate::domain::trigger::{Decision, Outcome, RawTrigger};
 use crate::error::Error;
-use crate::service::{QuotaCheck, Service};
+use crate::service::{Delivery, QuotaCheck};
 
 /// Triggers of one DeliverTriggers stream being decided and written at once: enough to fill
 /// the sink's batches from a single producer, bounded so a fast producer waits on HTTP/2 flow
@@ -30,8 +30,8 @@ pub const STREAM_WINDOW: usize = 1024;
 pub const STREAM_TRIGGERS_IN_FLIGHT: usize = 4096;
 
 #[derive(Clone, Debug)]
-pub struct Ingest {
-    pub service: Service,
+pub struct IngestApi {
+    pub delivery: Delivery,
     /// Shared by every DeliverTriggers stream (STREAM_TRIGGERS_IN_FLIGHT permits).
     pub in_flight: Arc<Semaphore>,
     /// A DeliverTriggers stream that sends nothing for this long is ended (--idle-timeout-secs):
@@ -39,10 +39,10 @@ pub struct Ingest {
     pub idle: Duration,
 }
 
-impl Ingest {
-    pub fn new(service: Service, idle: Duration) -> Ingest {
-        Ingest {
-            service,
+impl IngestApi {
+    pub fn new(delivery: Delivery, idle: Duration) -> IngestApi {
+        IngestApi {
+            delivery,
             in_flight: Arc::new(Semaphore::new(STREAM_TRIGGERS_IN_FLIGHT)),
             idle,
         }
@@ -102,14 +102,14 @@ fn response(o: Outcome) -> pb::DeliverTriggerResponse {
 
 /// One trigger of a stream, decided and written exactly as DeliverTrigger would.
 async fn deliver_one(
-    service: Service,
+    delivery: Delivery,
     r: Option<pb::DeliverTriggerRequest>,
 ) -> deliver_triggers_response::Result {
     use deliver_triggers_response::Result as R;
     let outcome = match r {
         None => Err(Error::invalid("trigger", "is required")),
         Some(r) => match raw_trigger(r) {
-            Ok(t) => service.deliver(t).await,
+            Ok(t) => delivery.deliver(t).await,
             Err(e) => Err(e),
         },
     };
@@ -166,12 +166,15 @@ fn refused(e: Error) -> deliver_triggers_response::Result {
 type Outcomes = Pin<Box<dyn Stream<Item = Result<pb::DeliverTriggersResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl IngestService for Ingest {
+impl IngestService for IngestApi {
     async fn deliver_trigger(
         &self,
         req: Request<pb::DeliverTriggerRequest>,
     ) -> Result<Response<pb::DeliverTriggerResponse>, Status> {
-        let o = self.service.deliver(raw_trigger(req.into_inner())?).await?;
+        let o = self
+            .delivery
+            .deliver(raw_trigger(req.into_inner())?)
+            .await?;
         Ok(Response::new(response(o)))
     }
 
@@ -197,7 +200,7 @@ impl IngestService for Ingest {
         };
         let raw = raw_trigger(r).map_err(under)?;
         let (pack_id, principal) = (raw.pack_id.clone(), raw.principal.clone());
-        let e = self.service.explain(raw).await.map_err(under)?;
+        let e = self.delivery.explain(raw).await.map_err(under)?;
         let o = e.outcome();
         Ok(Response::new(pb::ExplainTriggerResponse {
             disposition: disposition(&o) as i32,
@@ -236,7 +239,7 @@ impl IngestService for Ingest {
         let (tx, pending) = mpsc::channel(STREAM_WINDOW);
         tokio::spawn(start_each(
             inbound,
-            self.service.clone(),
+            self.delivery.clone(),
             self.in_flight.clone(),
             self.idle,
             bucket,
@@ -258,7 +261,7 @@ type Started = (
 /// until the stream ends, idles for `idle`, or its answers are gone.
 async fn start_each(
     mut inbound: Streaming<pb::DeliverTriggersRequest>,
-    service: Service,
+    delivery: Delivery,
     in_flight: Arc<Semaphore>,
     idle: Duration,
     bucket: Option<CallerBucket>,
@@ -304,12 +307,12 @@ async fn start_each(
                 if keyed.len() > 2 * STREAM_WINDOW {
                     keyed.retain(|_, d| !*d.borrow());
                 }
-                let service = service.clone();
+                let delivery = delivery.clone();
                 Ok(tokio::spawn(async move {
                     if let Some(mut before) = before {
                         let _ = before.wait_for(|d| *d).await;
                     }
-                    let result = deliver_one(service, r.trigger).await;
+                    let result = deliver_one(delivery, r.trigger).await;
                     let _ = done.send(true);
                     drop(permit);
                     result

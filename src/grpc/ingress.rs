@@ -6,11 +6,11 @@ use super::paging::PageTokens;
 use super::pb::{self, ingress_service_server::IngressService};
 use crate::domain::ingress::{IngressKind, Mapping, Route};
 use crate::error::Error;
-use crate::service::{detached, Service};
+use crate::service::detached;
 
 #[derive(Clone, Debug)]
-pub struct Ingress {
-    pub service: Service,
+pub struct IngressApi {
+    pub ingress: crate::service::Ingress,
     pub pages: PageTokens,
 }
 
@@ -61,7 +61,7 @@ fn to_pb(r: &Route) -> pb::IngressRoute {
 }
 
 #[tonic::async_trait]
-impl IngressService for Ingress {
+impl IngressService for IngressApi {
     async fn put_ingress_route(
         &self,
         req: Request<pb::PutIngressRouteRequest>,
@@ -90,7 +90,7 @@ impl IngressService for Ingress {
             nats_stream: r.nats_stream,
             nats_subject: r.nats_subject,
         };
-        let svc = self.service.clone();
+        let svc = self.ingress.clone();
         let (created, route) = detached(async move {
             let created = svc.put_ingress_route(&actor, &route).await?;
             Ok((created, route))
@@ -107,7 +107,7 @@ impl IngressService for Ingress {
         req: Request<pb::GetIngressRouteRequest>,
     ) -> Result<Response<pb::GetIngressRouteResponse>, Status> {
         let r = self
-            .service
+            .ingress
             .get_ingress_route(&req.into_inner().route_id)
             .await?;
         Ok(Response::new(pb::GetIngressRouteResponse {
@@ -125,7 +125,8 @@ impl IngressService for Ingress {
             .page(PAGE_KIND, String::new(), req.page_size, &req.page_token)?;
         let after = page.after::<1>()?.map(|[id]| id);
         let mut routes = self
-            .service
+            .ingress
+            .store()
             .list_ingress_routes(after, page.limit())
             .await?;
         let next_page_token = page.next(&mut routes, |last| [last.route_id.clone()]);
@@ -139,7 +140,7 @@ impl IngressService for Ingress {
         &self,
         req: Request<pb::DeleteIngressRouteRequest>,
     ) -> Result<Response<pb::DeleteIngressRouteResponse>, Status> {
-        let svc = self.service.clone();
+        let svc = self.ingress.clone();
         let actor = actor_of(&req);
         let route_id = req.into_inner().route_id;
         detached(async move { svc.delete_ingress_route(&actor, &route_id).await }).await?;

@@ -10,11 +10,11 @@ use crate::auth::{Caller, Role};
 use crate::domain::catalog::TriggerTypeView;
 use crate::domain::pack::{lint, parse_manifest_text, Severity};
 use crate::error::Error;
-use crate::service::{detached, Service};
+use crate::service::{detached, Policy};
 
 #[derive(Clone, Debug)]
-pub struct Packs {
-    pub service: Service,
+pub struct PacksApi {
+    pub policy: Policy,
     pub pages: PageTokens,
 }
 
@@ -86,14 +86,14 @@ fn lint_source(s: Option<pb::lint_pack_request::Source>) -> Result<Value, Error>
 }
 
 #[tonic::async_trait]
-impl PackService for Packs {
+impl PackService for PacksApi {
     async fn register_pack(
         &self,
         req: Request<pb::RegisterPackRequest>,
     ) -> Result<Response<pb::RegisterPackResponse>, Status> {
         let actor = actor_of(&req);
         let manifest = register_source(req.into_inner().source)?;
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let r = detached(async move { svc.register_pack(&actor, &manifest).await }).await?;
         Ok(Response::new(pb::RegisterPackResponse {
             pack: Some(pack(&r.pack)),
@@ -129,7 +129,7 @@ impl PackService for Packs {
         &self,
         req: Request<pb::GetPackRequest>,
     ) -> Result<Response<pb::GetPackResponse>, Status> {
-        let p = self.service.get_pack(&req.into_inner().pack_id).await?;
+        let p = self.policy.get_pack(&req.into_inner().pack_id).await?;
         Ok(Response::new(pb::GetPackResponse {
             pack: Some(pack(&p)),
         }))
@@ -144,7 +144,7 @@ impl PackService for Packs {
             .pages
             .page(PAGE_KIND, String::new(), req.page_size, &req.page_token)?;
         let after = page.after::<1>()?.map(|[id]| id);
-        let mut packs = self.service.list_packs(after, page.limit()).await?;
+        let mut packs = self.policy.store().list_packs(after, page.limit()).await?;
         let next_page_token = page.next(&mut packs, |last| [last.manifest.pack_id.clone()]);
         Ok(Response::new(pb::ListPacksResponse {
             packs: packs.iter().map(pack).collect(),
@@ -167,7 +167,7 @@ impl PackService for Packs {
         )?;
         let after = page.after::<2>()?.map(|[p, r]| (p, r));
         let pack_id = (!req.pack_id.is_empty()).then_some(req.pack_id.as_str());
-        let mut types = self.service.list_trigger_types(
+        let mut types = self.policy.list_trigger_types(
             pack_id,
             after,
             usize::try_from(page.limit()).unwrap_or(usize::MAX),
@@ -186,7 +186,7 @@ impl PackService for Packs {
         &self,
         req: Request<pb::DeletePackRequest>,
     ) -> Result<Response<pb::DeletePackResponse>, Status> {
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let actor = actor_of(&req);
         let pack_id = req.into_inner().pack_id;
         detached(async move { svc.delete_pack(&actor, &pack_id).await }).await?;

@@ -11,11 +11,11 @@ use super::pb::{self, policy_service_server::PolicyService};
 use crate::domain::model::{ExecuteState, KeyPage};
 use crate::domain::policy::Activation;
 use crate::error::Error;
-use crate::service::{detached, Service};
+use crate::service::detached;
 
 #[derive(Clone, Debug)]
-pub struct Policy {
-    pub service: Service,
+pub struct PolicyApi {
+    pub policy: crate::service::Policy,
     pub pages: PageTokens,
 }
 
@@ -45,7 +45,7 @@ impl Listing<'_, '_> {
     }
 }
 
-impl Policy {
+impl PolicyApi {
     fn listing<'r>(
         &self,
         kind: &'static str,
@@ -82,14 +82,14 @@ impl Policy {
 }
 
 #[tonic::async_trait]
-impl PolicyService for Policy {
+impl PolicyService for PolicyApi {
     async fn grant_sense_enable(
         &self,
         req: Request<pb::GrantSenseEnableRequest>,
     ) -> Reply<pb::GrantSenseEnableResponse> {
         let actor = actor_of(&req);
         let r = req.into_inner();
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let g = detached(async move { svc.grant(&actor, &r.principal, &r.pack_id).await }).await?;
         Ok(Response::new(pb::GrantSenseEnableResponse {
             grant: Some(grant(&g)),
@@ -102,7 +102,7 @@ impl PolicyService for Policy {
     ) -> Reply<pb::RevokeSenseEnableResponse> {
         let actor = actor_of(&req);
         let r = req.into_inner();
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let revoked =
             detached(async move { svc.revoke(&actor, &r.principal, &r.pack_id).await }).await?;
         Ok(Response::new(pb::RevokeSenseEnableResponse { revoked }))
@@ -119,7 +119,7 @@ impl PolicyService for Policy {
             r.page_size,
             &r.page_token,
         )?;
-        let mut grants = self.service.list_grants(&l.page()).await?;
+        let mut grants = self.policy.list_grants(&l.page()).await?;
         let next_page_token = self.next_page(&l, &mut grants, |g| {
             (g.pack_id.as_str(), g.principal.as_str())
         });
@@ -140,7 +140,7 @@ impl PolicyService for Policy {
             r.page_size,
             &r.page_token,
         )?;
-        let mut bindings = self.service.list_bindings(&l.page()).await?;
+        let mut bindings = self.policy.list_bindings(&l.page()).await?;
         let next_page_token = self.next_page(&l, &mut bindings, |b| {
             (b.pack_id.as_str(), b.principal.as_str())
         });
@@ -161,7 +161,7 @@ impl PolicyService for Policy {
             r.page_size,
             &r.page_token,
         )?;
-        let mut rows = self.service.list_activations(&l.page()).await?;
+        let mut rows = self.policy.list_activations(&l.page()).await?;
         let next_page_token = self.next_page(&l, &mut rows, |a| {
             (a.pack_id.as_str(), a.principal.as_str())
         });
@@ -182,7 +182,7 @@ impl PolicyService for Policy {
             r.page_size,
             &r.page_token,
         )?;
-        let mut members = self.service.list_members(&l.page()).await?;
+        let mut members = self.policy.list_members(&l.page()).await?;
         let next_page_token = self.next_page(&l, &mut members, |m| {
             (m.project.as_str(), m.principal.as_str())
         });
@@ -202,7 +202,7 @@ impl PolicyService for Policy {
     async fn put_quota(&self, req: Request<pb::PutQuotaRequest>) -> Reply<pb::PutQuotaResponse> {
         let actor = actor_of(&req);
         let r = req.into_inner();
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let q = detached(async move {
             svc.put_quota(
                 &actor,
@@ -222,7 +222,7 @@ impl PolicyService for Policy {
     async fn get_quota(&self, req: Request<pb::GetQuotaRequest>) -> Reply<pb::GetQuotaResponse> {
         let r = req.into_inner();
         let q = self
-            .service
+            .policy
             .get_quota(&r.pack_id, r.principal.as_deref())
             .await?;
         Ok(Response::new(pb::GetQuotaResponse {
@@ -241,7 +241,7 @@ impl PolicyService for Policy {
             r.page_size,
             &r.page_token,
         )?;
-        let mut rows = self.service.list_quotas(&l.page()).await?;
+        let mut rows = self.policy.list_quotas(&l.page()).await?;
         let next_page_token = self.next_page(&l, &mut rows, |q| {
             (q.pack_id.as_str(), q.principal.as_deref().unwrap_or(""))
         });
@@ -257,7 +257,7 @@ impl PolicyService for Policy {
     ) -> Reply<pb::DeleteQuotaResponse> {
         let actor = actor_of(&req);
         let r = req.into_inner();
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         detached(async move {
             svc.delete_quota(&actor, &r.pack_id, r.principal.as_deref())
                 .await
@@ -273,7 +273,7 @@ impl PolicyService for Policy {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let route = route_from("route", r.route)?;
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let a = detached(async move {
             svc.set_activation(&actor, &r.principal, &r.pack_id, true, route, &r.filter)
                 .await
@@ -290,7 +290,7 @@ impl PolicyService for Policy {
     ) -> Reply<pb::DeactivateSenseResponse> {
         let actor = actor_of(&req);
         let r = req.into_inner();
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let a = detached(async move {
             svc.set_activation(&actor, &r.principal, &r.pack_id, false, None, "")
                 .await
@@ -307,7 +307,7 @@ impl PolicyService for Policy {
     ) -> Reply<pb::PutExecuteStateResponse> {
         let actor = actor_of(&req);
         let r = req.into_inner();
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let e = detached(async move {
             svc.put_execute_state(
                 &actor,
@@ -333,7 +333,7 @@ impl PolicyService for Policy {
         req: Request<pb::GetPackStateRequest>,
     ) -> Reply<pb::GetPackStateResponse> {
         let r = req.into_inner();
-        let s = self.service.pack_state(&r.principal, &r.pack_id).await?;
+        let s = self.policy.pack_state(&r.principal, &r.pack_id).await?;
         let (enabled, on_route, filter) = match &s.activation {
             Activation::On(route, filter) => (
                 true,
@@ -362,7 +362,7 @@ impl PolicyService for Policy {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let state = binding_state_from("state", r.state)?;
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let (b, degraded) = detached(async move {
             svc.put_binding(&actor, &r.principal, &r.pack_id, &r.binding_id, state)
                 .await
@@ -380,7 +380,7 @@ impl PolicyService for Policy {
     ) -> Reply<pb::DeleteBindingResponse> {
         let actor = actor_of(&req);
         let r = req.into_inner();
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let degraded =
             detached(async move { svc.delete_binding(&actor, &r.principal, &r.pack_id).await })
                 .await?;
@@ -401,7 +401,7 @@ impl PolicyService for Policy {
                 "is required: one of linked, stale, needs_reauth, pending, error",
             )
         })?;
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let (b, previous, degraded) = detached(async move {
             svc.report_binding_health(&actor, &r.principal, &r.pack_id, state)
                 .await
@@ -420,7 +420,7 @@ impl PolicyService for Policy {
     ) -> Reply<pb::AddProjectMemberResponse> {
         let actor = actor_of(&req);
         let r = req.into_inner();
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         detached(async move { svc.add_member(&actor, &r.project, &r.principal).await }).await?;
         Ok(Response::new(pb::AddProjectMemberResponse {}))
     }
@@ -431,7 +431,7 @@ impl PolicyService for Policy {
     ) -> Reply<pb::RemoveProjectMemberResponse> {
         let actor = actor_of(&req);
         let r = req.into_inner();
-        let svc = self.service.clone();
+        let svc = self.policy.clone();
         let removed =
             detached(async move { svc.remove_member(&actor, &r.project, &r.principal).await })
                 .await?;

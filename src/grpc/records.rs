@@ -10,7 +10,7 @@ use super::pb::{self, record_service_server::RecordService};
 use crate::auth::{Caller, Role};
 use crate::domain::model::{Position, RecordFilter};
 use crate::error::Error;
-use crate::service::{Service, WatchEvent};
+use crate::service::WatchEvent;
 
 /// A reader reads as its own principal: the authenticated identity replaces `viewer`, and
 /// other principals' records are not its to read. Returns the reader's principal.
@@ -37,8 +37,8 @@ fn as_reader(
 }
 
 #[derive(Clone, Debug)]
-pub struct Records {
-    pub service: Service,
+pub struct RecordsApi {
+    pub records: crate::service::Records,
     pub pages: PageTokens,
 }
 
@@ -64,7 +64,7 @@ fn filter_fingerprint(f: &RecordFilter) -> String {
 }
 
 #[tonic::async_trait]
-impl RecordService for Records {
+impl RecordService for RecordsApi {
     async fn list_records(
         &self,
         req: Request<pb::ListRecordsRequest>,
@@ -108,7 +108,7 @@ impl RecordService for Records {
             .pages
             .token_position(&fp, &r.page_token, "page_token")?;
         let listed = self
-            .service
+            .records
             .list_records(&filter, after.as_ref(), size + 1)
             .await?;
         let mut records = listed.records;
@@ -160,7 +160,7 @@ impl RecordService for Records {
             ..RecordFilter::default()
         };
         // The filters first, then the slot: a refused watch holds none.
-        let watch = self.service.open_watch(&filter)?;
+        let watch = self.records.open_watch(&filter)?;
         let fp = filter_fingerprint(&filter);
         let from = match r.start {
             Some(Start::ResumeToken(t)) if !t.is_empty() => self
@@ -168,9 +168,9 @@ impl RecordService for Records {
                 .token_position(&fp, &t, "resume_token")?
                 .unwrap_or_default(),
             Some(Start::AfterRecordId(id)) => {
-                self.service.position_of(&id, reader.as_deref()).await?
+                self.records.position_of(&id, reader.as_deref()).await?
             }
-            Some(Start::FromNow(true)) => self.service.now_position().await?,
+            Some(Start::FromNow(true)) => self.records.now_position().await?,
             _ => {
                 return Err(Error::invalid(
                     "start",
@@ -188,7 +188,7 @@ impl RecordService for Records {
                     // The last look before the records go out: none erased since they were read.
                     records: records
                         .iter()
-                        .filter(|r| !this.service.erased(r))
+                        .filter(|r| !this.records.erased(r))
                         .map(|r| record(r))
                         .collect(),
                     resume_token: this.pages.position_token(&fp, position),
@@ -212,7 +212,7 @@ impl RecordService for Records {
     ) -> Result<Response<pb::EraseRecordsResponse>, Status> {
         let actor = super::actor_of(&req);
         let r = req.into_inner();
-        let svc = self.service.clone();
+        let svc = self.records.clone();
         // Run to the end even if the caller goes: each batch commits on its own.
         let erased = crate::service::detached(async move {
             svc.erase_records(&actor, &r.principal, &r.pack_id).await
@@ -239,7 +239,7 @@ impl RecordService for Records {
         let after = page.after::<3>()?.map(|[p, rf, why]| (p, rf, why));
         let pack = (!r.pack_id.is_empty()).then_some(r.pack_id.as_str());
         let mut reports = self
-            .service
+            .records
             .list_drop_reports(pack, reason, after, page.limit())
             .await?;
         let next_page_token = page.next(&mut reports, |d| {

@@ -7,7 +7,8 @@ use sha2::{Digest, Sha256};
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use super::Service;
+use super::drops::DropLog;
+use super::{Limits, PolicyState};
 use crate::domain::decide::{binding_degraded, decide, validate};
 use crate::domain::explain::{explain, Explanation};
 use crate::domain::model::{Binding, Record};
@@ -15,7 +16,10 @@ use crate::domain::pack::schema::{PayloadSchema, PayloadViolation};
 use crate::domain::policy::{BindingRef, PolicyView, Route};
 use crate::domain::trigger::{Decision, Outcome, RawTrigger, Trigger};
 use crate::error::{Error, Result, Violation};
+use crate::metrics::Metrics;
 use crate::store::Stored;
+use crate::store::{Sink, Store};
+use std::sync::Arc;
 
 /// The ingress of a trigger handed over by DeliverTrigger(s).
 pub const INGRESS_GRPC: &str = "grpc";
@@ -147,7 +151,32 @@ fn new_record(t: &Trigger, route: Route, binding_id: String) -> Record {
     }
 }
 
-impl Service {
+/// DeliverTrigger(s) and ExplainTrigger: a trigger validated, checked against its payload
+/// schema and quotas, decided on the policy view, then recorded through the sink or dropped,
+/// traced and counted. Owns the sink, the drop log and the quota lanes.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    pub(super) store: Store,
+    pub(super) policy: Arc<PolicyState>,
+    pub(super) drops: Arc<DropLog>,
+    pub(super) sink: Sink,
+    pub(super) quotas: Arc<super::quota::Quotas>,
+    pub(super) limits: Arc<Limits>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Delivery {
+    /// Longest a call may wait on the store (`--request-timeout-secs`); an ingress request or
+    /// message that takes longer is answered as the store being unavailable.
+    pub fn call_timeout(&self) -> std::time::Duration {
+        self.limits.batch_timeout
+    }
+
+    /// Largest trigger payload accepted, in bytes (also the largest ingress request body).
+    pub fn max_payload_bytes(&self) -> usize {
+        self.limits.max_payload_bytes
+    }
+
     /// Validates, decides and records or drops one trigger. A well-formed
     /// trigger is always answered with an outcome (§7.3.2); only malformed input
     /// or an unreachable store is an error.
@@ -282,12 +311,7 @@ impl Service {
                     .collect(),
             )
         })?;
-        if !self.policy_current() {
-            // Fail closed: another replica's change may not have reached this one.
-            return Err(Error::Unavailable(
-                "policy is being reloaded on this replica; retry".into(),
-            ));
-        }
+        self.policy.current_or_unavailable()?;
         Ok(t)
     }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{valid_pack_id, Service};
+use super::{valid_pack_id, Delivery, Limits};
 use crate::domain::ingress::{
     check_route_id, check_secret, cloud_event, compile, evaluate, verify, CloudEvent, Compiled,
     IngressKind, Mapped, Mapping, Route, Verified, MAX_SECRETS,
@@ -15,6 +15,7 @@ use crate::domain::trigger::{Outcome, RawTrigger};
 use crate::error::{Error, Result, Violation};
 use crate::store::audit::Actor;
 use crate::store::now_micros;
+use crate::store::Store;
 
 /// The land a trigger takes when its mapping gives none and its ref has no Policy entry: such
 /// a trigger is dropped as undeclared (or its pack as unknown) before any land is compared.
@@ -180,7 +181,24 @@ fn unknown_route(route_id: &str) -> Error {
     Error::NotFound(format!("no ingress route `{}`", route_id.escape_debug()))
 }
 
-impl Service {
+/// Ingress routes and the messages they take: a route's admin changes, and a signed request
+/// or a NATS message turned into triggers that take DeliverTrigger's path. Owns the routes,
+/// their compiled mappings and the ledger of deliveries seen.
+#[derive(Clone, Debug)]
+pub struct Ingress {
+    pub(super) store: Store,
+    pub(super) mappings: Arc<Mappings>,
+    /// Where the triggers go; its call timeout and payload limit bound each message.
+    pub delivery: Delivery,
+    pub(super) limits: Arc<Limits>,
+}
+
+impl Ingress {
+    /// The store, for the reads that need no rule beyond its own (a page of routes).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// Checks and stores a route: its id, pack (registered; public to fan out), secrets and
     /// mapping. True when the id was new.
     pub async fn put_ingress_route(&self, actor: &Actor, r: &Route) -> Result<bool> {
@@ -245,7 +263,7 @@ impl Service {
         if !bad.is_empty() {
             return Err(invalid(bad));
         }
-        match self.view().pack(&r.pack_id) {
+        match self.delivery.policy.view.load_full().pack(&r.pack_id) {
             None => {
                 return Err(Error::NotFound(format!(
                     "route.pack_id: pack `{}` is not registered",
@@ -271,10 +289,6 @@ impl Service {
             .ingress_route(route_id)
             .await?
             .ok_or_else(|| unknown_route(route_id))
-    }
-
-    pub async fn list_ingress_routes(&self, after: Option<&str>, limit: u64) -> Result<Vec<Route>> {
-        self.store.list_ingress_routes(after, limit).await
     }
 
     pub async fn delete_ingress_route(&self, actor: &Actor, route_id: &str) -> Result<()> {
@@ -319,7 +333,7 @@ impl Service {
             .ingress_delivery(route_id, &key, now_micros())
             .await?
         {
-            self.metrics.ingress_replayed(route.kind.as_str());
+            self.delivery.metrics.ingress_replayed(route.kind.as_str());
             tracing::info!(
                 route_id,
                 "signed delivery decided before: answered with its first outcome"
@@ -391,7 +405,7 @@ impl Service {
             }
             None => {}
         }
-        let view = self.view();
+        let view = self.delivery.policy.view.load_full();
         let trigger_id = mapped.trigger_id.clone().unwrap_or(delivery_id);
         if signed && trigger_id.is_empty() {
             return Err(Error::invalid(
@@ -413,7 +427,11 @@ impl Service {
         // The message is admitted whole or refused whole: a fan-out takes a token per trigger
         // from the pack's quota (and each principal's), and none is decided when one is short.
         let principals: Vec<&str> = triggers.iter().map(|t| t.principal.as_str()).collect();
-        if let Err(e) = self.admit(&view, &route.pack_id, &principals).await {
+        if let Err(e) = self
+            .delivery
+            .admit(&view, &route.pack_id, &principals)
+            .await
+        {
             if !self.all_recorded(&triggers).await? {
                 return Err(e);
             }
@@ -433,10 +451,10 @@ impl Service {
         while rest.peek().is_some() {
             let mut set = tokio::task::JoinSet::new();
             for (n, raw) in rest.by_ref().take(FAN_OUT_AT_ONCE).enumerate() {
-                let svc = self.clone();
+                let delivery = self.delivery.clone();
                 set.spawn(async move {
                     let (principal, trigger_id) = (raw.principal.clone(), raw.trigger_id.clone());
-                    let outcome = svc.deliver_admitted(raw, kind).await;
+                    let outcome = delivery.deliver_admitted(raw, kind).await;
                     (n, principal, trigger_id, outcome)
                 });
             }

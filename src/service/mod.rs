@@ -14,11 +14,14 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-pub use deliver::decision_span;
+pub use deliver::{decision_span, Delivery};
 pub use drops::DropLog;
+pub use ingress::Ingress;
 pub use packs::Registered;
 pub use policy::PackState;
+pub use policy::Policy;
 pub use quota::QuotaCheck;
+pub use records::Records;
 pub use records::ERASE_BATCH;
 pub use watch::{Watch, WatchEvent, WatchLimits, MAX_PER_MESSAGE};
 
@@ -69,7 +72,7 @@ impl Default for Limits {
 
 /// The policy view decisions read, and the turn admin writers take to change it.
 #[derive(Debug)]
-struct Policy {
+struct PolicyState {
     view: ArcSwap<PolicyView>,
     /// Held across an admin write's commit and the view update, so the view
     /// changes in the same order as the store.
@@ -79,23 +82,53 @@ struct Policy {
     current_tx: tokio::sync::watch::Sender<bool>,
 }
 
-/// Everything a request handler needs. Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct Service {
-    pub store: Store,
-    policy: Arc<Policy>,
-    drops: Arc<DropLog>,
-    sink: Sink,
-    limits: Limits,
-    pub metrics: Arc<Metrics>,
-    tail: Arc<watch::Tail>,
-    mappings: Arc<ingress::Mappings>,
-    quotas: Arc<quota::Quotas>,
+impl PolicyState {
+    fn publish(&self, view: PolicyView) {
+        self.view.store(Arc::new(view));
+    }
+
+    /// Whether the view is known to be current. Decisions are refused while it is not.
+    fn is_current(&self) -> bool {
+        self.current.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Refused with UNAVAILABLE unless the view is current.
+    fn current_or_unavailable(&self) -> Result<()> {
+        if self.is_current() {
+            Ok(())
+        } else {
+            // Fail closed: another replica's change may not have reached this one.
+            Err(Error::Unavailable(
+                "policy is being reloaded on this replica; retry".into(),
+            ))
+        }
+    }
 }
 
-impl Service {
-    /// Loads the policy view from the store and starts the drop log's flusher.
-    pub async fn start(store: Store, limits: Limits, metrics: Arc<Metrics>) -> Result<Service> {
+/// The service's four capabilities, started together: each handle owns its part of the
+/// store's surface and is cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Hub {
+    /// DeliverTrigger(s) and ExplainTrigger: validate, decide, record or drop.
+    pub delivery: Delivery,
+    /// Packs, grants, activation, Bindings, members, quotas, the audit log, and keeping the
+    /// view in step with other replicas.
+    pub policy: Policy,
+    /// Listing, watching and erasing records; drop reports.
+    pub records: Records,
+    /// Ingress routes and the triggers outside traffic turns into.
+    pub ingress: Ingress,
+    pub metrics: Arc<Metrics>,
+    store: Store,
+    drops: Arc<DropLog>,
+    stop: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Hub {
+    /// Loads the policy view and starts every background task: the drop log's flusher, the
+    /// sink's writers, the retention pruner, the policy listener (PostgreSQL) and the
+    /// records' tail. The listener and the tail run until `stop`.
+    pub async fn start(store: Store, limits: Limits, metrics: Arc<Metrics>) -> Result<Hub> {
         let view = store.load_policy().await?;
         // On PostgreSQL another replica may change policy between this load and the moment
         // the listener subscribes; the view is current only once the listener has reloaded.
@@ -119,57 +152,54 @@ impl Service {
             limits.prune_every,
             Arc::downgrade(&drops),
         );
-        let quotas = Arc::new(quota::Quotas::new(store.engine()));
-        Ok(Service {
-            store,
-            policy: Arc::new(Policy {
-                view: ArcSwap::from_pointee(view),
-                writer: tokio::sync::Mutex::new(()),
-                current: std::sync::atomic::AtomicBool::new(current),
-                current_tx: tokio::sync::watch::channel(current).0,
-            }),
-            drops,
+        let state = Arc::new(PolicyState {
+            view: ArcSwap::from_pointee(view),
+            writer: tokio::sync::Mutex::new(()),
+            current: std::sync::atomic::AtomicBool::new(current),
+            current_tx: tokio::sync::watch::channel(current).0,
+        });
+        let limits = Arc::new(limits);
+        let delivery = Delivery {
+            store: store.clone(),
+            policy: state.clone(),
+            drops: drops.clone(),
             sink,
+            quotas: Arc::new(quota::Quotas::new(store.engine())),
+            limits: limits.clone(),
+            metrics: metrics.clone(),
+        };
+        let policy = Policy {
+            store: store.clone(),
+            policy: state,
+            delivery: delivery.clone(),
+        };
+        let records = Records {
+            store: store.clone(),
+            drops: drops.clone(),
             tail: Arc::new(watch::Tail::new(limits.watch)),
+            metrics: metrics.clone(),
+        };
+        let ingress = Ingress {
+            store: store.clone(),
             mappings: Arc::default(),
-            quotas,
+            delivery: delivery.clone(),
             limits,
+        };
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        // Replicas: follow other replicas' policy changes; report NOT_SERVING while behind.
+        policy.start_listener(stopped.clone());
+        // WatchRecords: one tail per replica; watches end (resumable) when stopping begins.
+        records.start_tail(stopped);
+        Ok(Hub {
+            delivery,
+            policy,
+            records,
+            ingress,
             metrics,
+            store,
+            drops,
+            stop: Arc::new(stop),
         })
-    }
-
-    /// The current policy view.
-    /// Longest a call may wait on the store (`--request-timeout-secs`); an ingress request or
-    /// message that takes longer is answered as the store being unavailable.
-    pub fn call_timeout(&self) -> std::time::Duration {
-        self.limits.batch_timeout
-    }
-
-    /// Largest trigger payload accepted, in bytes (also the largest ingress request body).
-    pub fn max_payload_bytes(&self) -> usize {
-        self.limits.max_payload_bytes
-    }
-
-    pub fn view(&self) -> Arc<PolicyView> {
-        self.policy.view.load_full()
-    }
-
-    /// Counts Bindings of registered packs by state, for the gauges.
-    pub fn binding_states(&self) -> Vec<(&'static str, i64)> {
-        use crate::domain::policy::BindingState;
-        let view = self.policy.view.load();
-        let mut counts: Vec<(&'static str, i64)> =
-            BindingState::NAMES.iter().map(|n| (*n, 0)).collect();
-        for id in view.pack_ids() {
-            if let Some(p) = view.pack(id) {
-                for b in p.principals.values().filter_map(|p| p.binding.as_ref()) {
-                    if let Some(c) = counts.iter_mut().find(|(n, _)| *n == b.state.as_str()) {
-                        c.1 += 1;
-                    }
-                }
-            }
-        }
-        counts
     }
 
     /// Readiness: the policy view is current and the store answers. On PostgreSQL the policy
@@ -177,7 +207,7 @@ impl Service {
     /// the store answers, so no pool connection is taken (a busy pool is not an outage); SQLite
     /// is asked, with a second to answer.
     pub async fn ready(&self) -> bool {
-        if !self.policy_current() {
+        if !self.policy.current() {
             return false;
         }
         self.store.engine() == crate::store::Engine::Postgres
@@ -187,9 +217,28 @@ impl Service {
             )
     }
 
-    /// Writes pending drop counts to the store.
-    pub async fn flush_drops(&self) -> Result<()> {
-        self.drops.flush().await
+    /// A receiver that turns true when stopping begins.
+    pub fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    /// Stopping begins: the policy listener stops and open watches end (resumable).
+    pub fn begin_stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Writes pending drop counts and closes the store, giving up at `deadline`: an
+    /// unreachable store must not keep the process from exiting.
+    pub async fn close(self, deadline: tokio::time::Instant) {
+        self.begin_stop();
+        match tokio::time::timeout_at(deadline, self.drops.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "drop counts not written at shutdown"),
+            Err(_) => {
+                tracing::warn!("drop counts not written at shutdown: the store did not answer")
+            }
+        }
+        let _ = tokio::time::timeout_at(deadline, self.store.close()).await;
     }
 }
 

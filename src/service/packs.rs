@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{unknown_pack, valid_id, valid_pack_id, Service};
+use super::{unknown_pack, valid_id, valid_pack_id, Policy};
 use crate::domain::catalog::{trigger_types, TriggerTypeView};
 use crate::domain::pack::{lint, LintReport, RegisteredPack};
 use crate::domain::policy::PackPolicy;
@@ -18,12 +18,7 @@ pub struct Registered {
     pub report: LintReport,
 }
 
-impl Service {
-    /// Registered packs in id order, after `after`.
-    pub async fn list_packs(&self, after: Option<&str>, limit: u64) -> Result<Vec<RegisteredPack>> {
-        self.store.list_packs(after, limit).await
-    }
-
+impl Policy {
     /// The declared triggers of registered packs (`pack_id` only, when given) after `after`,
     /// at most `limit`, from this replica's policy view; with whether `principal` could
     /// receive each now, when given.
@@ -40,11 +35,7 @@ impl Service {
         if let Some(p) = principal {
             valid_id("principal", p)?;
         }
-        if !self.policy_current() {
-            return Err(Error::Unavailable(
-                "policy is being reloaded on this replica; retry".into(),
-            ));
-        }
+        self.policy.current_or_unavailable()?;
         let view = self.policy.view.load_full();
         if let Some(p) = pack_id.filter(|p| view.pack(p).is_none()) {
             return Err(unknown_pack(p));

@@ -3,7 +3,7 @@ use crate::store::audit::Actor;
 use std::sync::Arc;
 
 use super::deliver::BindingChange;
-use super::{unknown_pack, valid_id, valid_pack_id, Service};
+use super::{unknown_pack, valid_id, valid_pack_id, Delivery, PolicyState};
 use crate::domain::decide::deliverable;
 use crate::domain::filter::Filter;
 use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member};
@@ -11,6 +11,7 @@ use crate::domain::policy::{Activation, BindingRef, BindingState, PolicyView, Ro
 use crate::domain::trigger::{Outcome, PUBLIC_BINDING};
 use crate::error::{Error, Result};
 use crate::store::now_micros;
+use crate::store::Store;
 
 /// Sense and Execute state of a pack for a principal, side by side.
 #[derive(Debug, Clone)]
@@ -23,9 +24,49 @@ pub struct PackState {
     pub execute: ExecuteState,
 }
 
-impl Service {
-    pub(super) fn publish(&self, view: PolicyView) {
-        self.policy.view.store(Arc::new(view));
+/// Sense policy and its administration: packs, grants, activation, Bindings, project
+/// members, the Execute-state mirror, quotas and the audit log they write; the policy view
+/// decisions read, kept in step with the store and (PostgreSQL) with other replicas.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    pub(super) store: Store,
+    pub(super) policy: Arc<PolicyState>,
+    /// A Binding's change may produce `binding.degraded`, delivered as any trigger.
+    pub(super) delivery: Delivery,
+}
+
+impl Policy {
+    /// The current policy view.
+    pub fn view(&self) -> Arc<PolicyView> {
+        self.policy.view.load_full()
+    }
+
+    /// Whether the policy view is known to be current. Decisions are refused while it is not.
+    pub fn current(&self) -> bool {
+        self.policy.is_current()
+    }
+
+    /// The store, for the reads that need no rule beyond its own (a page of packs, of routes,
+    /// of audit events).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Counts Bindings of registered packs by state, for the gauges.
+    pub fn binding_states(&self) -> Vec<(&'static str, i64)> {
+        let view = self.policy.view.load();
+        let mut counts: Vec<(&'static str, i64)> =
+            BindingState::NAMES.iter().map(|n| (*n, 0)).collect();
+        for id in view.pack_ids() {
+            if let Some(p) = view.pack(id) {
+                for b in p.principals.values().filter_map(|p| p.binding.as_ref()) {
+                    if let Some(c) = counts.iter_mut().find(|(n, _)| *n == b.state.as_str()) {
+                        c.1 += 1;
+                    }
+                }
+            }
+        }
+        counts
     }
 
     /// The current view, checked to know the pack.
@@ -46,7 +87,8 @@ impl Service {
             .store
             .put_grant(actor, principal, pack_id, now_micros())
             .await?;
-        self.publish(view.with_principal(pack_id, principal, |p| p.granted = true));
+        self.policy
+            .publish(view.with_principal(pack_id, principal, |p| p.granted = true));
         tracing::info!(principal, pack_id, "sense.enable granted");
         Ok(g)
     }
@@ -58,7 +100,8 @@ impl Service {
         let _turn = self.policy.writer.lock().await;
         let revoked = self.store.delete_grant(actor, principal, pack_id).await?;
         let view = self.policy.view.load_full();
-        self.publish(view.with_principal(pack_id, principal, |p| p.granted = false));
+        self.policy
+            .publish(view.with_principal(pack_id, principal, |p| p.granted = false));
         tracing::info!(principal, pack_id, revoked, "sense.enable revoked");
         Ok(revoked)
     }
@@ -128,7 +171,7 @@ impl Service {
         } else {
             Activation::Off
         };
-        self.publish(if principal.is_empty() {
+        self.policy.publish(if principal.is_empty() {
             view.with_pack_activation(pack_id, Some(activation))
         } else {
             view.with_principal(pack_id, principal, |p| p.activation = Some(activation))
@@ -264,15 +307,17 @@ impl Service {
             update_time: now_micros(),
         };
         let (before, outcome) = self
+            .delivery
             .store_binding(actor, view, BindingChange::Put(&b))
             .await?;
         let before = before.unwrap_or_else(|| Binding { state, ..b.clone() });
-        self.publish(view.with_principal(pack_id, principal, |p| {
-            p.binding = Some(BindingRef {
-                binding_id: b.binding_id.clone(),
-                state,
-            });
-        }));
+        self.policy
+            .publish(view.with_principal(pack_id, principal, |p| {
+                p.binding = Some(BindingRef {
+                    binding_id: b.binding_id.clone(),
+                    state,
+                });
+            }));
         tracing::info!(principal, pack_id, state = %state, previous = %before.state, "binding stored");
         Ok((b, before, outcome))
     }
@@ -290,12 +335,14 @@ impl Service {
         let _turn = self.policy.writer.lock().await;
         let view = self.policy.view.load_full();
         let (before, outcome) = self
+            .delivery
             .store_binding(actor, &view, BindingChange::Delete { principal, pack_id })
             .await?;
         if before.is_none() {
             return Err(no_binding(principal, pack_id));
         }
-        self.publish(view.with_principal(pack_id, principal, |p| p.binding = None));
+        self.policy
+            .publish(view.with_principal(pack_id, principal, |p| p.binding = None));
         tracing::info!(principal, pack_id, "binding deleted");
         Ok(outcome)
     }

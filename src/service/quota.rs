@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{unknown_pack, valid_id, valid_pack_id, Service};
+use super::{unknown_pack, valid_id, valid_pack_id, Delivery, Policy};
 use crate::domain::model::KeyPage;
 use crate::domain::policy::PolicyView;
 use crate::domain::quota::{Bucket, Quota, Rule};
@@ -134,7 +134,7 @@ impl Quotas {
     }
 }
 
-impl Service {
+impl Delivery {
     /// Takes one token per trigger from the quotas of `pack_id` and of each principal, all or
     /// none: a fan-out is admitted whole or refused whole.
     pub(super) async fn admit(
@@ -325,7 +325,9 @@ impl Service {
             retry_after,
         })
     }
+}
 
+impl Policy {
     /// Sets a quota on a pack, or on one principal's deliveries of it.
     pub async fn put_quota(
         &self,
@@ -349,7 +351,8 @@ impl Service {
             update_time: 0,
         };
         let q = self.store.put_quota(actor, &q, now_micros()).await?;
-        self.publish(with_quota(&view, pack_id, principal, Some(rule)));
+        self.policy
+            .publish(with_quota(&view, pack_id, principal, Some(rule)));
         tracing::info!(
             pack_id,
             principal,
@@ -387,7 +390,8 @@ impl Service {
             return Err(no_quota(pack_id, principal));
         }
         let view = self.policy.view.load_full();
-        self.publish(with_quota(&view, pack_id, principal, None));
+        self.policy
+            .publish(with_quota(&view, pack_id, principal, None));
         tracing::info!(pack_id, principal, "quota deleted");
         Ok(())
     }

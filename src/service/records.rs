@@ -1,10 +1,16 @@
 //! Reads of the sink, the drop log and the audit log — reading changes nothing (§7.5.3) — and the erasure of a principal's records.
-use super::{valid_id, valid_pack_id, Service};
+use std::sync::Arc;
+
+use super::drops::DropLog;
+use super::watch::Tail;
+use super::{valid_id, valid_pack_id};
 use crate::domain::model::{DropReport, RecordFilter};
 use crate::domain::names::{check_land, check_ref};
 use crate::domain::trigger::DropReason;
 use crate::error::{Error, Result};
-use crate::store::audit::{Actor, AuditEvent};
+use crate::metrics::Metrics;
+use crate::store::audit::Actor;
+use crate::store::Store;
 use crate::store::{Listed, RecordCursor};
 
 /// Records deleted per transaction of an erasure.
@@ -12,7 +18,18 @@ pub const ERASE_BATCH: u64 = super::retention::PRUNE_BATCH;
 /// The pause between two batches of an erasure: deliveries waiting on the writer go first.
 const ERASE_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
 
-impl Service {
+/// Records once written: listed in pages, watched as they commit, erased by principal; and
+/// the drop reports. Owns the records' tail that watches read.
+#[derive(Clone, Debug)]
+pub struct Records {
+    pub(super) store: Store,
+    pub(super) tail: Arc<Tail>,
+    /// Pending drop counts are written before a report is read.
+    pub(super) drops: Arc<DropLog>,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+impl Records {
     /// Whether a record read before an erasure was erased by it (WatchRecords checks each
     /// record as it goes out).
     pub fn erased(&self, r: &crate::domain::model::Record) -> bool {
@@ -51,18 +68,6 @@ impl Service {
     }
 
     /// Audit events, newest first, before the (time, id) position `before`; reading is not audited.
-    pub async fn list_audit_events(
-        &self,
-        pack_id: Option<&str>,
-        principal: Option<&str>,
-        before: Option<(i64, &str)>,
-        limit: u64,
-    ) -> Result<Vec<AuditEvent>> {
-        self.store
-            .list_audit_events(pack_id, principal, before, limit)
-            .await
-    }
-
     pub async fn list_records(
         &self,
         f: &RecordFilter,

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Service;
+use super::Policy;
 use crate::store::changes::{PolicyChange, PolicyChanges};
 
 /// Longest a pack's reload may take before the replica fails closed and reloads everything:
@@ -17,12 +17,7 @@ const RELOAD_TIMEOUT: Duration = Duration::from_secs(3);
 /// The pause between attempts to reload everything.
 const RELOAD_PAUSE: Duration = Duration::from_millis(200);
 
-impl Service {
-    /// Whether the policy view is known to be current. Decisions are refused while it is not.
-    pub fn policy_current(&self) -> bool {
-        self.policy.current.load(Ordering::Acquire)
-    }
-
+impl Policy {
     fn set_current(&self, current: bool) {
         if self.policy.current.swap(current, Ordering::AcqRel) != current {
             if current {
@@ -43,7 +38,7 @@ impl Service {
 
     /// On PostgreSQL, starts following the store's policy changes, keeping this replica's
     /// view in step with the others'. It stops when `stop` completes.
-    pub fn start_listener(&self, mut stop: tokio::sync::watch::Receiver<bool>) {
+    pub(super) fn start_listener(&self, mut stop: tokio::sync::watch::Receiver<bool>) {
         let Some(mut changes) = self.store.policy_changes() else {
             return;
         };

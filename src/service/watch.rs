@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::Service;
+use super::Records;
 use crate::domain::model::{Erasure, Position, Record, RecordFilter};
 use crate::domain::trigger::BRAIN;
 use crate::error::{Error, Interruption, Result};
@@ -266,10 +266,10 @@ impl Drop for Slot {
     }
 }
 
-impl Service {
+impl Records {
     /// Starts this replica's tail; it stops, ending every watch with UNAVAILABLE, when `stop`
     /// completes.
-    pub fn start_tail(&self, mut stop: watch::Receiver<bool>) {
+    pub(super) fn start_tail(&self, mut stop: watch::Receiver<bool>) {
         let svc = self.clone();
         tokio::spawn(async move {
             tokio::select! {
@@ -446,7 +446,7 @@ impl Service {
 
 /// An open watch, holding its slot.
 pub struct Watch {
-    svc: Service,
+    svc: Records,
     _slot: Slot,
 }
 
@@ -487,7 +487,7 @@ impl Watch {
 type End = (Interruption, String);
 
 struct Watcher<'a> {
-    svc: &'a Service,
+    svc: &'a Records,
     filter: RecordFilter,
     /// Everything matching up to here has been sent.
     cursor: Position,

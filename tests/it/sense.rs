@@ -817,7 +817,7 @@ both_stores! {
         let url = app.test_db.url.clone();
         // A second server on the same database sees the policy the first one wrote.
         let second = hcp_sense::app::App::build(hcp_sense::config::Config::for_database(url)).await.expect("build");
-        let view = second.service().view();
+        let view = second.hub().policy.view();
         let pack = view.pack("github").expect("pack loaded");
         let alice = pack.principals.get("alice").expect("alice loaded");
         assert!(alice.granted && alice.binding.is_some() && alice.activation.is_some());
