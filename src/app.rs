@@ -17,7 +17,6 @@ use crate::grpc::calls::{CallLayer, HealthWatchLimits};
 use crate::grpc::conn::{self, effective_max_connections, ConnLimits};
 use crate::grpc::guard::GuardLayer;
 use crate::grpc::ingest::IngestApi;
-use crate::grpc::ingress::IngressApi;
 use crate::grpc::layer::RpcLayer;
 use crate::grpc::packs::PacksApi;
 use crate::grpc::paging::PageTokens;
@@ -29,6 +28,8 @@ use crate::grpc::pb::{
 };
 use crate::grpc::policy::PolicyApi;
 use crate::grpc::records::RecordsApi;
+use crate::grpc::routes::IngressApi;
+use crate::ingress::Ingress;
 use crate::metrics::Metrics;
 use crate::service::{Hub, Limits, Policy};
 use crate::store::Store;
@@ -47,6 +48,8 @@ pub struct App {
     /// The HTTP listeners' limits; the ingress listener's body is a trigger's payload.
     http: crate::http::HttpLimits,
     hub: Hub,
+    /// Ingress routes and the messages they take, delivered through the hub's delivery.
+    ingress: Ingress,
     shutdown_grace: Duration,
     bench_baseline: bool,
     auth: Arc<Authenticator>,
@@ -105,6 +108,8 @@ impl App {
             None => None,
         };
         let metrics = Arc::new(Metrics::new(config.metrics_max_packs));
+        let hub = Hub::start(store.clone(), service_limits(&config), metrics).await?;
+        let ingress = Ingress::new(store, hub.delivery.clone(), config.retention());
         Ok(App {
             listener,
             addr,
@@ -113,7 +118,8 @@ impl App {
             ingress_listener,
             nats_url: config.nats_url.clone(),
             http: http_limits(&config),
-            hub: Hub::start(store, service_limits(&config), metrics).await?,
+            hub,
+            ingress,
             shutdown_grace: config.shutdown_grace,
             bench_baseline: config.bench_baseline,
             auth,
@@ -174,21 +180,15 @@ impl App {
             nats_url,
             http,
             hub,
+            ingress,
             shutdown_grace,
             auth,
             limits: l,
             tls,
             ..
         } = self;
-        spawn_listeners(
-            &hub,
-            http,
-            metrics_listener,
-            ingress_listener,
-            nats_url,
-            ready_rx,
-            &stop_rx,
-        );
+        spawn_probes(&hub, http, metrics_listener, ready_rx, &stop_rx);
+        spawn_ingress(&hub, &ingress, http, ingress_listener, nats_url, &stop_rx);
         let metrics = hub.metrics.clone();
         let mut builder = Server::builder();
         if let Some(tls) = tls {
@@ -248,7 +248,7 @@ impl App {
             )
             .add_service(
                 IngressServiceServer::new(IngressApi {
-                    ingress: hub.ingress.clone(),
+                    ingress: self.ingress.clone(),
                     pages: pages.clone(),
                 })
                 .max_decoding_message_size(max),
@@ -324,14 +324,11 @@ fn bindings_gauge(policy: Policy) -> opentelemetry::metrics::ObservableGauge<i64
         .build()
 }
 
-/// Serves /metrics and the probes, the HTTP ingress when it has a listener, and consumes
-/// NATS when configured, each until `stop`.
-fn spawn_listeners(
+/// Serves /metrics and the probes until `stop`.
+fn spawn_probes(
     hub: &Hub,
     http: crate::http::HttpLimits,
     metrics_listener: TcpListener,
-    ingress_listener: Option<TcpListener>,
-    nats_url: Option<String>,
     ready_rx: watch::Receiver<bool>,
     stop_rx: &watch::Receiver<bool>,
 ) {
@@ -347,18 +344,34 @@ fn spawn_listeners(
         hub.metrics.clone(),
         stop_rx.clone(),
     ));
+}
+
+/// Serves the HTTP ingress when it has a listener, and consumes NATS when configured, each
+/// until `stop`.
+fn spawn_ingress(
+    hub: &Hub,
+    ingress: &Ingress,
+    http: crate::http::HttpLimits,
+    ingress_listener: Option<TcpListener>,
+    nats_url: Option<String>,
+    stop_rx: &watch::Receiver<bool>,
+) {
     if let Some(l) = ingress_listener {
         tokio::spawn(crate::http::serve(
             "ingress",
             l,
-            crate::webhooks::routes(hub.ingress.clone(), hub.delivery.max_payload_bytes()),
+            crate::ingress::http::routes(ingress.clone(), hub.delivery.max_payload_bytes()),
             http,
             hub.metrics.clone(),
             stop_rx.clone(),
         ));
     }
     if let Some(url) = nats_url {
-        tokio::spawn(crate::nats::run(hub.ingress.clone(), url, stop_rx.clone()));
+        tokio::spawn(crate::ingress::nats::run(
+            ingress.clone(),
+            url,
+            stop_rx.clone(),
+        ));
     }
 }
 

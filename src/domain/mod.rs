@@ -27,7 +27,7 @@ macro_rules! str_enum {
 }
 
 pub mod catalog;
-mod cel;
+pub(crate) mod cel;
 mod checks;
 pub mod decide;
 pub mod explain;

@@ -8,13 +8,13 @@ pub mod convert;
 pub mod flow;
 pub mod guard;
 pub mod ingest;
-pub mod ingress;
 pub mod layer;
 pub mod lifetime;
 pub mod packs;
 pub mod paging;
 pub mod policy;
 pub mod records;
+pub mod routes;
 pub mod status;
 
 use crate::auth::{CalledMethod, Caller};

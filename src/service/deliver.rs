@@ -76,12 +76,7 @@ fn conflict(trigger_id: &str) -> Error {
 
 /// Whether `payload` conforms to the schema its pack declares for `ref` (none: it does): a
 /// violation is INVALID_ARGUMENT naming `payload` and the instance's JSON pointer.
-pub(super) fn conforms(
-    view: &PolicyView,
-    pack_id: &str,
-    r#ref: &str,
-    payload: &Value,
-) -> Result<()> {
+pub fn conforms(view: &PolicyView, pack_id: &str, r#ref: &str, payload: &Value) -> Result<()> {
     match schema_of(view, pack_id, r#ref) {
         Some(schema) => refused(r#ref, schema.check(payload)),
         None => Ok(()),
@@ -172,6 +167,11 @@ impl Delivery {
         self.limits.batch_timeout
     }
 
+    /// The current policy view.
+    pub fn view(&self) -> Arc<PolicyView> {
+        self.policy.view.load_full()
+    }
+
     /// Largest trigger payload accepted, in bytes (also the largest ingress request body).
     pub fn max_payload_bytes(&self) -> usize {
         self.limits.max_payload_bytes
@@ -200,7 +200,7 @@ impl Delivery {
 
     /// `deliver_from`, for a trigger whose quotas were taken already (with the rest of the
     /// message it came in).
-    pub(super) async fn deliver_admitted(
+    pub(crate) async fn deliver_admitted(
         &self,
         raw: RawTrigger,
         ingress: &'static str,

@@ -1,7 +1,6 @@
 //! The service's operations, between the gRPC edge and the store: admin writes keep the policy view in step with the store.
 mod deliver;
 mod drops;
-pub mod ingress;
 mod packs;
 mod policy;
 mod quota;
@@ -14,9 +13,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-pub use deliver::{decision_span, Delivery};
+pub use deliver::{conforms, decision_span, Delivery};
 pub use drops::DropLog;
-pub use ingress::Ingress;
 pub use packs::Registered;
 pub use policy::PackState;
 pub use policy::Policy;
@@ -105,8 +103,9 @@ impl PolicyState {
     }
 }
 
-/// The service's four capabilities, started together: each handle owns its part of the
-/// store's surface and is cheap to clone.
+/// The service's capabilities behind the APIs, started together: each handle owns its part
+/// of the store's surface and is cheap to clone. Ingress (`crate::ingress`) delivers through
+/// `delivery`.
 #[derive(Clone, Debug)]
 pub struct Hub {
     /// DeliverTrigger(s) and ExplainTrigger: validate, decide, record or drop.
@@ -116,8 +115,6 @@ pub struct Hub {
     pub policy: Policy,
     /// Listing, watching and erasing records; drop reports.
     pub records: Records,
-    /// Ingress routes and the triggers outside traffic turns into.
-    pub ingress: Ingress,
     pub metrics: Arc<Metrics>,
     store: Store,
     drops: Arc<DropLog>,
@@ -179,12 +176,6 @@ impl Hub {
             tail: Arc::new(watch::Tail::new(limits.watch)),
             metrics: metrics.clone(),
         };
-        let ingress = Ingress {
-            store: store.clone(),
-            mappings: Arc::default(),
-            delivery: delivery.clone(),
-            limits,
-        };
         let (stop, stopped) = tokio::sync::watch::channel(false);
         // Replicas: follow other replicas' policy changes; report NOT_SERVING while behind.
         policy.start_listener(stopped.clone());
@@ -194,7 +185,6 @@ impl Hub {
             delivery,
             policy,
             records,
-            ingress,
             metrics,
             store,
             drops,

@@ -137,7 +137,7 @@ impl Quotas {
 impl Delivery {
     /// Takes one token per trigger from the quotas of `pack_id` and of each principal, all or
     /// none: a fan-out is admitted whole or refused whole.
-    pub(super) async fn admit(
+    pub(crate) async fn admit(
         &self,
         view: &PolicyView,
         pack_id: &str,

@@ -1095,7 +1095,7 @@ on_both_stores!(s7_6_a_replayed_signed_request_is_its_first_record_or_refused =>
 /// is put; a signed request with 16 KiB of headers is recorded, one past 32 KiB becomes no
 /// record (400 naming `headers`, or 431 from the listener).
 async fn mappings_count_headers_at_what_a_request_may_carry(kind: StoreKind) {
-    use hcp_sense::domain::ingress::MAX_HEADER_BYTES;
+    use hcp_sense::ingress::mapping::MAX_HEADER_BYTES;
     let app = app_with_ingress(kind, None).await;
     set_up_weather(&app.channel).await;
     let reads = |n: usize| {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 
 use hcp_sense::grpc::pb::{self, ingress_service_client::IngressServiceClient};
-use hcp_sense::nats::consumer_name;
+use hcp_sense::ingress::nats::consumer_name;
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use serde_json::Value;
 

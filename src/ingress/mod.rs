@@ -1,21 +1,30 @@
-//! Ingress: admin changes of routes, and a signed request turned into triggers that take the one validate → decide → record path of DeliverTrigger.
+//! Ingress: everything that turns outside traffic into triggers — the HTTP listener, the signature schemes, CloudEvents, NATS and route mappings — and the routes' admin changes; every trigger takes DeliverTrigger's one validate → decide → record path.
+pub mod cloudevents;
+pub mod http;
+pub mod mapping;
+pub mod nats;
+pub mod signature;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{valid_pack_id, Delivery, Limits};
 use crate::domain::ingress::{
-    check_route_id, check_secret, cloud_event, compile, evaluate, verify, CloudEvent, Compiled,
-    IngressKind, Mapped, Mapping, Route, Verified, MAX_SECRETS,
+    check_route_id, check_secret, IngressKind, Mapping, Route, MAX_SECRETS,
 };
+use crate::domain::model::Retention;
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, PolicyView};
 use crate::domain::trigger::{Outcome, RawTrigger};
 use crate::error::{Error, Result, Violation};
+use crate::service::{valid_pack_id, Delivery};
 use crate::store::audit::Actor;
 use crate::store::now_micros;
 use crate::store::Store;
+use cloudevents::{cloud_event, CloudEvent};
+use mapping::{compile, evaluate, Compiled, Mapped};
+use signature::{verify, Verified};
 
 /// The land a trigger takes when its mapping gives none and its ref has no Policy entry: such
 /// a trigger is dropped as undeclared (or its pack as unknown) before any land is compared.
@@ -186,14 +195,24 @@ fn unknown_route(route_id: &str) -> Error {
 /// their compiled mappings and the ledger of deliveries seen.
 #[derive(Clone, Debug)]
 pub struct Ingress {
-    pub(super) store: Store,
-    pub(super) mappings: Arc<Mappings>,
+    store: Store,
+    mappings: Arc<Mappings>,
     /// Where the triggers go; its call timeout and payload limit bound each message.
     pub delivery: Delivery,
-    pub(super) limits: Arc<Limits>,
+    /// The records' retention: a delivery's ledger row is kept as long as its records.
+    retention: Retention,
 }
 
 impl Ingress {
+    pub fn new(store: Store, delivery: Delivery, retention: Retention) -> Ingress {
+        Ingress {
+            store,
+            mappings: Arc::default(),
+            delivery,
+            retention,
+        }
+    }
+
     /// The store, for the reads that need no rule beyond its own (a page of routes).
     pub fn store(&self) -> &Store {
         &self.store
@@ -263,7 +282,7 @@ impl Ingress {
         if !bad.is_empty() {
             return Err(invalid(bad));
         }
-        match self.delivery.policy.view.load_full().pack(&r.pack_id) {
+        match self.delivery.view().pack(&r.pack_id) {
             None => {
                 return Err(Error::NotFound(format!(
                     "route.pack_id: pack `{}` is not registered",
@@ -365,7 +384,7 @@ impl Ingress {
         if v.signed_at.is_some() {
             return v.replayable_until(LEDGER_SKEW_SECS).map(micros);
         }
-        let longest = self.limits.retention.longest()?;
+        let longest = self.retention.longest()?;
         let age = i64::try_from(longest.as_micros()).unwrap_or(i64::MAX);
         Some(
             now_micros()
@@ -405,7 +424,7 @@ impl Ingress {
             }
             None => {}
         }
-        let view = self.delivery.policy.view.load_full();
+        let view = self.delivery.view();
         let trigger_id = mapped.trigger_id.clone().unwrap_or(delivery_id);
         if signed && trigger_id.is_empty() {
             return Err(Error::invalid(
@@ -418,7 +437,7 @@ impl Ingress {
         // Every trigger of the message carries the one payload under one ref: it conforms to
         // the ref's schema for all or none.
         if let Some(t) = triggers.first() {
-            if let Err(e) = super::deliver::conforms(&view, &t.pack_id, &t.r#ref, &payload) {
+            if let Err(e) = crate::service::conforms(&view, &t.pack_id, &t.r#ref, &payload) {
                 if !self.all_recorded(&triggers).await? {
                     return Err(e);
                 }

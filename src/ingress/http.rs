@@ -9,8 +9,8 @@ use axum::routing::post;
 use axum::Json;
 use serde_json::json;
 
+use super::Ingress;
 use crate::error::Error;
-use crate::service::Ingress;
 
 /// The routes of the ingress listener; a body over `max_body_bytes` is answered 413.
 pub fn routes(ingress: Ingress, max_body_bytes: usize) -> axum::Router {

@@ -10,7 +10,7 @@ use crate::service::detached;
 
 #[derive(Clone, Debug)]
 pub struct IngressApi {
-    pub ingress: crate::service::Ingress,
+    pub ingress: crate::ingress::Ingress,
     pub pages: PageTokens,
 }
 

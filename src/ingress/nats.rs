@@ -14,9 +14,9 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_stream::StreamExt;
 
+use super::Ingress;
 use crate::domain::ingress::{IngressKind, Route};
 use crate::error::Error;
-use crate::service::Ingress;
 use backon::{BackoffBuilder, ConstantBuilder, ExponentialBuilder, Retryable};
 
 /// How often the routes are read again, to start and stop consumers as admins change them.
