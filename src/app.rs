@@ -109,7 +109,11 @@ impl App {
         };
         let metrics = Arc::new(Metrics::new(config.metrics_max_packs));
         let hub = Hub::start(store.clone(), service_limits(&config), metrics).await?;
-        let ingress = Ingress::new(store, hub.delivery.clone(), config.retention());
+        let ingress = Ingress::new(
+            store.ingress_tables(),
+            hub.delivery.clone(),
+            config.retention(),
+        );
         Ok(App {
             listener,
             addr,

@@ -21,7 +21,7 @@ use crate::error::{Error, Result, Violation};
 use crate::service::{valid_pack_id, Delivery};
 use crate::store::audit::Actor;
 use crate::store::now_micros;
-use crate::store::Store;
+use crate::store::IngressTables;
 use cloudevents::{cloud_event, CloudEvent};
 use mapping::{compile, evaluate, Compiled, Mapped};
 use signature::{verify, Verified};
@@ -195,7 +195,7 @@ fn unknown_route(route_id: &str) -> Error {
 /// their compiled mappings and the ledger of deliveries seen.
 #[derive(Clone, Debug)]
 pub struct Ingress {
-    store: Store,
+    store: IngressTables,
     mappings: Arc<Mappings>,
     /// Where the triggers go; its call timeout and payload limit bound each message.
     pub delivery: Delivery,
@@ -204,7 +204,7 @@ pub struct Ingress {
 }
 
 impl Ingress {
-    pub fn new(store: Store, delivery: Delivery, retention: Retention) -> Ingress {
+    pub fn new(store: IngressTables, delivery: Delivery, retention: Retention) -> Ingress {
         Ingress {
             store,
             mappings: Arc::default(),
@@ -214,7 +214,7 @@ impl Ingress {
     }
 
     /// The store, for the reads that need no rule beyond its own (a page of routes).
-    pub fn store(&self) -> &Store {
+    pub fn store(&self) -> &IngressTables {
         &self.store
     }
 
@@ -438,7 +438,7 @@ impl Ingress {
         // the ref's schema for all or none.
         if let Some(t) = triggers.first() {
             if let Err(e) = crate::service::conforms(&view, &t.pack_id, &t.r#ref, &payload) {
-                if !self.all_recorded(&triggers).await? {
+                if !self.delivery.all_recorded(&triggers).await? {
                     return Err(e);
                 }
             }
@@ -451,7 +451,7 @@ impl Ingress {
             .admit(&view, &route.pack_id, &principals)
             .await
         {
-            if !self.all_recorded(&triggers).await? {
+            if !self.delivery.all_recorded(&triggers).await? {
                 return Err(e);
             }
         }
@@ -494,23 +494,6 @@ impl Ingress {
             out.extend(chunk.into_iter().map(|(_, r)| r));
         }
         Ok(out)
-    }
-
-    /// Whether every trigger names its id and was recorded before: a redelivered message whose
-    /// triggers were all recorded is answered with its records whatever the quota.
-    async fn all_recorded(&self, triggers: &[RawTrigger]) -> Result<bool> {
-        for t in triggers {
-            if t.trigger_id.is_empty()
-                || self
-                    .store
-                    .record_for_trigger(&t.pack_id, &t.trigger_id)
-                    .await?
-                    .is_none()
-            {
-                return Ok(false);
-            }
-        }
-        Ok(true)
     }
 
     /// The principals a request goes to: the mapped principal, the holder of the mapped

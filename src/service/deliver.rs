@@ -18,7 +18,7 @@ use crate::domain::trigger::{Decision, Outcome, RawTrigger, Trigger};
 use crate::error::{Error, Result, Violation};
 use crate::metrics::Metrics;
 use crate::store::Stored;
-use crate::store::{Sink, Store};
+use crate::store::{DeliveryTables, Sink};
 use std::sync::Arc;
 
 /// The ingress of a trigger handed over by DeliverTrigger(s).
@@ -151,7 +151,7 @@ fn new_record(t: &Trigger, route: Route, binding_id: String) -> Record {
 /// traced and counted. Owns the sink, the drop log and the quota lanes.
 #[derive(Clone, Debug)]
 pub struct Delivery {
-    pub(super) store: Store,
+    pub(super) store: DeliveryTables,
     pub(super) policy: Arc<PolicyState>,
     pub(super) drops: Arc<DropLog>,
     pub(super) sink: Sink,
@@ -238,6 +238,23 @@ impl Delivery {
             },
             other => other,
         }
+    }
+
+    /// Whether every trigger names its id and was recorded before: a redelivered message whose
+    /// triggers were all recorded is answered with its records whatever the quota.
+    pub(crate) async fn all_recorded(&self, triggers: &[RawTrigger]) -> Result<bool> {
+        for t in triggers {
+            if t.trigger_id.is_empty()
+                || self
+                    .store
+                    .record_for_trigger(&t.pack_id, &t.trigger_id)
+                    .await?
+                    .is_none()
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Decides an admitted trigger, then records or drops it.

@@ -7,7 +7,7 @@ use crate::domain::model::DropReport;
 use crate::domain::trigger::DropReason;
 use crate::error::Result;
 use crate::metrics::Metrics;
-use crate::store::{now_micros, Store};
+use crate::store::{now_micros, DeliveryTables};
 
 /// How often pending counts are written.
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
@@ -32,7 +32,7 @@ struct Pending {
 
 #[derive(Debug)]
 pub struct DropLog {
-    store: Store,
+    store: DeliveryTables,
     metrics: Arc<Metrics>,
     pending: Mutex<Pending>,
     /// One flush at a time, so counts are added exactly once.
@@ -42,7 +42,7 @@ pub struct DropLog {
 impl DropLog {
     /// A drop log with a background flusher that stops when the log is dropped. `stored`
     /// are the keys the store's drop reports already have.
-    pub fn start(store: Store, metrics: Arc<Metrics>, stored: Vec<Key>) -> Arc<DropLog> {
+    pub fn start(store: DeliveryTables, metrics: Arc<Metrics>, stored: Vec<Key>) -> Arc<DropLog> {
         let log = Arc::new(DropLog {
             store,
             metrics,

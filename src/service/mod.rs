@@ -126,17 +126,18 @@ impl Hub {
     /// sink's writers, the retention pruner, the policy listener (PostgreSQL) and the
     /// records' tail. The listener and the tail run until `stop`.
     pub async fn start(store: Store, limits: Limits, metrics: Arc<Metrics>) -> Result<Hub> {
-        let view = store.load_policy().await?;
+        let view = store.policy_tables().load_policy().await?;
         // On PostgreSQL another replica may change policy between this load and the moment
         // the listener subscribes; the view is current only once the listener has reloaded.
         let current = store.engine() != crate::store::Engine::Postgres;
         // Every stored key: at most MAX_KEYS, plus one overflow row per reason.
         let stored_keys = store
+            .delivery_tables()
             .drop_report_keys((drops::MAX_KEYS + DropReason::ALL.len()) as u64)
             .await?;
-        let drops = DropLog::start(store.clone(), metrics.clone(), stored_keys);
+        let drops = DropLog::start(store.delivery_tables(), metrics.clone(), stored_keys);
         let sink = Sink::start(
-            store.clone(),
+            store.delivery_tables(),
             metrics.clone(),
             limits.batch_timeout,
             limits.sink_writers,
@@ -157,7 +158,7 @@ impl Hub {
         });
         let limits = Arc::new(limits);
         let delivery = Delivery {
-            store: store.clone(),
+            store: store.delivery_tables(),
             policy: state.clone(),
             drops: drops.clone(),
             sink,
@@ -166,12 +167,12 @@ impl Hub {
             metrics: metrics.clone(),
         };
         let policy = Policy {
-            store: store.clone(),
+            store: store.policy_tables(),
             policy: state,
             delivery: delivery.clone(),
         };
         let records = Records {
-            store: store.clone(),
+            store: store.record_tables(),
             drops: drops.clone(),
             tail: Arc::new(watch::Tail::new(limits.watch)),
             metrics: metrics.clone(),

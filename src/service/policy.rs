@@ -11,7 +11,7 @@ use crate::domain::policy::{Activation, BindingRef, BindingState, PolicyView, Ro
 use crate::domain::trigger::{Outcome, PUBLIC_BINDING};
 use crate::error::{Error, Result};
 use crate::store::now_micros;
-use crate::store::Store;
+use crate::store::PolicyTables;
 
 /// Sense and Execute state of a pack for a principal, side by side.
 #[derive(Debug, Clone)]
@@ -29,7 +29,7 @@ pub struct PackState {
 /// decisions read, kept in step with the store and (PostgreSQL) with other replicas.
 #[derive(Clone, Debug)]
 pub struct Policy {
-    pub(super) store: Store,
+    pub(super) store: PolicyTables,
     pub(super) policy: Arc<PolicyState>,
     /// A Binding's change may produce `binding.degraded`, delivered as any trigger.
     pub(super) delivery: Delivery,
@@ -48,7 +48,7 @@ impl Policy {
 
     /// The store, for the reads that need no rule beyond its own (a page of packs, of routes,
     /// of audit events).
-    pub fn store(&self) -> &Store {
+    pub fn store(&self) -> &PolicyTables {
         &self.store
     }
 

@@ -16,7 +16,7 @@ use crate::domain::quota::{Bucket, Quota, Rule};
 use crate::error::{Error, Result};
 use crate::store::audit::Actor;
 use crate::store::quota::Lease;
-use crate::store::{now_micros, Engine, Store};
+use crate::store::{now_micros, DeliveryTables, Engine};
 
 /// Leased tokens not spent within this long go back to nobody: a replica that stopped taking a
 /// pack's deliveries holds none of the fleet's tokens for longer.
@@ -36,7 +36,7 @@ pub(super) struct Quotas {
     /// the refused triggers' idempotency reads, and a lease queued behind them lets the
     /// bucket fill past its burst (docs/performance.md). Opened at the first lease, dropped
     /// when the store did not answer.
-    leaser: tokio::sync::Mutex<Option<Store>>,
+    leaser: tokio::sync::Mutex<Option<DeliveryTables>>,
 }
 
 #[derive(Debug)]
@@ -266,7 +266,7 @@ impl Delivery {
             match leaser.as_ref() {
                 Some(s) => s.clone(),
                 None => {
-                    let s = self.store.dedicated().await?;
+                    let s = self.store.dedicated().await?.delivery_tables();
                     *leaser = Some(s.clone());
                     s
                 }

@@ -10,7 +10,7 @@ use crate::domain::trigger::DropReason;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::store::audit::Actor;
-use crate::store::Store;
+use crate::store::RecordTables;
 use crate::store::{Listed, RecordCursor};
 
 /// Records deleted per transaction of an erasure.
@@ -22,7 +22,7 @@ const ERASE_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
 /// the drop reports. Owns the records' tail that watches read.
 #[derive(Clone, Debug)]
 pub struct Records {
-    pub(super) store: Store,
+    pub(super) store: RecordTables,
     pub(super) tail: Arc<Tail>,
     /// Pending drop counts are written before a report is read.
     pub(super) drops: Arc<DropLog>,

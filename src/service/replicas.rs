@@ -117,7 +117,7 @@ impl Policy {
         let _turn = self.policy.writer.lock().await;
         let view = if fresh {
             let own = self.store.dedicated().await?;
-            let view = own.load_policy().await;
+            let view = own.policy_tables().load_policy().await;
             own.close().await;
             view?
         } else {

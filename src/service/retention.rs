@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::domain::model::Retention;
 use crate::metrics::Metrics;
 use crate::store::Lands;
-use crate::store::{now_micros, Store};
+use crate::store::{now_micros, IngressTables, Store};
 
 /// Rows deleted per transaction: small, so a batch of deliveries never waits long behind it.
 pub const PRUNE_BATCH: u64 = 250;
@@ -26,13 +26,14 @@ pub fn start<T: Send + Sync + 'static>(
     tokio::spawn(async move {
         let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
         let listed: Vec<String> = retention.lands.keys().cloned().collect();
+        let records = store.record_tables();
         loop {
             tokio::time::sleep(every).await;
             if alive.upgrade().is_none() {
                 return;
             }
             let now = now_micros();
-            prune_ledger(&store, now).await;
+            prune_ledger(&store.ingress_tables(), now).await;
             let mut passes: Vec<(Lands<'_>, i64)> = retention
                 .lands
                 .iter()
@@ -44,9 +45,9 @@ pub fn start<T: Send + Sync + 'static>(
                 passes.push((Lands::Except(&listed), now.saturating_sub(micros(age))));
             }
             for (lands, cutoff) in passes {
-                let (store, metrics) = (&store, &metrics);
+                let (records, metrics) = (&records, &metrics);
                 let total = in_batches("records", || async move {
-                    let n = store.prune_records(cutoff, lands, PRUNE_BATCH).await?;
+                    let n = records.prune_records(cutoff, lands, PRUNE_BATCH).await?;
                     metrics.records_deleted("retention", n);
                     Ok(n)
                 })
@@ -60,7 +61,7 @@ pub fn start<T: Send + Sync + 'static>(
 }
 
 /// Deletes the ingress ledger's rows expired at `now`, a batch at a time.
-async fn prune_ledger(store: &Store, now: i64) {
+async fn prune_ledger(store: &IngressTables, now: i64) {
     let total = in_batches("the ingress ledger", || {
         store.prune_ingress_deliveries(now, PRUNE_BATCH)
     })

@@ -5,7 +5,7 @@ use sea_orm::{
 };
 
 use super::entity::audit_events;
-use super::{classify, now_micros, Store, WriteTxn};
+use super::{classify, now_micros, PolicyTables, Store, WriteTxn};
 use crate::error::Result;
 
 /// What an audited change touches, and whether the other replicas must reload its pack.
@@ -139,7 +139,9 @@ impl Store {
             .await?;
         Ok(deleted)
     }
+}
 
+impl PolicyTables {
     /// Audit events, newest first, before the given (time, id) position.
     pub async fn list_audit_events(
         &self,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use sea_orm::sqlx::{self, postgres::PgListener};
 use tokio::sync::Notify;
 
-use super::{Engine, Store, POLICY_CHANNEL, RECORDS_CHANNEL};
+use super::{Engine, PolicyTables, Store, POLICY_CHANNEL, RECORDS_CHANNEL};
 
 /// How often the listener proves that its connection still carries notifications.
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
@@ -126,7 +126,7 @@ impl Drop for PolicyChanges {
     }
 }
 
-impl Store {
+impl PolicyTables {
     /// The policy changes announced through this store, on PostgreSQL; `None` on SQLite, whose
     /// one process is the only writer.
     pub fn policy_changes(&self) -> Option<PolicyChanges> {

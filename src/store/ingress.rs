@@ -4,7 +4,7 @@ use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrde
 
 use super::audit::{Actor, Change};
 use super::entity::{ingress_deliveries, ingress_routes};
-use super::{classify, Store};
+use super::{classify, IngressTables};
 use crate::domain::ingress::{IngressKind, Mapping, Route};
 use crate::error::{Error, Result};
 
@@ -23,7 +23,7 @@ fn route(m: ingress_routes::Model) -> Result<Route> {
     })
 }
 
-impl Store {
+impl IngressTables {
     /// Creates or replaces a route; true when its id was new.
     pub async fn put_ingress_route(&self, actor: &Actor, r: &Route, now: i64) -> Result<bool> {
         use ingress_routes::Column as C;
@@ -121,7 +121,7 @@ impl Store {
     }
 }
 
-impl Store {
+impl IngressTables {
     /// The first answer to a route's signed delivery (`key`: the digest of its delivery id),
     /// while the row has not expired at `now` (Unix microseconds).
     pub async fn ingress_delivery(

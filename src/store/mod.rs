@@ -90,6 +90,55 @@ impl Commits {
     }
 }
 
+/// Declares a part of the store's surface: the one connection, with the statements on one
+/// capability's tables as its methods. `Deref` reaches what the connection itself answers
+/// (its engine, the write turn, commits, audit rows), never another part's statements.
+macro_rules! part {
+    ($(#[$doc:meta])* $name:ident, $make:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug)]
+        pub struct $name(Store);
+
+        impl std::ops::Deref for $name {
+            type Target = Store;
+            fn deref(&self) -> &Store {
+                &self.0
+            }
+        }
+
+        impl Store {
+            pub fn $make(&self) -> $name {
+                $name(self.clone())
+            }
+        }
+    };
+}
+
+part!(
+    /// Delivery's part: records written by the sink, a trigger id's first record, drop
+    /// counts, quota leases, and Binding changes (which may write a `binding.degraded` record
+    /// in the same transaction).
+    DeliveryTables,
+    delivery_tables
+);
+part!(
+    /// Policy's part: packs, grants, activation, Bindings as policy reads them, project
+    /// members, the Execute-state mirror, quotas, the audit log, and the changes other
+    /// replicas announce.
+    PolicyTables,
+    policy_tables
+);
+part!(
+    /// Records' part: listing, tailing, erasing and pruning records, and the drop reports.
+    RecordTables,
+    record_tables
+);
+part!(
+    /// Ingress's part: routes and the ledger of deliveries seen.
+    IngressTables,
+    ingress_tables
+);
+
 /// Which engine a URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {

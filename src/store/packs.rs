@@ -9,7 +9,7 @@ use super::entity::{
     pack_commands, pack_stimuli, pack_triggers, packs, sense_activations, sense_grants,
     sense_quotas,
 };
-use super::{classify, Engine, Store};
+use super::{classify, Engine, PolicyTables};
 use crate::domain::pack::schema::declared;
 use crate::domain::pack::{
     BindingMode, Command, DeclaredTrigger, Manifest, PackKind, RegisteredPack, Stimulus,
@@ -17,7 +17,7 @@ use crate::domain::pack::{
 };
 use crate::error::{Error, Result};
 
-impl Store {
+impl PolicyTables {
     /// Stores a linted manifest, replacing any earlier declaration of the same
     /// pack in one transaction. Returns the stored pack and whether it was new.
     pub async fn put_pack(

@@ -11,7 +11,7 @@ use super::entity::{
     bindings, execute_states, pack_stimuli, pack_triggers, packs, project_members,
     sense_activations, sense_grants, sense_quotas,
 };
-use super::{classify, Store};
+use super::{classify, DeliveryTables, PolicyTables, Store};
 use crate::domain::filter::Filter;
 use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member, Record};
 use crate::domain::pack::schema::Catalog;
@@ -151,7 +151,7 @@ async fn upsert<E: EntityTrait>(
     Ok(())
 }
 
-impl Store {
+impl PolicyTables {
     /// The whole policy view, as loaded at start.
     pub async fn load_policy(&self) -> Result<PolicyView> {
         let ids: Vec<String> = packs::Entity::find()
@@ -326,23 +326,6 @@ impl Store {
             .await
     }
 
-    /// A page of a table keyed by the two columns `key`, mapped to the domain by `map`.
-    pub(super) async fn key_page<E: EntityTrait, T>(
-        &self,
-        key: (E::Column, E::Column),
-        p: &KeyPage<'_>,
-        map: impl Fn(E::Model) -> Result<T>,
-    ) -> Result<Vec<T>> {
-        keyset(E::find(), (key.0, p.first), (key.1, p.second), p.after)
-            .limit(p.limit)
-            .all(&self.db)
-            .await
-            .map_err(classify)?
-            .into_iter()
-            .map(map)
-            .collect()
-    }
-
     /// Grants in (pack_id, principal) order.
     pub async fn list_grants(&self, p: &KeyPage<'_>) -> Result<Vec<Grant>> {
         use sense_grants::Column as C;
@@ -474,104 +457,6 @@ impl Store {
             .transpose()
     }
 
-    /// Creates or replaces a Binding. The Binding as it was is read inside the write's
-    /// transaction (locked, and on PostgreSQL under an advisory lock of its key too, so two
-    /// replicas changing one Binding take turns), and `produce` turns it into whatever the
-    /// change produces: the record of its `binding.degraded` trigger, if any, is stored in the
-    /// same transaction.
-    pub async fn put_binding<T>(
-        &self,
-        actor: &Actor,
-        b: &Binding,
-        produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
-    ) -> Result<(T, Option<Record>)> {
-        let change = Change {
-            actor,
-            pack_id: Some(&b.pack_id),
-            principal: Some(&b.principal),
-            announce: true,
-        };
-        let key = (b.principal.clone(), b.pack_id.clone());
-        let w = self.begin_binding_write(&b.principal, &b.pack_id).await?;
-        let (out, _) = self
-            .audited::<bindings::Entity, _>(w, change, key, async |txn, before| {
-                let before = before.cloned().map(binding).transpose()?;
-                let (produced, mut record) = produce(before.as_ref());
-                use bindings::Column as C;
-                let row = bindings::ActiveModel {
-                    principal: Set(b.principal.clone()),
-                    pack_id: Set(b.pack_id.clone()),
-                    binding_id: Set(b.binding_id.clone()),
-                    mode: Set(b.mode.as_str().to_owned()),
-                    state: Set(b.state.as_str().to_owned()),
-                    update_time: Set(b.update_time),
-                };
-                let update = [C::BindingId, C::Mode, C::State, C::UpdateTime];
-                upsert::<bindings::Entity>(txn, row, [C::Principal, C::PackId], &update).await?;
-                self.write_produced(txn, record.as_mut()).await?;
-                Ok((produced, record))
-            })
-            .await?;
-        self.committed_produced(out.1.as_ref());
-        Ok(out)
-    }
-
-    /// Stores the record a Binding change produced, in the change's transaction.
-    async fn write_produced(
-        &self,
-        txn: &DatabaseTransaction,
-        record: Option<&mut Record>,
-    ) -> Result<()> {
-        if let Some(r) = record {
-            super::sink::write_records(txn, self.engine(), std::slice::from_mut(r)).await?;
-        }
-        Ok(())
-    }
-
-    /// Once a Binding change with a produced record has committed, wakes the watch tail as a
-    /// sink commit does.
-    fn committed_produced(&self, record: Option<&Record>) {
-        if record.is_some() {
-            self.commits().local.notify_one();
-        }
-    }
-
-    /// Deletes a Binding, reading it inside the transaction as `put_binding` does; `produce`
-    /// gets the Binding deleted (`None`: there was none, and nothing is written).
-    pub async fn delete_binding<T>(
-        &self,
-        actor: &Actor,
-        principal: &str,
-        pack_id: &str,
-        produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
-    ) -> Result<(T, Option<Record>)> {
-        let change = Change {
-            actor,
-            pack_id: Some(pack_id),
-            principal: Some(principal),
-            announce: true,
-        };
-        let key = (principal.to_owned(), pack_id.to_owned());
-        let w = self.begin_binding_write(principal, pack_id).await?;
-        let (out, _) = self
-            .audited::<bindings::Entity, _>(w, change, key.clone(), async |txn, before| {
-                let before = before.cloned().map(binding).transpose()?;
-                let (produced, mut record) = produce(before.as_ref());
-                if before.is_none() {
-                    return Ok((produced, None));
-                }
-                bindings::Entity::delete_by_id(key)
-                    .exec(txn)
-                    .await
-                    .map_err(classify)?;
-                self.write_produced(txn, record.as_mut()).await?;
-                Ok((produced, record))
-            })
-            .await?;
-        self.committed_produced(out.1.as_ref());
-        Ok(out)
-    }
-
     pub async fn add_member(
         &self,
         actor: &Actor,
@@ -616,5 +501,124 @@ impl Store {
         let w = self.begin_write().await?;
         self.audited_delete::<project_members::Entity>(w, change, key)
             .await
+    }
+}
+
+impl DeliveryTables {
+    /// Stores the record a Binding change produced, in the change's transaction.
+    async fn write_produced(
+        &self,
+        txn: &DatabaseTransaction,
+        record: Option<&mut Record>,
+    ) -> Result<()> {
+        if let Some(r) = record {
+            super::sink::write_records(txn, self.engine(), std::slice::from_mut(r)).await?;
+        }
+        Ok(())
+    }
+
+    /// Once a Binding change with a produced record has committed, wakes the watch tail as a
+    /// sink commit does.
+    fn committed_produced(&self, record: Option<&Record>) {
+        if record.is_some() {
+            self.commits().local.notify_one();
+        }
+    }
+
+    /// Creates or replaces a Binding. The Binding as it was is read inside the write's
+    /// transaction (locked, and on PostgreSQL under an advisory lock of its key too, so two
+    /// replicas changing one Binding take turns), and `produce` turns it into whatever the
+    /// change produces: the record of its `binding.degraded` trigger, if any, is stored in the
+    /// same transaction.
+    pub async fn put_binding<T>(
+        &self,
+        actor: &Actor,
+        b: &Binding,
+        produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
+    ) -> Result<(T, Option<Record>)> {
+        let change = Change {
+            actor,
+            pack_id: Some(&b.pack_id),
+            principal: Some(&b.principal),
+            announce: true,
+        };
+        let key = (b.principal.clone(), b.pack_id.clone());
+        let w = self.begin_binding_write(&b.principal, &b.pack_id).await?;
+        let (out, _) = self
+            .audited::<bindings::Entity, _>(w, change, key, async |txn, before| {
+                let before = before.cloned().map(binding).transpose()?;
+                let (produced, mut record) = produce(before.as_ref());
+                use bindings::Column as C;
+                let row = bindings::ActiveModel {
+                    principal: Set(b.principal.clone()),
+                    pack_id: Set(b.pack_id.clone()),
+                    binding_id: Set(b.binding_id.clone()),
+                    mode: Set(b.mode.as_str().to_owned()),
+                    state: Set(b.state.as_str().to_owned()),
+                    update_time: Set(b.update_time),
+                };
+                let update = [C::BindingId, C::Mode, C::State, C::UpdateTime];
+                upsert::<bindings::Entity>(txn, row, [C::Principal, C::PackId], &update).await?;
+                self.write_produced(txn, record.as_mut()).await?;
+                Ok((produced, record))
+            })
+            .await?;
+        self.committed_produced(out.1.as_ref());
+        Ok(out)
+    }
+
+    /// Deletes a Binding, reading it inside the transaction as `put_binding` does; `produce`
+    /// gets the Binding deleted (`None`: there was none, and nothing is written).
+    pub async fn delete_binding<T>(
+        &self,
+        actor: &Actor,
+        principal: &str,
+        pack_id: &str,
+        produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
+    ) -> Result<(T, Option<Record>)> {
+        let change = Change {
+            actor,
+            pack_id: Some(pack_id),
+            principal: Some(principal),
+            announce: true,
+        };
+        let key = (principal.to_owned(), pack_id.to_owned());
+        let w = self.begin_binding_write(principal, pack_id).await?;
+        let (out, _) = self
+            .audited::<bindings::Entity, _>(w, change, key.clone(), async |txn, before| {
+                let before = before.cloned().map(binding).transpose()?;
+                let (produced, mut record) = produce(before.as_ref());
+                if before.is_none() {
+                    return Ok((produced, None));
+                }
+                bindings::Entity::delete_by_id(key)
+                    .exec(txn)
+                    .await
+                    .map_err(classify)?;
+                self.write_produced(txn, record.as_mut()).await?;
+                Ok((produced, record))
+            })
+            .await?;
+        self.committed_produced(out.1.as_ref());
+        Ok(out)
+    }
+}
+
+impl Store {
+    /// A page of a table keyed by the two columns `key`, mapped to the domain by `map`.
+    pub(super) async fn key_page<E: EntityTrait, T>(
+        &self,
+        key: (E::Column, E::Column),
+        p: &KeyPage<'_>,
+        map: impl Fn(E::Model) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        keyset(E::find(), (key.0, p.first), (key.1, p.second), p.after)
+            .limit(p.limit)
+            .all(&self.db)
+            .await
+            .map_err(classify)?
+            .into_iter()
+            .map(map)
+            .collect()
     }
 }

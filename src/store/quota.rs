@@ -5,7 +5,7 @@ use sea_orm::{
 
 use super::audit::{Actor, Change};
 use super::entity::sense_quotas;
-use super::{classify, Store};
+use super::{classify, DeliveryTables, PolicyTables};
 use crate::domain::model::KeyPage;
 use crate::domain::quota::{Bucket, Quota, Rule};
 use crate::error::{Error, Result};
@@ -35,7 +35,7 @@ pub struct Lease {
     pub left: f64,
 }
 
-impl Store {
+impl PolicyTables {
     /// Sets a quota; its bucket starts full, and a changed rule keeps the tokens the bucket
     /// held (refilled at the rule they came under, at most the new burst).
     pub async fn put_quota(&self, actor: &Actor, q: &Quota, now: i64) -> Result<Quota> {
@@ -119,7 +119,9 @@ impl Store {
         self.audited_delete::<sense_quotas::Entity>(w, change, key(pack_id, principal))
             .await
     }
+}
 
+impl DeliveryTables {
     /// A quota's bucket in the store as it was last written, unlocked: what ExplainTrigger reads.
     pub async fn get_quota_bucket(
         &self,

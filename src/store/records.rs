@@ -7,7 +7,7 @@ use sea_orm::{
 
 use super::audit::{self, Actor};
 use super::entity::{drop_reports, project_members, records};
-use super::{classify, Engine, Store};
+use super::{classify, DeliveryTables, Engine, RecordTables, Store};
 use crate::domain::model::{DropReport, Erasure, Position, Record, RecordFilter};
 use crate::domain::policy::Route;
 use crate::domain::trigger::{DropReason, BRAIN};
@@ -105,7 +105,7 @@ const TAIL_POSTGRES: &str = "WITH s AS (SELECT pg_current_snapshot() AS s), \
 /// so that a record acknowledged before the call is listed (see `horizon`).
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 
-impl Store {
+impl RecordTables {
     /// Deletes, of the first `limit` records of `lands` in position order, those received before
     /// `cutoff`; returns how many. The scan is a range of the position index, never the
     /// table: records come in position order about as they were received, and one whose
@@ -498,92 +498,6 @@ impl Store {
         Ok((lo, hi))
     }
 
-    /// Records copied from another PostgreSQL cluster (a restore, a logical replica promoted)
-    /// carry that cluster's transaction ids; those at or past this cluster's next id would
-    /// stay behind the horizon until its counter caught up. They are moved to transaction 0,
-    /// ahead of every record written here, keeping their sequence order. No record written on
-    /// this cluster can be touched: its id is below the next one. Returns how many moved.
-    pub async fn adopt_copied_positions(&self) -> Result<u64> {
-        if self.engine() != Engine::Postgres {
-            return Ok(0);
-        }
-        let done = self
-            .db
-            .execute_unprepared(
-                "UPDATE records SET commit_txid = 0 \
-                 WHERE commit_txid >= pg_snapshot_xmax(pg_current_snapshot())::text::bigint",
-            )
-            .await
-            .map_err(classify)?;
-        Ok(done.rows_affected())
-    }
-
-    /// Adds counts to the drop log in one transaction: `count` is added, `first_seen` kept, `last_seen` advanced.
-    pub async fn add_drop_counts(&self, deltas: &[DropReport]) -> Result<()> {
-        if deltas.is_empty() {
-            return Ok(());
-        }
-        use drop_reports::Column as C;
-        let w = self.begin_write().await?;
-        for chunk in deltas.chunks(500) {
-            drop_reports::Entity::insert_many(chunk.iter().map(|d| drop_reports::ActiveModel {
-                pack_id: Set(d.pack_id.clone()),
-                r#ref: Set(d.r#ref.clone()),
-                reason: Set(d.reason.as_str().to_owned()),
-                count: Set(d.count),
-                first_seen: Set(d.first_seen),
-                last_seen: Set(d.last_seen),
-            }))
-            .on_conflict(
-                OnConflict::columns([C::PackId, C::Ref, C::Reason])
-                    .value(
-                        C::Count,
-                        Expr::col((drop_reports::Entity, C::Count))
-                            .add(Expr::cust("excluded.count")),
-                    )
-                    .value(C::LastSeen, Expr::cust("excluded.last_seen"))
-                    .to_owned(),
-            )
-            .exec_without_returning(&w.txn)
-            .await
-            .map_err(classify)?;
-        }
-        w.commit().await
-    }
-
-    /// The (pack, ref, reason) keys of the drop reports stored, at most `limit`.
-    pub async fn drop_report_keys(&self, limit: u64) -> Result<Vec<(String, String, DropReason)>> {
-        use drop_reports::Column as C;
-        let rows: Vec<(String, String, String)> = drop_reports::Entity::find()
-            .select_only()
-            .columns([C::PackId, C::Ref, C::Reason])
-            .limit(limit)
-            .into_tuple()
-            .all(&self.db)
-            .await
-            .map_err(classify)?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|(p, r, why)| DropReason::parse(&why).map(|why| (p, r, why)))
-            .collect())
-    }
-
-    /// The first record stored for a pack's trigger id: what a retried delivery is answered.
-    pub async fn record_for_trigger(
-        &self,
-        pack_id: &str,
-        trigger_id: &str,
-    ) -> Result<Option<Record>> {
-        records::Entity::find()
-            .filter(records::Column::PackId.eq(pack_id))
-            .filter(records::Column::ProducerTriggerId.eq(trigger_id))
-            .one(&self.db)
-            .await
-            .map_err(classify)?
-            .map(record)
-            .transpose()
-    }
-
     /// Drop reports in (pack_id, ref, reason) order after the given position.
     pub async fn list_drop_reports(
         &self,
@@ -651,5 +565,95 @@ impl std::fmt::Display for Lands<'_> {
             Lands::Except([]) => f.write_str("all"),
             Lands::Except(ls) => write!(f, "all but {}", ls.join(", ")),
         }
+    }
+}
+
+impl DeliveryTables {
+    /// Adds counts to the drop log in one transaction: `count` is added, `first_seen` kept, `last_seen` advanced.
+    pub async fn add_drop_counts(&self, deltas: &[DropReport]) -> Result<()> {
+        if deltas.is_empty() {
+            return Ok(());
+        }
+        use drop_reports::Column as C;
+        let w = self.begin_write().await?;
+        for chunk in deltas.chunks(500) {
+            drop_reports::Entity::insert_many(chunk.iter().map(|d| drop_reports::ActiveModel {
+                pack_id: Set(d.pack_id.clone()),
+                r#ref: Set(d.r#ref.clone()),
+                reason: Set(d.reason.as_str().to_owned()),
+                count: Set(d.count),
+                first_seen: Set(d.first_seen),
+                last_seen: Set(d.last_seen),
+            }))
+            .on_conflict(
+                OnConflict::columns([C::PackId, C::Ref, C::Reason])
+                    .value(
+                        C::Count,
+                        Expr::col((drop_reports::Entity, C::Count))
+                            .add(Expr::cust("excluded.count")),
+                    )
+                    .value(C::LastSeen, Expr::cust("excluded.last_seen"))
+                    .to_owned(),
+            )
+            .exec_without_returning(&w.txn)
+            .await
+            .map_err(classify)?;
+        }
+        w.commit().await
+    }
+
+    /// The (pack, ref, reason) keys of the drop reports stored, at most `limit`.
+    pub async fn drop_report_keys(&self, limit: u64) -> Result<Vec<(String, String, DropReason)>> {
+        use drop_reports::Column as C;
+        let rows: Vec<(String, String, String)> = drop_reports::Entity::find()
+            .select_only()
+            .columns([C::PackId, C::Ref, C::Reason])
+            .limit(limit)
+            .into_tuple()
+            .all(&self.db)
+            .await
+            .map_err(classify)?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(p, r, why)| DropReason::parse(&why).map(|why| (p, r, why)))
+            .collect())
+    }
+
+    /// The first record stored for a pack's trigger id: what a retried delivery is answered.
+    pub async fn record_for_trigger(
+        &self,
+        pack_id: &str,
+        trigger_id: &str,
+    ) -> Result<Option<Record>> {
+        records::Entity::find()
+            .filter(records::Column::PackId.eq(pack_id))
+            .filter(records::Column::ProducerTriggerId.eq(trigger_id))
+            .one(&self.db)
+            .await
+            .map_err(classify)?
+            .map(record)
+            .transpose()
+    }
+}
+
+impl Store {
+    /// Records copied from another PostgreSQL cluster (a restore, a logical replica promoted)
+    /// carry that cluster's transaction ids; those at or past this cluster's next id would
+    /// stay behind the horizon until its counter caught up. They are moved to transaction 0,
+    /// ahead of every record written here, keeping their sequence order. No record written on
+    /// this cluster can be touched: its id is below the next one. Returns how many moved.
+    pub async fn adopt_copied_positions(&self) -> Result<u64> {
+        if self.engine() != Engine::Postgres {
+            return Ok(0);
+        }
+        let done = self
+            .db
+            .execute_unprepared(
+                "UPDATE records SET commit_txid = 0 \
+                 WHERE commit_txid >= pg_snapshot_xmax(pg_current_snapshot())::text::bigint",
+            )
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected())
     }
 }

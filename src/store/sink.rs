@@ -7,7 +7,7 @@ use tokio::sync::{oneshot, Mutex};
 
 use super::entity::records;
 use super::fair::{FairQueue, LANE_BOUND, TOTAL_BOUND};
-use super::{classify, Engine, Store};
+use super::{classify, DeliveryTables, Engine, Store};
 use crate::domain::model::Record;
 use crate::domain::policy::Route;
 use crate::domain::trigger::Identity;
@@ -83,7 +83,7 @@ impl Sink {
     /// `fair`) and commit independently: the store, not a lock, orders their records (see
     /// `Position`). SQLite has one writer whatever is asked.
     pub fn start(
-        store: Store,
+        store: DeliveryTables,
         metrics: Arc<Metrics>,
         batch_timeout: std::time::Duration,
         writers: usize,
@@ -249,7 +249,7 @@ async fn write_batches(
     batch_timeout: std::time::Duration,
 ) {
     // Connected ahead of the first record when the store answers; otherwise on first use.
-    let mut writer: Option<Store> = parent.dedicated().await.ok();
+    let mut writer: Option<DeliveryTables> = parent.dedicated().await.ok().map(DeliveryTables);
     loop {
         let mut batch = Vec::new();
         {
@@ -277,7 +277,7 @@ async fn write_batches(
         let started = std::time::Instant::now();
         let result = tokio::time::timeout(batch_timeout, async {
             if writer.is_none() {
-                writer = Some(parent.dedicated().await?);
+                writer = Some(DeliveryTables(parent.dedicated().await?));
             }
             match &writer {
                 Some(w) => w.insert_batch(&mut records).await,
@@ -293,7 +293,7 @@ async fn write_batches(
         if matches!(result, Err(Error::Unavailable(_))) {
             if let Some(stuck) = writer.take() {
                 // Closing may wait on a silent connection too; it must not hold the writer.
-                tokio::spawn(stuck.close());
+                tokio::spawn(stuck.0.close());
             }
         }
         committing
@@ -327,11 +327,11 @@ async fn write_batches(
         }
     }
     if let Some(w) = writer {
-        w.close().await;
+        w.0.close().await;
     }
 }
 
-impl Store {
+impl DeliveryTables {
     /// Writes a batch atomically (see `write_records`). On PostgreSQL the batch is one
     /// statement in its own transaction: one round trip, committed when it answers.
     pub async fn insert_batch(&self, rs: &mut [Record]) -> Result<Vec<Stored>> {

@@ -196,7 +196,7 @@ both_stores! {
         use hcp_sense::domain::trigger::DropReason as Why;
         use hcp_sense::service::DropLog;
         let metrics = Arc::new(hcp_sense::metrics::Metrics::new(100));
-        let store = hcp_sense::store::Store::connect(&hcp_sense::config::StoreConfig::at(app.test_db.url.clone())).await.expect("store");
+        let store = hcp_sense::store::Store::connect(&hcp_sense::config::StoreConfig::at(app.test_db.url.clone())).await.expect("store").delivery_tables();
         let log = DropLog::start(store.clone(), metrics.clone(), vec![]);
         for i in 0..10_050 {
             log.count(&format!("invented-{i}"), "x.y", Why::UnknownPack);

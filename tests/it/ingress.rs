@@ -1334,11 +1334,12 @@ async fn s7_6_a_signed_delivery_replayed_on_another_replica_gets_its_first_answe
 /// expires stays; pruning takes the earliest expired rows, about a batch at a time.
 async fn the_ingress_ledger_keeps_a_delivery_until_it_expires(kind: StoreKind) {
     let db = crate::helpers::TestDb::create(kind).await;
-    let store =
+    let connection =
         hcp_sense::store::Store::connect(&hcp_sense::config::StoreConfig::at(db.url.clone()))
             .await
             .expect("connect");
-    store.migrate_up().await.expect("migrate");
+    connection.migrate_up().await.expect("migrate");
+    let store = connection.ingress_tables();
     store
         .keep_ingress_delivery("r", "k", 1_000, Some(2_000), "[1]")
         .await
@@ -1421,6 +1422,7 @@ async fn the_ingress_ledger_keeps_a_delivery_until_it_expires(kind: StoreKind) {
         .await
         .expect("read")
         .is_some());
-    store.close().await;
+    drop(store);
+    connection.close().await;
 }
 on_both_stores!(the_ingress_ledger_keeps_a_delivery_until_it_expires => the_ingress_ledger_keeps_a_delivery_until_it_expires);
