@@ -1,4 +1,4 @@
-//! The service's operations, between the gRPC edge and the store: admin writes keep the policy view in step with the store.
+//! The service's capabilities between the edges and the store — Delivery, Policy, Records — started together by `Hub::start`; admin writes keep the policy view in step with the store.
 mod deliver;
 mod drops;
 mod packs;
@@ -16,11 +16,9 @@ use arc_swap::ArcSwap;
 pub use deliver::{conforms, decision_span, Delivery};
 pub use drops::DropLog;
 pub use packs::Registered;
-pub use policy::PackState;
-pub use policy::Policy;
+pub use policy::{PackState, Policy};
 pub use quota::QuotaCheck;
-pub use records::Records;
-pub use records::ERASE_BATCH;
+pub use records::{Records, ERASE_BATCH};
 pub use watch::{Watch, WatchEvent, WatchLimits, MAX_PER_MESSAGE};
 
 use crate::domain::model::Retention;
