@@ -516,7 +516,10 @@ async fn take(
             AckKind::Nak(Some(RETRY))
         }
         Err(e) => {
-            tracing::warn!(route_id = %route.route_id, message = %delivery_id, reason = %e, "NATS message terminated");
+            // The delivery id and the reason carry the publisher's text (its Nats-Msg-Id, a
+            // ref it sent): written quoted and escaped, so no space or `=` in them can forge a
+            // field of the line.
+            tracing::warn!(route_id = %route.route_id, delivery_id = ?delivery_id, reason = ?e.to_string(), "NATS message terminated");
             ingress
                 .delivery
                 .metrics

@@ -515,7 +515,7 @@ async fn nats_route_continues_its_unhashed_consumer(kind: StoreKind) {
 on_both_stores!(s7_6_nats_route_continues_its_unhashed_consumer => nats_route_continues_its_unhashed_consumer);
 
 /// The value of one sample of `/metrics`, 0 when absent.
-fn sample(metrics: &str, series: &str) -> f64 {
+pub(crate) fn sample(metrics: &str, series: &str) -> f64 {
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
@@ -823,6 +823,32 @@ async fn nats_payload_schema_is_checked(kind: StoreKind) {
     );
     let metrics = http_get(&metrics_url);
     assert_eq!(sample(&metrics, refused), 1.0, "{metrics}");
+    // The publisher's id is logged quoted: its space and `=` forge no field.
+    let lines = served.log.lock().map(|l| l.clone()).unwrap_or_default();
+    let terminated: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("NATS message terminated"))
+        .collect();
+    assert_eq!(terminated.len(), 1, "{lines:#?}");
+    // Outside its quoted values (escapes skipped), the line holds one route_id: the route's.
+    let mut unquoted = String::new();
+    let (mut quoted, mut escaped) = (false, false);
+    for c in terminated[0].chars() {
+        match (quoted, escaped, c) {
+            (true, false, '\\') => escaped = true,
+            (true, true, _) => escaped = false,
+            (_, false, '"') => quoted = !quoted,
+            (false, _, c) => unquoted.push(c),
+            _ => {}
+        }
+    }
+    assert!(
+        terminated[0].contains(r#"delivery_id="t-bad route_id=forged""#)
+            && unquoted.matches("route_id=").count() == 1
+            && !unquoted.contains("forged"),
+        "{}",
+        terminated[0]
+    );
     let dropped = metrics.lines().any(|l| {
         l.starts_with("hcp_sense_deliveries_total{")
             && l.contains(r#"pack="tracker""#)

@@ -64,9 +64,12 @@ async def main():
             ticket = {"key": f"OPS-{i + 1}", "title": "t", "priority": "high", "reporter": "ann"}
             await js.publish(f"{subject}.ticket", json.dumps(ticket).encode(),
                              headers={"Nats-Msg-Id": f"t-{i}", "hcp-ref": "ticket.created", "hcp-principal": "alice"})
+        # Its id carries a space and `=`, as a hostile publisher's would: the server logs it
+        # without letting it forge a field of the log line.
         bad = {"key": "OPS-0", "title": "t", "priority": "urgent", "reporter": "ann"}
         await js.publish(f"{subject}.ticket", json.dumps(bad).encode(),
-                         headers={"Nats-Msg-Id": "t-bad", "hcp-ref": "ticket.created", "hcp-principal": "alice"})
+                         headers={"Nats-Msg-Id": "t-bad route_id=forged", "hcp-ref": "ticket.created",
+                                  "hcp-principal": "alice"})
         print(json.dumps({"published": int(count) + 1}))
     elif action == "add-stream":
         await js.add_stream(name=stream, subjects=subject.split(","))
