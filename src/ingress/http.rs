@@ -2,7 +2,6 @@
 use std::collections::BTreeMap;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -41,17 +40,8 @@ async fn receive(
     State(ingress): State<Ingress>,
     Path(route): Path<String>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Bytes,
 ) -> Response {
-    // A body over the limit is a malformed request like any other: answered 413 as before,
-    // and counted with the refusals.
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) => {
-            ingress.delivery.metrics.ingress_refused("http");
-            return rejection.into_response();
-        }
-    };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
