@@ -1,6 +1,7 @@
 //! The authentication and authorization layer: every call is authenticated (failed signatures bounded per address, never valid ones), checked against its method's roles, rate limited per caller, and its answer stream bounded by the caller's credential.
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -128,6 +129,9 @@ struct Buckets {
     >,
     /// How long one token takes to come back.
     per_token: Duration,
+    /// Takes so far: the key count is looked at every FORGET_EVERY of them, not on each
+    /// call (counting walks every shard of the limiter's map).
+    takes: AtomicU64,
     /// For a limiter asked "is one left": keys whose last take left their bucket empty, and
     /// when the next token is due.
     empty: Option<Mutex<HashMap<String, Instant>>>,
@@ -135,6 +139,8 @@ struct Buckets {
 
 /// Keys the limiter keeps before it forgets those whose buckets are full again.
 const MAX_KEYS: usize = 100_000;
+/// Takes between two looks at the number of keys.
+const FORGET_EVERY: u64 = 1024;
 
 impl RateLimiter {
     fn new(rate: f64) -> RateLimiter {
@@ -157,6 +163,7 @@ impl RateLimiter {
             Buckets {
                 limiter: governor::RateLimiter::keyed(quota).with_middleware(),
                 per_token,
+                takes: AtomicU64::new(0),
                 empty: peekable.then(|| Mutex::new(HashMap::new())),
             }
         });
@@ -172,7 +179,8 @@ impl RateLimiter {
         let Some(b) = &self.buckets else {
             return true;
         };
-        if b.limiter.len() > MAX_KEYS {
+        let takes = b.takes.fetch_add(1, Ordering::Relaxed);
+        if takes % FORGET_EVERY == FORGET_EVERY - 1 && b.limiter.len() > MAX_KEYS {
             // Forget callers whose buckets are full again rather than grow without bound.
             b.limiter.retain_recent();
             b.limiter.shrink_to_fit();
