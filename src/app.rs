@@ -78,6 +78,11 @@ impl App {
         crate::grpc::codec::install();
         let store = connect_waiting(&config.database, config.db_startup_wait).await?;
         schema_ready(&store, config.migrate).await?;
+        // Partitions for now and ahead before the first write (retention's passes keep them
+        // coming; a write that finds none has its own made).
+        if let Err(e) = store.make_partitions_ahead().await {
+            tracing::warn!(error = %e, "records partitions not made ahead at start");
+        }
         let pages = PageTokens::new(config.page_token_secret());
         let mut auth = Authenticator::from_config(&config.auth)?;
         let tls_files = config.tls.files()?;

@@ -304,14 +304,34 @@ pub struct StoreConfig {
         value_name = "N"
     )]
     pub max_connections: Option<u32>,
+
+    /// PostgreSQL: the time each records partition spans, in seconds of the database's clock
+    /// (at least 1). Partitions are made ahead at this width; retention drops them whole.
+    #[arg(
+        long = "record-partition-secs",
+        env = "HCP_SENSE_RECORD_PARTITION_SECS",
+        value_name = "SECS",
+        value_parser = partition_secs,
+        default_value = "86400"
+    )]
+    pub partition_width: Duration,
+}
+
+/// `--record-partition-secs`: whole seconds, at least 1.
+fn partition_secs(s: &str) -> Result<Duration, String> {
+    match secs(s)? {
+        d if d.is_zero() => Err("must be at least 1 second".to_owned()),
+        d => Ok(d),
+    }
 }
 
 impl StoreConfig {
-    /// The store at `url` with its default pool size.
+    /// The store at `url` with its default pool size and daily record partitions.
     pub fn at(url: impl Into<String>) -> StoreConfig {
         StoreConfig {
             url: SecretString::from(url.into()),
             max_connections: None,
+            partition_width: Duration::from_secs(86_400),
         }
     }
 }

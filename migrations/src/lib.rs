@@ -8,6 +8,7 @@ mod m20261201_000001_ingress_routes;
 mod m20261202_000001_filters_and_land_retention;
 mod m20261202_000002_ingress_deliveries;
 mod m20261202_000003_quotas;
+mod m20261203_000001_partitioned_records;
 
 /// Every migration, in the order it is applied.
 pub struct Migrator;
@@ -23,6 +24,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000001_filters_and_land_retention::Migration),
             Box::new(m20261202_000002_ingress_deliveries::Migration),
             Box::new(m20261202_000003_quotas::Migration),
+            Box::new(m20261203_000001_partitioned_records::Migration),
         ]
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::domain::model::Retention;
 use crate::metrics::Metrics;
 use crate::store::Lands;
-use crate::store::{now_micros, IngressTables, Store};
+use crate::store::{now_micros, IngressTables, RecordTables, Store};
 
 /// Rows deleted per transaction: small, so a batch of deliveries never waits long behind it.
 pub const PRUNE_BATCH: u64 = 250;
@@ -32,8 +32,20 @@ pub fn start<T: Send + Sync + 'static>(
             if alive.upgrade().is_none() {
                 return;
             }
-            let now = now_micros();
-            prune_ledger(&store.ingress_tables(), now).await;
+            prune_ledger(&store.ingress_tables(), now_micros()).await;
+            // Records' ages run on the clock that stamps them: the database's when they are
+            // partitioned (every replica alike, whatever its own clock), else this one's.
+            let now = if store.partitioned() {
+                match partitions(&store, &records, &metrics, &retention).await {
+                    Ok(now) => now,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "records partitions not kept; will retry");
+                        continue;
+                    }
+                }
+            } else {
+                now_micros()
+            };
             let mut passes: Vec<(Lands<'_>, i64)> = retention
                 .lands
                 .iter()
@@ -58,6 +70,38 @@ pub fn start<T: Send + Sync + 'static>(
             }
         }
     });
+}
+
+/// PostgreSQL's partitions: makes those ahead, drops those every land's retention has passed,
+/// and sweeps the trigger ledger's rows they left. Returns the database's clock.
+async fn partitions(
+    store: &Store,
+    records: &RecordTables,
+    metrics: &Metrics,
+    retention: &Retention,
+) -> crate::error::Result<i64> {
+    store.make_partitions_ahead().await?;
+    let now = store.db_now().await?;
+    if let Some(age) = retention.longest() {
+        let cutoff = now.saturating_sub(i64::try_from(age.as_micros()).unwrap_or(i64::MAX));
+        let started = std::time::Instant::now();
+        let dropped = records.drop_partitions_before(cutoff).await?;
+        if dropped.partitions > 0 {
+            metrics.records_deleted("retention", dropped.records);
+            tracing::info!(
+                partitions = dropped.partitions,
+                records = dropped.records,
+                statements = dropped.statements,
+                took_ms = started.elapsed().as_millis() as u64,
+                "dropped records partitions past retention"
+            );
+        }
+    }
+    let swept = in_batches("the trigger ledger", || records.sweep_ledger(PRUNE_BATCH)).await;
+    if swept > 0 {
+        tracing::debug!(swept, "swept trigger ids of dropped partitions");
+    }
+    Ok(now)
 }
 
 /// Deletes the ingress ledger's rows expired at `now`, a batch at a time.

@@ -6,6 +6,7 @@ pub mod fair;
 mod ingress;
 mod nodelay;
 mod packs;
+pub mod partitions;
 mod policy;
 pub(crate) mod quota;
 mod records;
@@ -486,6 +487,19 @@ pub(crate) fn classify(e: DbErr) -> Error {
     } else {
         tracing::error!(error = %e, "store error");
         Error::Internal("store error".into())
+    }
+}
+
+/// The SQLSTATE of a database error, when it is one.
+pub(crate) fn sqlstate(e: &DbErr) -> Option<String> {
+    match e {
+        DbErr::Exec(RuntimeErr::SqlxError(s)) | DbErr::Query(RuntimeErr::SqlxError(s)) => {
+            match s.as_ref() {
+                sqlx::Error::Database(d) => d.code().map(|c| c.into_owned()),
+                _ => None,
+            }
+        }
+        _ => None,
     }
 }
 

@@ -512,7 +512,7 @@ impl DeliveryTables {
         record: Option<&mut Record>,
     ) -> Result<()> {
         if let Some(r) = record {
-            super::sink::write_records(txn, self.engine(), std::slice::from_mut(r)).await?;
+            super::sink::write_records(txn, self, None, std::slice::from_mut(r)).await?;
         }
         Ok(())
     }

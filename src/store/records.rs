@@ -105,6 +105,40 @@ const TAIL_POSTGRES: &str = "WITH s AS (SELECT pg_current_snapshot() AS s), \
 /// so that a record acknowledged before the call is listed (see `horizon`).
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// PostgreSQL: deletes the records `chosen` selects (their `record_id, stored_time`) and,
+/// in the same statement, their trigger ids' ledger rows, so a trigger id is kept exactly as
+/// long as its record. Returns the records deleted.
+async fn delete_with_ledger(
+    db: &impl ConnectionTrait,
+    chosen: &str,
+    values: Vec<sea_orm::Value>,
+) -> Result<u64> {
+    let sql = format!(
+        "WITH gone AS ( \
+           DELETE FROM records r USING ({chosen}) AS o \
+           WHERE r.record_id = o.record_id AND r.stored_time = o.stored_time \
+           RETURNING r.pack_id, r.producer_trigger_id, r.record_id), \
+         unclaimed AS ( \
+           DELETE FROM record_triggers k USING gone g \
+           WHERE k.pack_id = g.pack_id AND k.producer_trigger_id = g.producer_trigger_id \
+             AND k.record_id = g.record_id) \
+         SELECT count(*) AS n FROM gone"
+    );
+    let n = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql,
+            values,
+        ))
+        .await
+        .map_err(classify)?
+        .map(|r| r.try_get::<i64>("", "n"))
+        .transpose()
+        .map_err(classify)?
+        .unwrap_or(0);
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
 impl RecordTables {
     /// Deletes, of the first `limit` records of `lands` in position order, those received before
     /// `cutoff`; returns how many. The scan is a range of the position index, never the
@@ -112,6 +146,27 @@ impl RecordTables {
     /// clock ran ahead only stays until its own time comes (the rest of the range goes).
     pub async fn prune_records(&self, cutoff: i64, lands: Lands<'_>, limit: u64) -> Result<u64> {
         use records::Column as C;
+        if self.partitioned() {
+            // By the database's clock, in the partitions retention has not dropped whole.
+            let (land, values): (&str, Vec<sea_orm::Value>) = match lands {
+                Lands::Only(land) => ("AND land = $3", vec![land.into()]),
+                Lands::Except(listed) if !listed.is_empty() => (
+                    "AND land NOT IN (SELECT jsonb_array_elements_text($3::jsonb))",
+                    vec![serde_json::to_string(listed).unwrap_or_default().into()],
+                ),
+                Lands::Except(_) => ("", vec![]),
+            };
+            let oldest = format!(
+                "SELECT record_id, stored_time FROM records WHERE stored_time < $1 {land} \
+                 ORDER BY commit_txid, seq LIMIT $2"
+            );
+            let mut all = vec![
+                cutoff.into(),
+                i64::try_from(limit).unwrap_or(i64::MAX).into(),
+            ];
+            all.extend(values);
+            return delete_with_ledger(&self.db, &oldest, all).await;
+        }
         let mut oldest = Query::select();
         oldest
             .column(C::RecordId)
@@ -171,12 +226,25 @@ impl RecordTables {
                 theirs.and_where(Expr::col(C::PackId).eq(p));
             }
             let w = self.begin_write().await?;
-            let n = records::Entity::delete_many()
-                .filter(C::RecordId.in_subquery(theirs.to_owned()))
-                .exec(&w.txn)
-                .await
-                .map_err(classify)?
-                .rows_affected;
+            let n = if self.partitioned() {
+                let (pack, mut values): (&str, Vec<sea_orm::Value>) = match pack_id {
+                    Some(p) => ("AND pack_id = $3", vec![p.into()]),
+                    None => ("", vec![]),
+                };
+                values.insert(0, principal.into());
+                values.insert(1, i64::try_from(batch).unwrap_or(i64::MAX).into());
+                let theirs = format!(
+                    "SELECT record_id, stored_time FROM records WHERE principal = $1 {pack} LIMIT $2"
+                );
+                delete_with_ledger(&w.txn, &theirs, values).await?
+            } else {
+                records::Entity::delete_many()
+                    .filter(C::RecordId.in_subquery(theirs.to_owned()))
+                    .exec(&w.txn)
+                    .await
+                    .map_err(classify)?
+                    .rows_affected
+            };
             total += n;
             // Done only when a batch finds none: on PostgreSQL a batch short of `batch` may
             // have skipped rows another deleter (retention, an erasure retried) held meanwhile.
@@ -625,6 +693,22 @@ impl DeliveryTables {
         pack_id: &str,
         trigger_id: &str,
     ) -> Result<Option<Record>> {
+        if self.partitioned() {
+            // The ledger names the record's partition: one key read and one partition's.
+            use sea_orm::FromQueryResult;
+            return records::Model::find_by_statement(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT r.* FROM record_triggers k \
+                 JOIN records r ON r.record_id = k.record_id AND r.stored_time = k.stored_time \
+                 WHERE k.pack_id = $1 AND k.producer_trigger_id = $2",
+                [pack_id.into(), trigger_id.into()],
+            ))
+            .one(&self.db)
+            .await
+            .map_err(classify)?
+            .map(record)
+            .transpose();
+        }
         records::Entity::find()
             .filter(records::Column::PackId.eq(pack_id))
             .filter(records::Column::ProducerTriggerId.eq(trigger_id))

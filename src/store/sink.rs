@@ -64,14 +64,28 @@ impl std::fmt::Debug for Job {
 const COLUMNS: &str = "record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time";
 
 /// PostgreSQL: the whole batch as one JSON parameter of one fixed statement, prepared once per
-/// connection and one round trip. `commit_txid` is the writing transaction's id, taken once;
-/// `seq` comes from the sequence's default.
-const INSERT_POSTGRES: &str = "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time, commit_txid) \
+/// connection and one round trip. A record with a trigger id first claims it in the ledger
+/// (`record_triggers`, whose primary key is the idempotency that the partitioned table cannot
+/// hold), and is inserted only when the claim is its own: new, or taking over a ledger row
+/// below the floor, whose record's partition retention has dropped or is dropping.
+/// `stored_time` is the database's clock (every replica the same partition); `commit_txid`
+/// the writing transaction's id, taken once; `seq` comes from the sequence's default.
+const INSERT_POSTGRES: &str = "WITH x AS ( \
+       SELECT *, (extract(epoch FROM statement_timestamp()) * 1000000)::bigint AS stored_time \
+       FROM jsonb_to_recordset($1::jsonb) AS x(record_id text, principal text, binding_id text, land text, pack_id text, \
+            ref text, payload text, route text, project text, producer_trigger_id text, received_time bigint)), \
+     claimed AS ( \
+       INSERT INTO record_triggers AS k (pack_id, producer_trigger_id, record_id, stored_time) \
+       SELECT pack_id, producer_trigger_id, record_id, stored_time FROM x WHERE producer_trigger_id IS NOT NULL \
+       ON CONFLICT (pack_id, producer_trigger_id) DO UPDATE \
+         SET record_id = excluded.record_id, stored_time = excluded.stored_time \
+         WHERE k.stored_time < (SELECT floor_time FROM record_floor) \
+       RETURNING k.record_id) \
+     INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, \
+            received_time, commit_txid, stored_time) \
      SELECT record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time, \
-            (SELECT pg_current_xact_id()::text::bigint) \
-     FROM jsonb_to_recordset($1::jsonb) AS x(record_id text, principal text, binding_id text, land text, pack_id text, ref text, \
-          payload text, route text, project text, producer_trigger_id text, received_time bigint) \
-     ON CONFLICT (pack_id, producer_trigger_id) DO NOTHING";
+            (SELECT pg_current_xact_id()::text::bigint), stored_time \
+     FROM x WHERE producer_trigger_id IS NULL OR record_id IN (SELECT record_id FROM claimed)";
 
 /// Most records in one batch.
 pub const MAX_BATCH: usize = 512;
@@ -336,10 +350,10 @@ impl DeliveryTables {
     /// statement in its own transaction: one round trip, committed when it answers.
     pub async fn insert_batch(&self, rs: &mut [Record]) -> Result<Vec<Stored>> {
         match self.engine() {
-            Engine::Postgres => write_records(&self.db, Engine::Postgres, rs).await,
+            Engine::Postgres => write_records(&self.db, self, Some(Retry), rs).await,
             Engine::Sqlite => {
                 let w = self.begin_write().await?;
-                let stored = write_records(&w.txn, Engine::Sqlite, rs).await?;
+                let stored = write_records(&w.txn, self, None, rs).await?;
                 w.commit().await?;
                 Ok(stored)
             }
@@ -354,9 +368,11 @@ impl DeliveryTables {
 /// up only when the insert skipped a row.
 pub(crate) async fn write_records(
     db: &impl ConnectionTrait,
-    engine: Engine,
+    store: &Store,
+    retry: Option<Retry>,
     rs: &mut [Record],
 ) -> Result<Vec<Stored>> {
+    let engine = store.engine();
     if rs.is_empty() {
         return Ok(Vec::new());
     }
@@ -364,14 +380,14 @@ pub(crate) async fn write_records(
         super::stamp(r);
     }
     let inserted = match engine {
-        Engine::Postgres => insert_postgres(db, rs).await?,
+        Engine::Postgres => insert_postgres(db, store, retry, rs).await?,
         Engine::Sqlite => insert_sqlite(db, rs).await?,
     };
     // None: every row was inserted and nothing was looked up.
     let firsts = if inserted == rs.len() as u64 {
         None
     } else {
-        Some(firsts(db, rs).await?)
+        Some(firsts(db, engine, rs).await?)
     };
     rs.iter()
         .map(|r| {
@@ -401,6 +417,11 @@ pub(crate) async fn write_records(
         .collect()
 }
 
+/// Whether a write stands alone, so that it may be written again after a missing partition
+/// is made; within a caller's transaction it may not (the transaction is spent).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Retry;
+
 /// A record as the PostgreSQL insert reads it from the batch's JSON.
 #[derive(serde::Serialize)]
 struct Row<'a> {
@@ -418,11 +439,21 @@ struct Row<'a> {
 }
 
 /// One statement, one round trip; returns how many rows it inserted. Rows go in (pack,
-/// trigger id) order, so concurrent writers take unique-key locks in one order and never
-/// deadlock on them.
-async fn insert_postgres(db: &impl ConnectionTrait, rs: &[Record]) -> Result<u64> {
+/// trigger id) order, so concurrent writers take the ledger's key locks in one order and never
+/// deadlock on them; a trigger id repeated in the batch is sent once (its first record), as
+/// one statement may claim a ledger key only once. A row that finds no partition (none was
+/// made ahead for the database's clock) has it made, and the batch is written again.
+async fn insert_postgres(
+    db: &impl ConnectionTrait,
+    store: &Store,
+    retry: Option<Retry>,
+    rs: &[Record],
+) -> Result<u64> {
     let mut order: Vec<&Record> = rs.iter().collect();
     order.sort_by(|a, b| (&a.pack_id, &a.trigger_id).cmp(&(&b.pack_id, &b.trigger_id)));
+    order.dedup_by(|b, a| {
+        a.trigger_id.is_some() && (&a.pack_id, &a.trigger_id) == (&b.pack_id, &b.trigger_id)
+    });
     let rows: Vec<Row<'_>> = order
         .iter()
         .map(|r| Row {
@@ -441,14 +472,27 @@ async fn insert_postgres(db: &impl ConnectionTrait, rs: &[Record]) -> Result<u64
         .collect();
     let batch = serde_json::to_string(&rows)
         .map_err(|e| Error::Internal(format!("batch not encoded: {e}")))?;
-    let done = db
-        .execute_raw(Statement::from_sql_and_values(
+    let insert = || {
+        db.execute_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
             INSERT_POSTGRES,
-            [batch.into()],
+            [batch.clone().into()],
         ))
-        .await
-        .map_err(classify)?;
+    };
+    let done = match insert().await {
+        Err(e) if super::sqlstate(&e).as_deref() == Some(super::partitions::NO_PARTITION) => {
+            store.repair_partition().await?;
+            if retry.is_none() {
+                // The caller's transaction is spent; it is retried whole.
+                return Err(Error::Unavailable(
+                    "no records partition for now had been made; it is now: retry".into(),
+                ));
+            }
+            insert().await
+        }
+        done => done,
+    }
+    .map_err(classify)?;
     Ok(done.rows_affected())
 }
 
@@ -555,15 +599,38 @@ impl FirstRecord {
     }
 }
 
-/// The first records of every record in the batch that carries a trigger id.
-async fn firsts(txn: &impl ConnectionTrait, rs: &[Record]) -> Result<Vec<FirstRecord>> {
+/// The first records of every record in the batch that carries a trigger id. On PostgreSQL
+/// through the ledger, which names each record's partition, so each is one partition's read.
+async fn firsts(
+    txn: &impl ConnectionTrait,
+    engine: Engine,
+    rs: &[Record],
+) -> Result<Vec<FirstRecord>> {
     use records::Column as C;
+    use sea_orm::FromQueryResult;
     let keys: Vec<(String, String)> = rs
         .iter()
         .filter_map(|r| r.trigger_id.clone().map(|t| (r.pack_id.clone(), t)))
         .collect();
     if keys.is_empty() {
         return Ok(Vec::new());
+    }
+    if engine == Engine::Postgres {
+        let keys: Vec<serde_json::Value> = keys
+            .into_iter()
+            .map(|(p, t)| serde_json::json!({ "pack_id": p, "producer_trigger_id": t }))
+            .collect();
+        return FirstRecord::find_by_statement(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT q.pack_id, q.producer_trigger_id, r.record_id, r.route, r.principal, r.ref, r.land \
+             FROM jsonb_to_recordset($1::jsonb) AS q(pack_id text, producer_trigger_id text) \
+             JOIN record_triggers k ON k.pack_id = q.pack_id AND k.producer_trigger_id = q.producer_trigger_id \
+             JOIN records r ON r.record_id = k.record_id AND r.stored_time = k.stored_time",
+            [serde_json::Value::Array(keys).into()],
+        ))
+        .all(txn)
+        .await
+        .map_err(classify);
     }
     records::Entity::find()
         .select_only()

@@ -1,0 +1,350 @@
+//! The partitions of PostgreSQL's `records`: made ahead, made at once when a write finds none, dropped whole when retention passes them, and the trigger ledger's rows swept after them.
+//!
+//! A partition `records_<lower>_<upper>` holds the records the database stored in
+//! [lower, upper), microseconds of its own clock (`stored_time`). docs/partitions.md says why.
+use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+
+use super::{classify, Engine, RecordTables, Store};
+use crate::error::Result;
+
+/// Partitions made ahead of the database's clock, besides the one it is in.
+pub const AHEAD: i64 = 2;
+
+/// Longest a partition's DDL waits for a lock before giving up until the next pass: making one
+/// queues behind a long listing, and every write would queue behind it.
+const DDL_LOCK_TIMEOUT: &str = "2s";
+
+/// The database's clock, in microseconds: the one `stored_time` is written in.
+const DB_NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now";
+
+/// SQLSTATE of a row that fits no partition.
+pub(crate) const NO_PARTITION: &str = "23514";
+
+/// An attached partition's range, in microseconds of the database's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partition {
+    pub lower: i64,
+    pub upper: i64,
+}
+
+impl Partition {
+    fn name(&self) -> String {
+        format!("records_{}_{}", self.lower, self.upper)
+    }
+
+    /// The range a table named by `name` holds, when it is one of ours.
+    fn parse(name: &str) -> Option<Partition> {
+        let (lower, upper) = name.strip_prefix("records_")?.split_once('_')?;
+        let (lower, upper) = (lower.parse().ok()?, upper.parse().ok()?);
+        (lower < upper).then_some(Partition { lower, upper })
+    }
+}
+
+/// The range to make so that `t` has a partition: the width-aligned one around it, cut back
+/// where it would overlap a partition that exists. None when `t` already has one.
+pub fn range_for(t: i64, width: i64, existing: &[Partition]) -> Option<Partition> {
+    if existing.iter().any(|p| p.lower <= t && t < p.upper) {
+        return None;
+    }
+    let lower = t.div_euclid(width) * width;
+    let upper = lower.saturating_add(width);
+    let lower = existing
+        .iter()
+        .map(|p| p.upper)
+        .filter(|u| *u <= t)
+        .fold(lower, i64::max);
+    let upper = existing
+        .iter()
+        .map(|p| p.lower)
+        .filter(|l| *l > t)
+        .fold(upper, i64::min);
+    Some(Partition { lower, upper })
+}
+
+/// What one retention pass did to the partitions.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Dropped {
+    pub partitions: u64,
+    pub records: u64,
+    /// SQL statements the drops took.
+    pub statements: u64,
+}
+
+impl Store {
+    /// True when records are partitioned: PostgreSQL.
+    pub fn partitioned(&self) -> bool {
+        self.engine() == Engine::Postgres
+    }
+
+    /// The partition width, in microseconds.
+    pub fn partition_width(&self) -> i64 {
+        i64::try_from(self.config.partition_width.as_micros())
+            .unwrap_or(i64::MAX)
+            .max(1_000_000)
+    }
+
+    /// The database's clock, in microseconds.
+    pub async fn db_now(&self) -> Result<i64> {
+        let row = self
+            .db
+            .query_one_raw(Statement::from_string(DbBackend::Postgres, DB_NOW))
+            .await
+            .map_err(classify)?;
+        row.map(|r| r.try_get::<i64>("", "now"))
+            .transpose()
+            .map_err(classify)?
+            .ok_or_else(|| crate::error::Error::Internal("no clock".into()))
+    }
+
+    /// The partitions attached to `records`, oldest first.
+    pub async fn partitions(&self) -> Result<Vec<Partition>> {
+        let rows = self
+            .db
+            .query_all_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "SELECT c.relname::text AS name FROM pg_inherits i \
+                 JOIN pg_class c ON c.oid = i.inhrelid \
+                 WHERE i.inhparent = 'records'::regclass AND NOT i.inhdetachpending",
+            ))
+            .await
+            .map_err(classify)?;
+        let mut out: Vec<Partition> = rows
+            .iter()
+            .filter_map(|r| r.try_get::<String>("", "name").ok())
+            .filter_map(|n| Partition::parse(&n))
+            .collect();
+        out.sort_by_key(|p| p.lower);
+        Ok(out)
+    }
+
+    /// Makes the partition that `t` (the database's clock) falls in, when it has none. Made
+    /// apart and then attached: attaching locks `records` only against other DDL, where
+    /// `CREATE … PARTITION OF` would lock out every write while it waited.
+    async fn cover(&self, t: i64, existing: &mut Vec<Partition>) -> Result<bool> {
+        let Some(p) = range_for(t, self.partition_width(), existing) else {
+            return Ok(false);
+        };
+        let name = p.name();
+        let made = async {
+            let txn = self.db.begin().await?;
+            for sql in [
+                format!("SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'"),
+                format!("CREATE TABLE IF NOT EXISTS {name} (LIKE records INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"),
+                format!(
+                    "ALTER TABLE records ATTACH PARTITION {name} FOR VALUES FROM ({}) TO ({})",
+                    p.lower, p.upper
+                ),
+            ] {
+                txn.execute_unprepared(&sql).await?;
+            }
+            txn.commit().await
+        };
+        if let Err(e) = made.await {
+            // Another replica may have made it (or an overlapping one) first.
+            *existing = self.partitions().await?;
+            if range_for(t, self.partition_width(), existing).is_none() {
+                return Ok(false);
+            }
+            return Err(classify(e));
+        }
+        tracing::info!(partition = %name, "made a records partition");
+        existing.push(p);
+        existing.sort_by_key(|p| p.lower);
+        Ok(true)
+    }
+
+    /// Makes the partitions for now and AHEAD widths after, where missing. Returns how many.
+    pub async fn make_partitions_ahead(&self) -> Result<u64> {
+        if !self.partitioned() {
+            return Ok(0);
+        }
+        let now = self.db_now().await?;
+        let mut existing = self.partitions().await?;
+        let mut made = 0;
+        for k in 0..=AHEAD {
+            let t = now.saturating_add(k.saturating_mul(self.partition_width()));
+            made += u64::from(self.cover(t, &mut existing).await?);
+        }
+        Ok(made)
+    }
+
+    /// After a write found no partition for its row: makes the one for the database's clock
+    /// now (the row's time, or a moment after it, which is where the retry goes).
+    pub(crate) async fn repair_partition(&self) -> Result<()> {
+        let now = self.db_now().await?;
+        let mut existing = self.partitions().await?;
+        if self.cover(now, &mut existing).await? {
+            tracing::warn!("a write found no records partition for now; made it");
+        }
+        Ok(())
+    }
+}
+
+impl RecordTables {
+    /// Drops every partition whose records are all older than `cutoff` (the database's
+    /// clock): raises the ledger's floor past it (its trigger ids may be taken again), detaches
+    /// it concurrently (writers never wait) and drops it. Also finishes a detach a crash
+    /// interrupted. O(partitions) statements, whatever the records in them.
+    pub async fn drop_partitions_before(&self, cutoff: i64) -> Result<Dropped> {
+        let mut done = Dropped::default();
+        for name in self.detached_leftovers().await? {
+            self.finish_detached(&name, &mut done).await?;
+        }
+        for p in self.partitions().await? {
+            if p.upper > cutoff {
+                break;
+            }
+            let name = p.name();
+            self.db
+                .execute_raw(Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    "UPDATE record_floor SET floor_time = greatest(floor_time, $1)",
+                    [p.upper.into()],
+                ))
+                .await
+                .map_err(classify)?;
+            self.db
+                .execute_unprepared(&format!(
+                    "ALTER TABLE records DETACH PARTITION {name} CONCURRENTLY"
+                ))
+                .await
+                .map_err(classify)?;
+            done.statements += 2;
+            self.finish_detached(&name, &mut done).await?;
+            tracing::info!(partition = %name, "dropped a records partition past retention");
+        }
+        Ok(done)
+    }
+
+    /// Our partitions no longer attached (a drop interrupted after its detach), or whose
+    /// concurrent detach was interrupted.
+    async fn detached_leftovers(&self) -> Result<Vec<String>> {
+        let rows = self
+            .db
+            .query_all_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "SELECT c.relname::text AS name FROM pg_class c \
+                 LEFT JOIN pg_inherits i ON i.inhrelid = c.oid \
+                 WHERE c.relkind = 'r' AND c.relname ~ '^records_[0-9]+_[0-9]+$' \
+                   AND pg_table_is_visible(c.oid) \
+                   AND (i.inhrelid IS NULL OR i.inhdetachpending)",
+            ))
+            .await
+            .map_err(classify)?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| r.try_get::<String>("", "name").ok())
+            .filter(|n| Partition::parse(n).is_some())
+            .collect())
+    }
+
+    /// Counts a detached partition's records and drops it; finalizes the detach first when
+    /// a crash left it pending.
+    async fn finish_detached(&self, name: &str, done: &mut Dropped) -> Result<()> {
+        let pending = self
+            .db
+            .query_one_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                 WHERE c.relname = $1 AND i.inhdetachpending) AS pending",
+                [name.into()],
+            ))
+            .await
+            .map_err(classify)?
+            .map(|r| r.try_get::<bool>("", "pending"))
+            .transpose()
+            .map_err(classify)?
+            .unwrap_or(false);
+        if pending {
+            self.db
+                .execute_unprepared(&format!(
+                    "ALTER TABLE records DETACH PARTITION {name} FINALIZE"
+                ))
+                .await
+                .map_err(classify)?;
+            done.statements += 1;
+        }
+        let count = self
+            .db
+            .query_one_raw(Statement::from_string(
+                DbBackend::Postgres,
+                format!("SELECT count(*) AS n FROM {name}"),
+            ))
+            .await
+            .map_err(classify)?
+            .map(|r| r.try_get::<i64>("", "n"))
+            .transpose()
+            .map_err(classify)?
+            .unwrap_or(0);
+        self.db
+            .execute_unprepared(&format!("DROP TABLE {name}"))
+            .await
+            .map_err(classify)?;
+        done.statements += 2;
+        done.partitions += 1;
+        done.records += u64::try_from(count).unwrap_or(0);
+        Ok(())
+    }
+
+    /// Deletes up to `limit` ledger rows below the floor (their records' partitions are
+    /// gone); returns how many.
+    pub async fn sweep_ledger(&self, limit: u64) -> Result<u64> {
+        let done = self
+            .db
+            .execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "DELETE FROM record_triggers k USING ( \
+                   SELECT pack_id, producer_trigger_id FROM record_triggers \
+                   WHERE stored_time < (SELECT floor_time FROM record_floor) LIMIT $1) AS old \
+                 WHERE k.pack_id = old.pack_id AND k.producer_trigger_id = old.producer_trigger_id",
+                [i64::try_from(limit).unwrap_or(i64::MAX).into()],
+            ))
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: i64 = 100;
+
+    fn p(lower: i64, upper: i64) -> Partition {
+        Partition { lower, upper }
+    }
+
+    #[test]
+    fn a_time_with_a_partition_needs_none() {
+        assert_eq!(range_for(150, W, &[p(100, 200)]), None);
+        assert_eq!(range_for(100, W, &[p(100, 200)]), None);
+    }
+
+    #[test]
+    fn a_missing_partition_is_the_aligned_one() {
+        assert_eq!(range_for(250, W, &[p(100, 200)]), Some(p(200, 300)));
+        assert_eq!(range_for(200, W, &[]), Some(p(200, 300)));
+        assert_eq!(range_for(-1, W, &[]), Some(p(-100, 0)));
+    }
+
+    #[test]
+    fn a_missing_partition_is_cut_back_to_its_neighbours() {
+        // A partition of another width ends mid-way: the new one starts where it ends.
+        assert_eq!(range_for(270, W, &[p(100, 250)]), Some(p(250, 300)));
+        // And one starting mid-way ends the new one there.
+        assert_eq!(range_for(210, W, &[p(240, 400)]), Some(p(200, 240)));
+        assert_eq!(
+            range_for(245, W, &[p(0, 240), p(260, 400)]),
+            Some(p(240, 260))
+        );
+    }
+
+    #[test]
+    fn only_our_names_parse() {
+        assert_eq!(Partition::parse("records_100_200"), Some(p(100, 200)));
+        assert_eq!(Partition::parse("records_200_100"), None);
+        assert_eq!(Partition::parse("records_unpartitioned"), None);
+        assert_eq!(Partition::parse("record_triggers"), None);
+    }
+}
