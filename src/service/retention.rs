@@ -9,6 +9,8 @@ use crate::store::{now_micros, IngressTables, RecordTables, Store};
 
 /// Rows deleted per transaction: small, so a batch of deliveries never waits long behind it.
 pub const PRUNE_BATCH: u64 = 250;
+/// Trigger-ledger rows swept per transaction: narrow rows of one table, so more at a time.
+pub const LEDGER_BATCH: u64 = 2_000;
 /// The pause between two batches, for the deliveries waiting on the writer's turn.
 pub const BATCH_PAUSE: Duration = Duration::from_millis(20);
 
@@ -58,7 +60,7 @@ pub fn start<T: Send + Sync + 'static>(
             }
             for (lands, cutoff) in passes {
                 let (records, metrics) = (&records, &metrics);
-                let total = in_batches("records", || async move {
+                let total = in_batches("records", PRUNE_BATCH, || async move {
                     let n = records.prune_records(cutoff, lands, PRUNE_BATCH).await?;
                     metrics.records_deleted("retention", n);
                     Ok(n)
@@ -97,7 +99,10 @@ async fn partitions(
             );
         }
     }
-    let swept = in_batches("the trigger ledger", || records.sweep_ledger(PRUNE_BATCH)).await;
+    let swept = in_batches("the trigger ledger", LEDGER_BATCH, || {
+        records.sweep_ledger(LEDGER_BATCH)
+    })
+    .await;
     if swept > 0 {
         tracing::debug!(swept, "swept trigger ids of dropped partitions");
     }
@@ -106,7 +111,7 @@ async fn partitions(
 
 /// Deletes the ingress ledger's rows expired at `now`, a batch at a time.
 async fn prune_ledger(store: &IngressTables, now: i64) {
-    let total = in_batches("the ingress ledger", || {
+    let total = in_batches("the ingress ledger", PRUNE_BATCH, || {
         store.prune_ingress_deliveries(now, PRUNE_BATCH)
     })
     .await;
@@ -115,9 +120,9 @@ async fn prune_ledger(store: &IngressTables, now: i64) {
     }
 }
 
-/// Runs `batch` (which deletes at most PRUNE_BATCH rows) until it deletes fewer, pausing
+/// Runs `batch` (which deletes at most `size` rows) until it deletes fewer, pausing
 /// BATCH_PAUSE between; a failure ends the pass (the next retries). Returns rows deleted.
-async fn in_batches<F>(what: &str, mut batch: impl FnMut() -> F) -> u64
+async fn in_batches<F>(what: &str, size: u64, mut batch: impl FnMut() -> F) -> u64
 where
     F: std::future::Future<Output = crate::error::Result<u64>>,
 {
@@ -126,7 +131,7 @@ where
         match batch().await {
             Ok(n) => {
                 total += n;
-                if n < PRUNE_BATCH {
+                if n < size {
                     return total;
                 }
                 tokio::time::sleep(BATCH_PAUSE).await;

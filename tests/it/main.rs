@@ -18,6 +18,7 @@ mod ingress;
 mod migrations;
 mod nats;
 mod packs;
+mod partitions;
 mod position;
 mod quota;
 mod security;

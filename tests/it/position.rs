@@ -15,7 +15,11 @@ use crate::helpers::{StoreKind, TestDb};
 use crate::support::served::{Served, BIN};
 
 /// One page of an unfiltered, ascending listing.
-async fn list_page(ch: &Channel, page_size: i32, token: &str) -> pb::ListRecordsResponse {
+pub(crate) async fn list_page(
+    ch: &Channel,
+    page_size: i32,
+    token: &str,
+) -> pb::ListRecordsResponse {
     RecordServiceClient::new(ch.clone())
         .list_records(pb::ListRecordsRequest {
             page_size,
@@ -28,7 +32,7 @@ async fn list_page(ch: &Channel, page_size: i32, token: &str) -> pb::ListRecords
 }
 
 /// Every record id of an ascending listing, page by page from `token`, until it ends.
-async fn list_all(ch: &Channel, page_size: i32, mut token: String) -> Vec<String> {
+pub(crate) async fn list_all(ch: &Channel, page_size: i32, mut token: String) -> Vec<String> {
     let mut ids = Vec::new();
     loop {
         let page = list_page(ch, page_size, &token).await;
@@ -216,10 +220,26 @@ on_both_stores!(migration_keeps_receive_order_of_earlier_records => migration_ke
 /// are not behind the reader's cursor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_one_clock_behind_list_without_skips_or_repeats_postgres() {
+    two_replicas_one_clock_behind(&[]).await;
+}
+
+/// The same with records partitions one second wide: the listing pages across a partition
+/// boundary every second, the lagging replica writes into the partitions of the database's
+/// clock, and partitions the writes outrun are made by the writes that find none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_one_clock_behind_list_across_partitions_postgres() {
+    let db = two_replicas_one_clock_behind(&["--record-partition-secs", "1"]).await;
+    let spanned = crate::partitions::partitions_holding_records(&db).await;
+    assert!(spanned >= 3, "the records span {spanned} partitions");
+}
+
+async fn two_replicas_one_clock_behind(extra: &[&str]) -> TestDb {
     let db = TestDb::create(StoreKind::Postgres).await;
     // Page tokens cross replicas that share their key.
-    let key = ["--page-token-secret", "one-key-for-both-replicas"];
-    let ahead = Served::start(&db.url, &key);
+    let mut key = vec!["--page-token-secret", "one-key-for-both-replicas"];
+    key.extend(extra);
+    let key = &key[..];
+    let ahead = Served::start(&db.url, key);
     let ch_ahead = connect(&ahead.addr).await;
     set_up_weather(&ch_ahead).await;
     // libfaketime, preloaded into the server itself (Debian's faketime): the `faketime`
@@ -338,6 +358,7 @@ async fn two_replicas_one_clock_behind_list_without_skips_or_repeats_postgres() 
         (4000..6000).contains(&lag_ms),
         "the lagging replica's records are {lag_ms} ms behind on average"
     );
+    db
 }
 
 /// Debian's libfaketime (package faketime), which .ci/run installs.

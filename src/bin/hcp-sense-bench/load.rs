@@ -46,7 +46,15 @@ pub enum Load {
     Recorded,
     /// Never granted: dropped with no_grant after the pack and ref are found.
     Dropped,
+    /// As Recorded, each with a trigger id never sent before: the idempotency ledger's path.
+    RecordedKeyed,
+    /// As Dropped, each with a trigger id never sent before: the drop looks the id up first.
+    DroppedKeyed,
 }
+
+/// Trigger ids of the keyed loads: unique within the run (and across runs, by its start).
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static RUN: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
 
 /// The shape of the population the load addresses: principal `p` is on pack `p % packs`.
 #[derive(Clone, Copy)]
@@ -59,8 +67,21 @@ pub struct Population {
 pub fn trigger(i: usize, pop: Population, load: Load) -> DeliverTriggerRequest {
     let p = i % pop.principals.max(1);
     let principal = match load {
-        Load::Dropped => format!("stranger-{p}"),
+        Load::Dropped | Load::DroppedKeyed => format!("stranger-{p}"),
         _ => format!("principal-{p}"),
+    };
+    let trigger_id = match load {
+        Load::RecordedKeyed | Load::DroppedKeyed => format!(
+            "k-{:x}-{}",
+            RUN.get_or_init(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_micros())
+                    .unwrap_or(0)
+            }),
+            NEXT_ID.fetch_add(1, Ordering::Relaxed)
+        ),
+        _ => String::new(),
     };
     let field = |k: Kind| Value { kind: Some(k) };
     DeliverTriggerRequest {
@@ -94,6 +115,7 @@ pub fn trigger(i: usize, pop: Population, load: Load) -> DeliverTriggerRequest {
             .into_iter()
             .collect(),
         })),
+        trigger_id,
         ..Default::default()
     }
 }

@@ -12,6 +12,7 @@ mod nats;
 mod nodelay;
 mod proxy;
 mod report;
+mod scale;
 mod seed;
 mod server;
 mod telemetry;
@@ -73,6 +74,10 @@ struct Options {
     /// Records seeded (bulk path) for the ListRecords phase (0 skips).
     #[arg(long, default_value_t = 1_000_000)]
     list_records: usize,
+    /// Records seeded (bulk path) over 30 daily partitions for the PostgreSQL scale phase:
+    /// a retention pass dropping 9 of them under load, ListRecords, trigger-id lookups (0 skips).
+    #[arg(long, default_value_t = 10_000_000)]
+    scale_records: usize,
     /// Expired records seeded (bulk path) for the retention phase (0 skips).
     #[arg(long, default_value_t = 200_000)]
     retention_records: usize,
@@ -275,6 +280,9 @@ async fn run(o: &Options) -> anyhow::Result<()> {
     }
     if o.list_records > 0 {
         list_records(o).await?;
+    }
+    if o.scale_records > 0 && o.stores.iter().any(|s| s == "postgres") {
+        scale::scale_phase(o, o.scale_records).await?;
     }
     if o.retention_records > 0 {
         retention(o).await?;

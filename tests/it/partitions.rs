@@ -1,0 +1,373 @@
+//! Records partitioned on PostgreSQL: listing, idempotency and erasure across partition boundaries, retention by whole partitions, a write that finds no partition, and the conversion of an unpartitioned table by `migrate up`.
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use hcp_sense::grpc::pb::{self, ListRecordsRequest};
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+
+use crate::helpers::{http_get, spawn_app_with, StoreKind, TestApp, TestDb};
+use crate::sense::{deliver, opened, ready};
+
+/// One scalar of a query on the test's database.
+async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
+    db.query_one_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await
+        .expect("query")
+        .expect("a row")
+        .try_get_by_index::<i64>(0)
+        .expect("a number")
+}
+
+/// How many partitions hold a record.
+pub(crate) async fn partitions_holding_records(db: &TestDb) -> i64 {
+    scalar(
+        &db.connect().await,
+        "SELECT count(DISTINCT tableoid)::bigint FROM records",
+    )
+    .await
+}
+
+/// Partitions attached to `records`.
+async fn attached(db: &DatabaseConnection) -> i64 {
+    scalar(
+        db,
+        "SELECT count(*)::bigint FROM pg_inherits WHERE inhparent = 'records'::regclass",
+    )
+    .await
+}
+
+/// A server on PostgreSQL with records partitions one second wide, and alice and bob set up.
+async fn one_second_partitions(adjust: impl FnOnce(&mut hcp_sense::config::Config)) -> TestApp {
+    let mut app = spawn_app_with(StoreKind::Postgres, |c| {
+        c.database.partition_width = Duration::from_secs(1);
+        c.prune_interval = Duration::from_secs(1);
+        adjust(c);
+    })
+    .await;
+    ready(&mut app, "alice").await;
+    ready(&mut app, "bob").await;
+    app
+}
+
+fn keyed(principal: &str, id: &str) -> pb::DeliverTriggerRequest {
+    let mut t = opened(principal);
+    t.trigger_id = id.into();
+    t
+}
+
+/// Every record id of a principal's ascending listing, `page_size` at a time.
+async fn list_ids(app: &mut TestApp, principal: &str, page_size: i32) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = app
+            .records
+            .list_records(ListRecordsRequest {
+                principal: principal.into(),
+                page_size,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("list")
+            .into_inner();
+        ids.extend(page.records.into_iter().map(|r| r.record_id));
+        if page.next_page_token.is_empty() {
+            return ids;
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// Records written across at least three partitions: a listing paged 4 at a time returns each
+/// exactly once in the order they were acknowledged; every trigger id delivered again, from
+/// a later partition, is answered with its first record and writes nothing; the same new id
+/// sent six times at once, round after round across the boundaries, is recorded once; an
+/// erasure reaches every partition and takes the erased records' trigger ids with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_across_partitions_list_dedupe_and_erase_exactly_postgres() {
+    let mut app = one_second_partitions(|_| {}).await;
+    let mut acked: Vec<(String, String, String)> = Vec::new();
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < Duration::from_millis(3300) {
+        let who = if i % 2 == 0 { "alice" } else { "bob" };
+        let id = format!("t-{i}");
+        let r = deliver(&mut app, keyed(who, &id)).await;
+        assert!(!r.duplicate);
+        acked.push((who.into(), id, r.record_id));
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let spanned = partitions_holding_records(&app.test_db).await;
+    assert!(spanned >= 3, "the records span {spanned} partitions");
+
+    for who in ["alice", "bob"] {
+        let want: Vec<String> = acked
+            .iter()
+            .filter(|(w, _, _)| w == who)
+            .map(|(_, _, r)| r.clone())
+            .collect();
+        assert_eq!(list_ids(&mut app, who, 4).await, want, "{who}'s listing");
+    }
+
+    let before = app.count("records").await;
+    for (who, id, record_id) in &acked {
+        let again = deliver(&mut app, keyed(who, id)).await;
+        assert!(again.duplicate, "{id} delivered again is a duplicate");
+        assert_eq!(
+            &again.record_id, record_id,
+            "{id} is answered its first record"
+        );
+    }
+    assert_eq!(app.count("records").await, before);
+
+    for round in 0..12 {
+        let id = format!("c-{round}");
+        let mut sends = Vec::new();
+        for k in 0..6u64 {
+            let mut ingest = app.ingest.clone();
+            let t = keyed("alice", &id);
+            sends.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(k * 30)).await;
+                ingest.deliver_trigger(t).await.map(|r| r.into_inner())
+            }));
+        }
+        let mut ids = BTreeSet::new();
+        for s in sends {
+            let r = s.await.expect("task").expect("acknowledged");
+            ids.insert(r.record_id);
+        }
+        assert_eq!(ids.len(), 1, "round {round}: one record for one trigger id");
+    }
+    assert_eq!(app.count("records").await, before + 12);
+    assert_eq!(app.count("record_triggers").await, before + 12);
+
+    app.records
+        .erase_records(pb::EraseRecordsRequest {
+            principal: "alice".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("erase");
+    assert!(list_ids(&mut app, "alice", 50).await.is_empty());
+    let bobs = acked.iter().filter(|(w, _, _)| w == "bob").count() as i64;
+    assert_eq!(app.count("records").await, bobs);
+    assert_eq!(
+        app.count("record_triggers").await,
+        bobs,
+        "an erased record's trigger id goes with it"
+    );
+    // An erased trigger id may be recorded again.
+    let (_, id, old) = acked.iter().find(|(w, _, _)| w == "alice").expect("one");
+    let anew = deliver(&mut app, keyed("alice", id)).await;
+    assert!(!anew.duplicate);
+    assert_ne!(&anew.record_id, old);
+}
+
+/// Retention of 3 s over one-second partitions: expired partitions are detached and dropped
+/// whole (they do not accumulate, and no DEFAULT partition exists to block a concurrent
+/// detach), records younger than the age stay, the count of records deleted covers the
+/// dropped ones, and a trigger id whose record was dropped may be recorded anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_drops_whole_partitions_postgres() {
+    let mut app = one_second_partitions(|c| {
+        c.record_retention = Some(Duration::from_secs(3));
+    })
+    .await;
+    let mut old = Vec::new();
+    for i in 0..12 {
+        old.push(
+            deliver(&mut app, keyed("alice", &format!("old-{i}")))
+                .await
+                .record_id,
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while app.count("records").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "expired records were not removed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Writes go on while partitions come and go; none younger than the age is removed.
+    let mut young = Vec::new();
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        young.push(deliver(&mut app, opened("bob")).await.record_id);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let listed: BTreeSet<String> = list_ids(&mut app, "bob", 100).await.into_iter().collect();
+        let first_kept = young.len().saturating_sub(20);
+        for id in &young[first_kept..] {
+            assert!(listed.contains(id), "a record younger than 2 s was removed");
+        }
+    }
+    let db = &app.db;
+    // Retention age 3 s, one partition of 1 s straddling the cutoff, now's and two ahead.
+    let count = attached(db).await;
+    assert!(
+        count <= 8,
+        "{count} partitions attached: expired ones are dropped"
+    );
+    let oldest_age_ms = scalar(
+        db,
+        "SELECT ((extract(epoch FROM clock_timestamp()) * 1000000)::bigint - min(lower)) / 1000 FROM ( \
+           SELECT split_part(c.relname, '_', 2)::bigint AS lower FROM pg_inherits i \
+           JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'records'::regclass) p",
+    )
+    .await;
+    assert!(
+        oldest_age_ms < 6000,
+        "the oldest partition kept starts {oldest_age_ms} ms ago"
+    );
+    assert_eq!(
+        scalar(
+            db,
+            "SELECT partdefid::bigint FROM pg_partitioned_table WHERE partrelid = 'records'::regclass"
+        )
+        .await,
+        0,
+        "no DEFAULT partition"
+    );
+    let metrics = http_get(&format!("http://{}/metrics", app.metrics_addr));
+    let deleted: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("hcp_sense_records_deleted_total{cause=\"retention\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(deleted >= 12, "records deleted by retention: {deleted}");
+    // The ledger keeps no trigger id of a dropped record.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count("record_triggers").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "dropped records' trigger ids stay in the ledger"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let anew = deliver(&mut app, keyed("alice", "old-0")).await;
+    assert!(
+        !anew.duplicate,
+        "a dropped record's trigger id is recorded anew"
+    );
+    assert!(!old.contains(&anew.record_id));
+}
+
+/// Every partition gone (an operator's mistake, or partitions never made ahead): the next
+/// write makes the one for now and is acknowledged with its record stored, not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_finds_no_partition_has_one_made_postgres() {
+    let mut app = spawn_app_with(StoreKind::Postgres, |_| {}).await;
+    ready(&mut app, "alice").await;
+    let first = deliver(&mut app, keyed("alice", "before")).await;
+    app.db
+        .execute_unprepared(
+            "DO $$ DECLARE p text; BEGIN \
+               FOR p IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                        WHERE i.inhparent = 'records'::regclass LOOP \
+                 EXECUTE format('DROP TABLE %I', p); \
+               END LOOP; END $$",
+        )
+        .await
+        .expect("drop every partition");
+    assert_eq!(attached(&app.db).await, 0);
+    let r = deliver(&mut app, keyed("alice", "after")).await;
+    assert!(!r.duplicate);
+    assert_ne!(r.record_id, first.record_id);
+    assert_eq!(list_ids(&mut app, "alice", 10).await, vec![r.record_id]);
+    assert_eq!(attached(&app.db).await, 1);
+}
+
+/// An unpartitioned table of records over three days, keyed and not, upgraded by
+/// `hcp-sense migrate up`: every record kept in its day's partition, listed in the order it
+/// had, and its trigger id still answered with its first record by the server after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_up_partitions_an_existing_table_postgres() {
+    use hcp_sense::config::StoreConfig;
+    use hcp_sense::store::Store;
+    use hcp_sense_migration::{Migrator, MigratorTrait};
+    let db = TestDb::create(StoreKind::Postgres).await;
+    let store = Store::connect(&StoreConfig {
+        max_connections: Some(2),
+        ..StoreConfig::at(db.url.clone())
+    })
+    .await
+    .expect("connect");
+    let before_partitions = Migrator::migrations().len() as u32 - 1;
+    Migrator::up(store.connection(), Some(before_partitions))
+        .await
+        .expect("the migrations before partitions");
+    store.close().await;
+    let conn = db.connect().await;
+    let day: i64 = 86_400_000_000;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as i64;
+    let mut ids = Vec::new();
+    for i in 0..30i64 {
+        let received = now - (2 - i / 10) * day - 1000 + i;
+        let trigger = if i % 3 == 0 {
+            format!("'old-{i}'")
+        } else {
+            "NULL".into()
+        };
+        conn.execute_unprepared(&format!(
+            "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, producer_trigger_id, received_time) \
+             VALUES ('rec-{i:02}', 'alice', '', 'user', 'weather', 'storm.warning', '{{}}', 'inbox', {trigger}, {received})"
+        ))
+        .await
+        .expect("an earlier record");
+        ids.push(format!("rec-{i:02}"));
+    }
+    let out = std::process::Command::new(crate::support::served::BIN)
+        .args(["migrate", "up", "--database-url", &db.url])
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("run migrate up");
+    assert!(
+        out.status.success(),
+        "migrate up: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        scalar(&conn, "SELECT count(*)::bigint FROM records").await,
+        30
+    );
+    assert!(partitions_holding_records(&db).await >= 3);
+    assert_eq!(
+        scalar(&conn, "SELECT count(*)::bigint FROM record_triggers").await,
+        10
+    );
+    assert_eq!(
+        scalar(
+            &conn,
+            "SELECT count(*)::bigint FROM pg_class WHERE relname = 'records' AND relkind = 'p'"
+        )
+        .await,
+        1,
+        "records is a partitioned table"
+    );
+
+    let served = crate::support::served::Served::start(&db.url, &["--migrate", "false"]);
+    let ch = crate::cli::connect(&served.addr).await;
+    crate::cli::set_up_weather(&ch).await;
+    let mut ingest = pb::ingest_service_client::IngestServiceClient::new(ch.clone());
+    let again = ingest
+        .deliver_trigger(crate::cli::storm_warning("old-3".into()))
+        .await
+        .expect("deliver")
+        .into_inner();
+    assert!(again.duplicate);
+    assert_eq!(again.record_id, "rec-03");
+    let new = ingest
+        .deliver_trigger(crate::cli::storm_warning("new".into()))
+        .await
+        .expect("deliver")
+        .into_inner();
+    assert!(!new.duplicate);
+    ids.push(new.record_id);
+    assert_eq!(crate::position::list_all(&ch, 7, String::new()).await, ids);
+}
