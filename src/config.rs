@@ -90,8 +90,9 @@ pub struct Config {
     #[arg(long, env = "HCP_SENSE_INGRESS_LISTEN", value_name = "ADDR")]
     pub ingress_listen: Option<SocketAddr>,
 
-    /// NATS server whose JetStream streams NATS ingress routes consume (`nats://host:4222`);
-    /// none by default. Credentials, if any, go in the URL (`nats://user:pass@host`).
+    /// NATS server whose JetStream streams NATS ingress routes consume (`nats://host:4222`), or
+    /// a cluster's nodes comma-separated; none by default. Credentials, if any, go in the URL
+    /// (`nats://user:pass@host`).
     #[arg(
         long,
         env = "HCP_SENSE_NATS_URL",
@@ -317,6 +318,20 @@ pub struct StoreConfig {
     pub partition_width: Duration,
 }
 
+/// `--nats-url`: one NATS URL or several, comma-separated. Checked after parsing, not by a
+/// value parser, whose refusal would repeat the value (it may carry credentials).
+fn nats_urls(s: &str) -> Result<String, String> {
+    let urls: Vec<&str> = s.split(',').map(str::trim).collect();
+    for (n, u) in urls.iter().enumerate() {
+        if u.is_empty() {
+            return Err(format!("URL {} of {} is empty", n + 1, urls.len()));
+        }
+        u.parse::<async_nats::ServerAddr>()
+            .map_err(|e| format!("URL {} of {} is not a NATS URL: {e}", n + 1, urls.len()))?;
+    }
+    Ok(s.to_owned())
+}
+
 /// `--record-partition-secs`: whole seconds, at least 1.
 fn partition_secs(s: &str) -> Result<Duration, String> {
     match secs(s)? {
@@ -517,6 +532,9 @@ impl Config {
                 "--max-json-depth must be from 1 to {deepest}, not {}: payload schemas are bounded for payloads no deeper",
                 self.max_json_depth
             );
+        }
+        if let Some(url) = &self.nats_url {
+            nats_urls(url).map_err(|why| anyhow::anyhow!("--nats-url: {why}"))?;
         }
         if self.watch_max_behind == 0 {
             anyhow::bail!("--watch-max-behind must be at least 1");

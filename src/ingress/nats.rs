@@ -99,11 +99,27 @@ struct Running {
 /// one consumer task per route; removes the consumers of routes deleted or moved to another
 /// stream.
 pub async fn run(ingress: Ingress, url: String, mut stop: watch::Receiver<bool>) {
+    // A cluster's nodes, comma-separated: the client tries each, and learns the rest from the
+    // one it reaches.
+    let servers: Vec<async_nats::ServerAddr> = match url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            // The URL may carry credentials: only the reason is logged.
+            tracing::error!(error = %e, "--nats-url is not a NATS URL (or a comma-separated list of them); the NATS ingress stops");
+            return;
+        }
+    };
     let connect = || {
         async_nats::ConnectOptions::new()
             .name("hcp-sense")
             .retry_on_initial_connect()
-            .connect(url.as_str())
+            .connect(servers.clone())
     };
     let attempts = connect
         .retry(ConstantBuilder::new().with_delay(RETRY).without_max_times())

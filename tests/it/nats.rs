@@ -861,3 +861,196 @@ async fn nats_payload_schema_is_checked(kind: StoreKind) {
     python(&[NATS, &stream, &subject, "0", "delete"]);
 }
 on_both_stores!(nats_payload_schema_is_checked => nats_payload_schema_is_checked);
+
+/// One node of a three-node NATS cluster with JetStream: its client port, cluster port, name
+/// and store directory.
+struct ClusterNode {
+    name: String,
+    port: u16,
+    route: u16,
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+}
+
+impl ClusterNode {
+    fn start(&mut self, routes: &str) {
+        let child = Command::new("nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(self.dir.path())
+            .args(["-n", &self.name, "--cluster_name", "hcp-test"])
+            .args(["--cluster", &format!("nats://127.0.0.1:{}", self.route)])
+            .args(["--routes", routes])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server (see .ci/run)");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("nats-server {} did not listen on {}", self.name, self.port);
+    }
+
+    /// SIGKILL: no goodbye to its peers.
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A three-node JetStream cluster, the route's stream replicated on all three (R3): the node
+/// leading the stream is killed with -9 while hcp-sense (on PostgreSQL, told every node) drains
+/// 5,000 messages. The other two elect a new leader and every message is recorded exactly once;
+/// the killed node started again rejoins, and nothing more is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_6_a_nats_cluster_losing_its_stream_leader_mid_flood_records_each_message_once_postgres()
+{
+    let mut nodes: Vec<ClusterNode> = (0..3)
+        .map(|i| ClusterNode {
+            name: format!("n{i}"),
+            port: free_port(),
+            route: free_port(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            child: None,
+        })
+        .collect();
+    let routes: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("nats://127.0.0.1:{}", n.route))
+        .collect();
+    let routes = routes.join(",");
+    for n in &mut nodes {
+        n.start(&routes);
+    }
+    let url: String = nodes
+        .iter()
+        .map(|n| format!("nats://127.0.0.1:{}", n.port))
+        .collect::<Vec<_>>()
+        .join(",");
+    let (stream, subject) = ("CLUSTERED", "hcp.clustered");
+    const N: i64 = 5_000;
+    let published = {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            python(&[&url, stream, subject, &N.to_string(), "cluster-stream"])
+        })
+        .await
+        .expect("join")
+    };
+    assert_eq!(published["published"], N);
+    let leader = python(&[&url, stream, subject, "0", "leader"]);
+    assert_eq!(
+        leader["replicas"], 2,
+        "R3: a leader and two replicas: {leader}"
+    );
+    let leader = leader["leader"].as_str().expect("a leader").to_owned();
+
+    let db = TestDb::create(StoreKind::Postgres).await;
+    let served = Served::start(&db.url, &["--nats-url", &url]);
+    let ch = connect(&served.addr).await;
+    set_up_weather(&ch).await;
+    put_nats_route(&ch, "clustered", stream, subject).await;
+    let conn = db.connect().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while counts(&conn).await.0 < N / 5 {
+        assert!(tokio::time::Instant::now() < deadline, "nothing consumed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let killed = nodes
+        .iter_mut()
+        .find(|n| n.name == leader)
+        .expect("the leader is one of ours");
+    killed.kill9();
+    let at_kill = counts(&conn).await.0;
+    assert!(at_kill < N, "killed midway ({at_kill} recorded)");
+    let why = format!("the stream's leader {leader} killed at {at_kill}");
+    all_recorded_once(&conn, N, deadline, &why).await;
+    let survivors: String = nodes
+        .iter()
+        .filter(|n| n.child.is_some())
+        .map(|n| format!("nats://127.0.0.1:{}", n.port))
+        .collect::<Vec<_>>()
+        .join(",");
+    let new_leader = python(&[&survivors, stream, subject, "0", "leader"]);
+    assert_ne!(
+        new_leader["leader"].as_str(),
+        Some(leader.as_str()),
+        "{new_leader}"
+    );
+    // The killed node rejoins; the consumer settles with nothing pending and no record more.
+    let node = nodes
+        .iter_mut()
+        .find(|n| n.name == leader)
+        .expect("the killed node");
+    node.start(&routes);
+    let consumer = consumer_name("clustered", stream, &format!("{subject}.>"));
+    let mut info = Value::Null;
+    for _ in 0..100 {
+        info = python(&[&url, stream, subject, "0", "info", &consumer]);
+        if info["pending"] == 0 && info["ack_pending"] == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        (info["pending"].clone(), info["ack_pending"].clone()),
+        (0.into(), 0.into()),
+        "{info}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        counts(&conn).await,
+        (N, N),
+        "exactly once, nothing more after the rejoin"
+    );
+}
+
+/// `--nats-url` takes a cluster's nodes comma-separated; a list with an empty or malformed
+/// entry is refused at start, naming the entry by its place and never repeating the value,
+/// which may carry credentials.
+#[test]
+fn nats_url_takes_a_cluster_and_refuses_a_bad_entry_without_echoing_it() {
+    use hcp_sense::config::Config;
+    let ok = Config::from_args([
+        "hcp-sense",
+        "--nats-url",
+        "nats://a:4222, nats://user:pw@b:4222,c:4222",
+    ]);
+    assert!(ok.is_ok(), "{:?}", ok.err());
+    for (bad, why) in [
+        ("nats://a:4222,", "URL 2 of 2 is empty"),
+        (
+            "nats://user:hunter2@a:4222,nats://b:notaport",
+            "URL 2 of 2 is not a NATS URL",
+        ),
+        ("http://user:hunter2@a:4222", "URL 1 of 1 is not a NATS URL"),
+    ] {
+        let e = format!(
+            "{:#}",
+            Config::from_args(["hcp-sense", "--nats-url", bad]).expect_err(bad)
+        );
+        assert!(e.contains("--nats-url") && e.contains(why), "{bad}: {e}");
+        assert!(
+            !e.contains("hunter2"),
+            "the refusal repeats a credential: {e}"
+        );
+    }
+}

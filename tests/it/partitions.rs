@@ -255,13 +255,16 @@ async fn retention_drops_whole_partitions_postgres() {
     assert!(!old.contains(&anew.record_id));
 }
 
-/// Every partition gone (an operator's mistake, or partitions never made ahead): the next
+/// The partitions for now and two days ahead are made at start. Every partition gone (an
+/// operator's mistake, or partitions never made ahead): the next
 /// write makes the one for now and is acknowledged with its record stored, not refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_finds_no_partition_has_one_made_postgres() {
     let mut app = spawn_app_with(StoreKind::Postgres, |_| {}).await;
     ready(&mut app, "alice").await;
     let first = deliver(&mut app, keyed("alice", "before")).await;
+    // At start the server made today's partition and the two after it.
+    assert_eq!(attached(&app.db).await, 1 + 2);
     app.db
         .execute_unprepared(
             "DO $$ DECLARE p text; BEGIN \

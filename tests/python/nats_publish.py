@@ -10,6 +10,10 @@ that consumer's pending and redelivered counts as JSON; `delete` removes the str
 `tickets` makes the stream and publishes COUNT tickets of the tracker pack that keep its payload
 schema, then one (Nats-Msg-Id t-bad) that breaks it.
 
+`cluster-stream` makes the stream replicated on three nodes (URL names the cluster's nodes,
+comma-separated) and publishes COUNT messages as `create` does, without the last two;
+`leader` prints the name of the node leading the stream.
+
 `add-stream` makes the stream with SUBJECT's comma-separated subjects; `publish PREFIX` sends
 COUNT messages to the subject SUBJECT with Nats-Msg-Id PREFIX-<i> and hcp-* headers;
 `consumers` prints every consumer of the stream (name, description, filter, start sequence,
@@ -28,7 +32,8 @@ from cloudevents.core.v1.event import CloudEvent
 
 async def main():
     url, stream, subject, count, action = sys.argv[1:6]
-    nc = await nats.connect(url)
+    # A cluster's nodes, comma-separated, as hcp-sense's --nats-url takes them.
+    nc = await nats.connect(servers=url.split(","))
     js = nc.jetstream()
     if action == "create":
         await js.add_stream(name=stream, subjects=[subject + ".>"])
@@ -108,6 +113,39 @@ async def main():
                 await m.ack_sync()
                 acknowledged += 1
         print(json.dumps({"acknowledged": int(count)}))
+    elif action == "cluster-stream":
+        # A stream replicated on three nodes; a new cluster elects its leaders first.
+        for attempt in range(100):
+            try:
+                await js.add_stream(name=stream, subjects=[subject + ".>"], num_replicas=3)
+                break
+            except Exception:
+                if attempt == 99:
+                    raise
+                await asyncio.sleep(0.2)
+        acks = []
+        for i in range(int(count)):
+            acks.append(js.publish(f"{subject}.storm", json.dumps({"i": i}).encode(),
+                                   headers={"Nats-Msg-Id": f"m-{i}", "hcp-ref": "storm.warning",
+                                            "hcp-principal": "alice"}))
+            if len(acks) == 500:
+                await asyncio.gather(*acks)
+                acks = []
+        await asyncio.gather(*acks)
+        print(json.dumps({"published": int(count)}))
+    elif action == "leader":
+        # Right after a node is lost the stream may still be electing: asked again meanwhile.
+        for attempt in range(50):
+            try:
+                info = await js.stream_info(stream)
+                if info.cluster and info.cluster.leader:
+                    break
+            except Exception:
+                if attempt == 49:
+                    raise
+            await asyncio.sleep(0.2)
+        print(json.dumps({"leader": info.cluster.leader if info.cluster else None,
+                          "replicas": len(info.cluster.replicas or []) if info.cluster else 0}))
     elif action == "delete":
         await js.delete_stream(stream)
         print(json.dumps({"deleted": stream}))

@@ -78,6 +78,10 @@ struct Options {
     /// a retention pass dropping 9 of them under load, ListRecords, trigger-id lookups (0 skips).
     #[arg(long, default_value_t = 10_000_000)]
     scale_records: usize,
+    /// The sweep's recorded phases send each trigger with a trigger id never sent before, so
+    /// every record takes the idempotency path (on PostgreSQL, the trigger ledger).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    keyed: bool,
     /// Expired records seeded (bulk path) for the retention phase (0 skips).
     #[arg(long, default_value_t = 200_000)]
     retention_records: usize,
@@ -872,7 +876,12 @@ async fn sweep_point(
     let before = server.scrape().await;
     let cpu2 = cpu::sample(server.pid());
     let sink0 = cpu::threads(server.pid(), SINK_THREADS);
-    let rec = closed(chs, o.duration(), c, pop, Load::Recorded).await;
+    let load = if o.keyed {
+        Load::RecordedKeyed
+    } else {
+        Load::Recorded
+    };
+    let rec = closed(chs, o.duration(), c, pop, load).await;
     let sink1 = cpu::threads(server.pid(), SINK_THREADS);
     let cpu3 = cpu::sample(server.pid());
     let after = server.scrape().await;

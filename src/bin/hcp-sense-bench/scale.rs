@@ -30,7 +30,7 @@ async fn seed(db: &DatabaseConnection, o: &Options, n: usize) -> anyhow::Result<
     let today = scalar(
         db,
         &format!(
-            "SELECT div((extract(epoch FROM clock_timestamp()) * 1000000)::bigint, {DAY}) * {DAY}"
+            "SELECT (div((extract(epoch FROM clock_timestamp()) * 1000000)::bigint, {DAY}) * {DAY})::bigint"
         ),
     )
     .await?;
@@ -52,7 +52,7 @@ async fn seed(db: &DatabaseConnection, o: &Options, n: usize) -> anyhow::Result<
              SELECT 'seed-{d}-' || g, 'principal-' || (g % {principals}), 'b-principal-' || (g % {principals}), 'user', \
                     'pack-' || ((g % {principals}) % {packs}), 'issue.opened', '{{\"issue\":' || g || '}}', 'inbox', NULL, \
                     CASE WHEN g % 10 = 0 THEN 'seed-{d}-' || g END, {lower} + g * {step}, 0, {seq0} + g + 1, {lower} + g * {step} \
-             FROM generate_series(0, {per_day} - 1) AS g"
+             FROM generate_series(0::bigint, {per_day} - 1) AS g"
         ))
         .await?;
         db.execute_unprepared(&format!(
@@ -65,13 +65,17 @@ async fn seed(db: &DatabaseConnection, o: &Options, n: usize) -> anyhow::Result<
         "SELECT setval('records_seq', (SELECT max(seq) + 1 FROM records), false)",
     )
     .await?;
-    db.execute_unprepared(
+    // One statement a call: VACUUM cannot run in the implicit transaction of several.
+    for sql in [
         "CREATE TABLE records_flat AS SELECT record_id, principal, binding_id, land, pack_id, ref, payload, route, \
-             project, producer_trigger_id, received_time, commit_txid, seq FROM records; \
-         CREATE UNIQUE INDEX ON records_flat (pack_id, producer_trigger_id); \
-         VACUUM ANALYZE records; VACUUM ANALYZE record_triggers; VACUUM ANALYZE records_flat",
-    )
-    .await?;
+             project, producer_trigger_id, received_time, commit_txid, seq FROM records",
+        "CREATE UNIQUE INDEX ON records_flat (pack_id, producer_trigger_id)",
+        "VACUUM ANALYZE records",
+        "VACUUM ANALYZE record_triggers",
+        "VACUUM ANALYZE records_flat",
+    ] {
+        db.execute_unprepared(sql).await?;
+    }
     Ok(today)
 }
 
@@ -79,6 +83,7 @@ async fn seed(db: &DatabaseConnection, o: &Options, n: usize) -> anyhow::Result<
 async fn lookups(
     db: &DatabaseConnection,
     sql: &str,
+    then: Option<&str>,
     lookups: usize,
     key: impl Fn(usize) -> (String, String),
 ) -> anyhow::Result<Vec<u64>> {
@@ -86,12 +91,23 @@ async fn lookups(
     for i in 0..lookups {
         let (pack, id) = key(i);
         let t = Instant::now();
-        db.query_all_raw(Statement::from_sql_and_values(
-            DbBackend::Postgres,
-            sql,
-            [pack.into(), id.into()],
-        ))
-        .await?;
+        let found = db
+            .query_one_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                sql,
+                [pack.into(), id.into()],
+            ))
+            .await?;
+        if let (Some(then), Some(row)) = (then, found) {
+            let record_id: String = row.try_get("", "record_id")?;
+            let stored_time: i64 = row.try_get("", "stored_time")?;
+            db.query_one_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                then,
+                [record_id.into(), stored_time.into()],
+            ))
+            .await?;
+        }
         lat.push(t.elapsed().as_micros() as u64);
     }
     lat.sort_unstable();
@@ -112,9 +128,10 @@ fn mean(lat: &[u64]) -> f64 {
 /// table's unique index, missing ids (a dropped trigger's lookup) and present ones.
 async fn lookup_cost(db: &DatabaseConnection, o: &Options) -> anyhow::Result<()> {
     const FLAT: &str = "SELECT * FROM records_flat WHERE pack_id = $1 AND producer_trigger_id = $2";
-    const LEDGER: &str = "SELECT r.* FROM record_triggers k \
-         JOIN records r ON r.record_id = k.record_id AND r.stored_time = k.stored_time \
-         WHERE k.pack_id = $1 AND k.producer_trigger_id = $2";
+    // As the server reads it: the ledger's key, then the one partition it names.
+    const LEDGER: &str = "SELECT record_id, stored_time FROM record_triggers \
+         WHERE pack_id = $1 AND producer_trigger_id = $2";
+    const RECORD: &str = "SELECT * FROM records WHERE record_id = $1 AND stored_time = $2";
     let packs = o.packs.max(1);
     let principals = o.principals.max(1);
     let missing = |i: usize| (format!("pack-{}", i % packs), format!("never-{i}"));
@@ -132,8 +149,8 @@ async fn lookup_cost(db: &DatabaseConnection, o: &Options) -> anyhow::Result<()>
             ("missing", &missing as &dyn Fn(usize) -> (String, String)),
             ("present", &present),
         ] {
-            let flat = lookups(db, FLAT, 2000, key).await?;
-            let ledger = lookups(db, LEDGER, 2000, key).await?;
+            let flat = lookups(db, FLAT, None, 2000, key).await?;
+            let ledger = lookups(db, LEDGER, Some(RECORD), 2000, key).await?;
             println!(
                 "  round {round} {what:<8} unpartitioned {:>6.0} / {:>6.0}   partitioned via ledger {:>6.0} / {:>6.0}   ratio {:.2}",
                 mean(&flat),

@@ -2,6 +2,7 @@
 //! and the image and chart. The helpers here are shared by the files below.
 mod chart;
 mod outage;
+mod pooler;
 mod replicas;
 mod shutdown;
 
