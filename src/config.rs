@@ -628,6 +628,11 @@ pub fn parse<P: clap::Parser>(
                     .map(drop)
                     .map_err(|_| "must be true or false".to_owned())
             };
+            // Checked beside the option's parser: a refusal there would repeat the value.
+            let checked = checked.and_then(|()| match long.as_str() {
+                "nats-url" => nats_urls(&text).map(drop),
+                _ => Ok(()),
+            });
             checked
                 .map_err(|why| anyhow::anyhow!("config file {}: `{key}`: {why}", path.display()))?;
             layers.push((long, text));

@@ -389,6 +389,9 @@ pub(crate) async fn write_records(
     } else {
         Some(firsts(db, engine, rs).await?)
     };
+    if let (Engine::Postgres, Some(firsts)) = (engine, &firsts) {
+        forget_orphans(db, rs, firsts).await?;
+    }
     rs.iter()
         .map(|r| {
             let inserted = Stored::Inserted {
@@ -408,7 +411,8 @@ pub(crate) async fn write_records(
                     route: Route::parse(&f.route)
                         .ok_or_else(|| Error::Internal("bad stored route".into()))?,
                 }),
-                // The first record went (retention) between the insert and the lookup.
+                // The first record went (retention, or its partition dropped) between the
+                // insert and the lookup; its ledger row was forgotten above, so a retry records.
                 None => Err(Error::Unavailable(
                     "the trigger's first record was removed as it was looked up; retry".into(),
                 )),
@@ -597,6 +601,49 @@ impl FirstRecord {
             land: &self.land,
         }
     }
+}
+
+/// PostgreSQL: the ledger rows, of the batch's trigger ids, that name a record gone without
+/// them (its partition dropped by hand, or retention's floor not yet past it): deleted, so
+/// that the caller's retry records the trigger anew instead of being told to retry for ever.
+/// The ledger row and its record commit together, so a row seen without its record is one.
+async fn forget_orphans(
+    db: &impl ConnectionTrait,
+    rs: &[Record],
+    firsts: &[FirstRecord],
+) -> Result<()> {
+    let orphans: Vec<serde_json::Value> = rs
+        .iter()
+        .filter_map(|r| Some((r.pack_id.as_str(), r.trigger_id.as_deref()?)))
+        .filter(|(p, t)| {
+            !firsts
+                .iter()
+                .any(|f| f.pack_id == *p && f.producer_trigger_id == *t)
+        })
+        .map(|(p, t)| serde_json::json!({ "pack_id": p, "producer_trigger_id": t }))
+        .collect();
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    let gone = db
+        .execute_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "DELETE FROM record_triggers k \
+             USING jsonb_to_recordset($1::jsonb) AS q(pack_id text, producer_trigger_id text) \
+             WHERE k.pack_id = q.pack_id AND k.producer_trigger_id = q.producer_trigger_id \
+               AND NOT EXISTS (SELECT 1 FROM records r \
+                               WHERE r.record_id = k.record_id AND r.stored_time = k.stored_time)",
+            [serde_json::Value::Array(orphans).into()],
+        ))
+        .await
+        .map_err(classify)?;
+    if gone.rows_affected() > 0 {
+        tracing::warn!(
+            trigger_ids = gone.rows_affected(),
+            "trigger ids named records no longer stored; they are forgotten and may be recorded anew"
+        );
+    }
+    Ok(())
 }
 
 /// The first records of every record in the batch that carries a trigger id. On PostgreSQL

@@ -1053,4 +1053,15 @@ fn nats_url_takes_a_cluster_and_refuses_a_bad_entry_without_echoing_it() {
             "the refusal repeats a credential: {e}"
         );
     }
+    // In a configuration file: named by the file and the key, the value still unrepeated.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, "nats_url = \"nats://u:hunter2@h:x\"\n").expect("write");
+    let e = format!(
+        "{:#}",
+        Config::from_args(["hcp-sense", "--config", file.to_str().expect("path")])
+            .expect_err("bad file value")
+    );
+    assert!(e.contains("c.toml") && e.contains("`nats_url`"), "{e}");
+    assert!(!e.contains("hunter2"), "{e}");
 }

@@ -279,8 +279,27 @@ async fn a_write_that_finds_no_partition_has_one_made_postgres() {
     let r = deliver(&mut app, keyed("alice", "after")).await;
     assert!(!r.duplicate);
     assert_ne!(r.record_id, first.record_id);
-    assert_eq!(list_ids(&mut app, "alice", 10).await, vec![r.record_id]);
+    assert_eq!(
+        list_ids(&mut app, "alice", 10).await,
+        vec![r.record_id.clone()]
+    );
     assert_eq!(attached(&app.db).await, 1);
+    // The trigger id whose record went with the dropped partitions is recorded anew: at
+    // most one UNAVAILABLE ("retry"), never a refusal for ever.
+    let mut anew = None;
+    for _ in 0..2 {
+        match app.ingest.deliver_trigger(keyed("alice", "before")).await {
+            Ok(r) => {
+                anew = Some(r.into_inner());
+                break;
+            }
+            Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
+        }
+    }
+    let anew = anew.expect("recorded on the retry");
+    assert!(!anew.duplicate);
+    assert_ne!(anew.record_id, first.record_id);
+    assert_eq!(app.count("record_triggers").await, 2);
 }
 
 /// An unpartitioned table of records over three days, keyed and not, upgraded by
