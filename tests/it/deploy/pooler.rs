@@ -45,7 +45,7 @@ impl Pooler {
         } else {
             Command::new("pgbouncer")
         };
-        let child = cmd
+        let mut child = cmd
             .arg(&ini)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -57,6 +57,8 @@ impl Pooler {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("pgbouncer did not listen on {port}");
     }
 
