@@ -71,6 +71,8 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
             "true",
             "--list-records",
             "2500",
+            "--scale-records",
+            "3000",
             "--retention-records",
             "500",
             "--writers-compare",

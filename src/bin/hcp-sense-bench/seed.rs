@@ -295,6 +295,21 @@ pub async fn records_bulk(
     n: usize,
     base: i64,
 ) -> anyhow::Result<()> {
+    // PostgreSQL: records partitioned by stored time; these keep their receive time as it, in
+    // a partition of their own (the server makes those for now and ahead around it).
+    let postgres = db.get_database_backend() == DbBackend::Postgres;
+    if postgres {
+        db.execute_unprepared(&format!(
+            "CREATE TABLE IF NOT EXISTS records_{base}_{end} PARTITION OF records FOR VALUES FROM ({base}) TO ({end})",
+            end = base + n as i64
+        ))
+        .await?;
+    }
+    let (stored_col, stored_val) = if postgres {
+        (", stored_time", true)
+    } else {
+        ("", false)
+    };
     let mut i = 0;
     while i < n {
         let txn = db.begin().await?;
@@ -306,8 +321,13 @@ pub async fn records_bulk(
             let values: Vec<String> = (i..end)
                 .map(|j| {
                     let p = j % pop.principals.max(1);
+                    let stored = if stored_val {
+                        format!(",{}", base + j as i64)
+                    } else {
+                        String::new()
+                    };
                     format!(
-                        "('{:08x}-0000-7000-8000-{j:012x}','principal-{p}','b-principal-{p}','user','pack-{}','issue.opened','{{\"issue\":{j}}}','inbox',NULL,NULL,{},0,{})",
+                        "('{:08x}-0000-7000-8000-{j:012x}','principal-{p}','b-principal-{p}','user','pack-{}','issue.opened','{{\"issue\":{j}}}','inbox',NULL,NULL,{},0,{}{stored})",
                         j / 65536,
                         p % pop.packs.max(1),
                         base + j as i64,
@@ -316,7 +336,7 @@ pub async fn records_bulk(
                 })
                 .collect();
             txn.execute_unprepared(&format!(
-                "INSERT INTO records ({RECORD_COLUMNS}, commit_txid, seq) VALUES {}",
+                "INSERT INTO records ({RECORD_COLUMNS}, commit_txid, seq{stored_col}) VALUES {}",
                 values.join(",")
             ))
             .await?;
@@ -363,6 +383,25 @@ pub async fn store_limit(
     // PostgreSQL fills commit_txid and seq from their defaults, as the sink's insert does; on
     // SQLite the single writer numbers rows itself, as the sink does.
     let per_row = if pg { 11 } else { 13 };
+    if pg {
+        // The rows take the database's clock as their stored time: today's partition and
+        // tomorrow's, as the server would make them.
+        const DAY: i64 = 86_400_000_000;
+        let now = db
+            .query_one_raw(Statement::from_string(
+                backend,
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now",
+            ))
+            .await?
+            .and_then(|r| r.try_get::<i64>("", "now").ok())
+            .unwrap_or_default();
+        let lower = now.div_euclid(DAY) * DAY;
+        db.execute_unprepared(&format!(
+            "CREATE TABLE IF NOT EXISTS records_{lower}_{upper} PARTITION OF records FOR VALUES FROM ({lower}) TO ({upper})",
+            upper = lower + 2 * DAY
+        ))
+        .await?;
+    }
     let mut param = 0usize;
     let placeholders: Vec<String> = (0..LIMIT_ROWS)
         .map(|_| {
