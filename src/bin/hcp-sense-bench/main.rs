@@ -1187,6 +1187,36 @@ async fn page_down(ch: &Channel, size: i32, pages: usize) -> anyhow::Result<Stri
     Ok(token)
 }
 
+/// 300 ListRecords calls for a page of 100 from `token`, one after another; a call that errs
+/// or returns a short page counts as an error.
+async fn list_page_latency(ch: &Channel, token: &str) -> Phase {
+    let mut client = pb::record_service_client::RecordServiceClient::new(ch.clone());
+    let mut lat = Vec::new();
+    let start = Instant::now();
+    let mut errors = 0;
+    for _ in 0..300 {
+        let t = Instant::now();
+        match client
+            .list_records(pb::ListRecordsRequest {
+                page_size: 100,
+                page_token: token.to_owned(),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(r) if r.get_ref().records.len() == 100 => lat.push(t.elapsed().as_micros() as u64),
+            _ => errors += 1,
+        }
+    }
+    lat.sort_unstable();
+    Phase {
+        calls: lat.len(),
+        errors,
+        secs: start.elapsed().as_secs_f64(),
+        lat_us: lat,
+    }
+}
+
 /// ListRecords' first page and a page deep into the listing, reached by paging.
 async fn list_records(o: &Options) -> anyhow::Result<()> {
     println!("ListRecords: a page of 100 from {} records", o.list_records);
@@ -1214,34 +1244,8 @@ async fn list_records(o: &Options) -> anyhow::Result<()> {
             t0.elapsed().as_secs_f64()
         );
         header();
-        let mut client = pb::record_service_client::RecordServiceClient::new(chs[0].clone());
         for (name, token) in [("first page", String::new()), ("deep page", deep)] {
-            let mut lat = Vec::new();
-            let start = Instant::now();
-            let mut errors = 0;
-            for _ in 0..300 {
-                let t = Instant::now();
-                match client
-                    .list_records(pb::ListRecordsRequest {
-                        page_size: 100,
-                        page_token: token.clone(),
-                        ..Default::default()
-                    })
-                    .await
-                {
-                    Ok(r) if r.get_ref().records.len() == 100 => {
-                        lat.push(t.elapsed().as_micros() as u64)
-                    }
-                    _ => errors += 1,
-                }
-            }
-            lat.sort_unstable();
-            let p = Phase {
-                calls: lat.len(),
-                errors,
-                secs: start.elapsed().as_secs_f64(),
-                lat_us: lat,
-            };
+            let p = list_page_latency(&chs[0], &token).await;
             row(kind, &format!("ListRecords {name}"), &p, None);
         }
         server.stop();

@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::load::{closed, Load, Phase};
 use crate::report::{header, result, row};
 use crate::server::Server;
-use crate::{bin, cpu, page_down, pb, prepare, Options};
+use crate::{bin, cpu, list_page_latency, page_down, prepare, Options};
 
 const DAY: i64 = 86_400_000_000;
 /// Days of records seeded, one partition each.
@@ -243,35 +243,9 @@ pub async fn scale_phase(o: &Options, n: usize) -> anyhow::Result<()> {
         );
         without.push(p.rate());
     }
-    let mut client = pb::record_service_client::RecordServiceClient::new(chs[0].clone());
     let deep = page_down(&chs[0], 1000, 1000).await?;
     for (name, token) in [("first page", String::new()), ("page 1,000,001", deep)] {
-        let mut lat = Vec::new();
-        let start = Instant::now();
-        let mut errors = 0;
-        for _ in 0..300 {
-            let t = Instant::now();
-            match client
-                .list_records(pb::ListRecordsRequest {
-                    page_size: 100,
-                    page_token: token.clone(),
-                    ..Default::default()
-                })
-                .await
-            {
-                Ok(r) if r.get_ref().records.len() == 100 => {
-                    lat.push(t.elapsed().as_micros() as u64)
-                }
-                _ => errors += 1,
-            }
-        }
-        lat.sort_unstable();
-        let p = Phase {
-            calls: lat.len(),
-            errors,
-            secs: start.elapsed().as_secs_f64(),
-            lat_us: lat,
-        };
+        let p = list_page_latency(&chs[0], &token).await;
         row("postgres", &format!("ListRecords {name}"), &p, None);
     }
     let dropped = closed(&chs, o.duration(), o.first(), pop, Load::Dropped).await;
