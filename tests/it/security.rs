@@ -699,8 +699,12 @@ async fn tokens_jwts_and_payloads_never_reach_the_logs() {
 async fn a_stream_ends_when_its_jwt_expires() {
     use hcp_sense::grpc::pb::{ingest_service_client::IngestServiceClient, DeliverTriggersRequest};
     let (app, _dir) = secured(StoreKind::Sqlite).await;
-    // Expired 4 s ago: still inside the leeway for about one more second.
-    let short = jwt("runtime", "relay", -4);
+    // Expired 2 s ago: still inside the leeway for two to three more seconds (`exp` is whole
+    // seconds), room enough to open the stream on a loaded machine.
+    let exp = now() - 2;
+    let short = jwt_until("runtime", "relay", exp);
+    let refused_from = std::time::UNIX_EPOCH
+        + std::time::Duration::from_secs((exp + JWT_LEEWAY_SECS as i64 + 1) as u64);
     let (tx, rx) = tokio::sync::mpsc::channel::<DeliverTriggersRequest>(4);
     let trigger = || DeliverTriggersRequest {
         trigger: Some(pb::DeliverTriggerRequest {
@@ -719,7 +723,11 @@ async fn a_stream_ends_when_its_jwt_expires() {
         .into_inner();
     let first = answers.message().await.expect("first answer").expect("one");
     assert_eq!(first.index, 0);
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    // Past the leeway by most of a second.
+    let wait = refused_from
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    tokio::time::sleep(wait + std::time::Duration::from_millis(700)).await;
     // The stream has ended by now, so the client may already have let go of its sending side.
     let _ = tx.send(trigger()).await;
     let end = answers.message().await.expect_err("the stream ends");
