@@ -33,7 +33,8 @@ enum Cmd {
     Serve(Box<Config>),
     /// Apply or inspect the schema migrations.
     Migrate {
-        /// `up` applies every pending migration; `status` lists them.
+        /// `up` applies every pending migration; `down` reverts the latest applied one; `status`
+        /// lists them.
         #[arg(value_enum, default_value = "up")]
         action: MigrateAction,
         #[command(flatten)]
@@ -62,6 +63,8 @@ enum Cmd {
 enum MigrateAction {
     /// Apply every pending migration (the default).
     Up,
+    /// Revert the latest applied migration (one step; run again for more).
+    Down,
     /// List the migrations and whether each is applied.
     Status,
 }
@@ -184,8 +187,13 @@ async fn migrate(
 ) -> anyhow::Result<()> {
     init_logging(log_format);
     let store = Store::connect(&database).await?;
-    if let MigrateAction::Up = action {
-        store.migrate_up().await?;
+    match action {
+        MigrateAction::Up => store.migrate_up().await?,
+        MigrateAction::Down => match store.migrate_down_one().await? {
+            Some(name) => tracing::info!(migration = %name, "reverted"),
+            None => tracing::warn!("no migration is applied; nothing to revert"),
+        },
+        MigrateAction::Status => {}
     }
     for m in store.migration_status().await? {
         let state = match (m.applied, m.known) {

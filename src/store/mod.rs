@@ -288,6 +288,32 @@ impl Store {
         }
     }
 
+    /// Reverts the latest applied migration, one step. Refused when a newer release applied
+    /// migrations this binary does not know: its own down steps cannot undo theirs.
+    pub async fn migrate_down_one(&self) -> Result<Option<String>, Error> {
+        let status = self.migration_status().await?;
+        let newer: Vec<&str> = status
+            .iter()
+            .filter(|m| !m.known)
+            .map(|m| m.name.as_str())
+            .collect();
+        if !newer.is_empty() {
+            return Err(Error::FailedPrecondition(format!(
+                "the database has migrations of a newer release ({}): revert them with that release",
+                newer.join(", ")
+            )));
+        }
+        let latest = status
+            .iter()
+            .rev()
+            .find(|m| m.applied)
+            .map(|m| m.name.clone());
+        if latest.is_some() {
+            Migrator::down(&self.db, Some(1)).await.map_err(classify)?;
+        }
+        Ok(latest)
+    }
+
     /// Every migration this binary knows and whether it is applied, then those applied that
     /// it does not know (from a newer release).
     pub async fn migration_status(&self) -> Result<Vec<MigrationState>, Error> {

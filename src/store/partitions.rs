@@ -293,10 +293,15 @@ impl RecordTables {
             .db
             .execute_raw(Statement::from_sql_and_values(
                 DbBackend::Postgres,
-                "DELETE FROM record_triggers k USING ( \
-                   SELECT pack_id, producer_trigger_id FROM record_triggers \
-                   WHERE stored_time < (SELECT floor_time FROM record_floor) LIMIT $1) AS old \
-                 WHERE k.pack_id = old.pack_id AND k.producer_trigger_id = old.producer_trigger_id",
+                // By the rows' addresses, found on the stored-time index: a TID scan deletes
+                // them where they are, where a join on the key would look each one up again
+                // (2,000 rows: 1.5 ms against 10–13 ms). A row taken over meanwhile by a new
+                // record (its stored time raised above the floor) fails the recheck and stays.
+                "DELETE FROM record_triggers \
+                 WHERE ctid = ANY (ARRAY( \
+                         SELECT ctid FROM record_triggers \
+                         WHERE stored_time < (SELECT floor_time FROM record_floor) LIMIT $1)) \
+                   AND stored_time < (SELECT floor_time FROM record_floor)",
                 [i64::try_from(limit).unwrap_or(i64::MAX).into()],
             ))
             .await

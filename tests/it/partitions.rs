@@ -392,4 +392,157 @@ async fn migrate_up_partitions_an_existing_table_postgres() {
     assert!(!new.duplicate);
     ids.push(new.record_id);
     assert_eq!(crate::position::list_all(&ch, 7, String::new()).await, ids);
+    drop(served);
+
+    // `migrate down` reverts that one step: one table again, every record in it, trigger ids
+    // unique by index; and `migrate up` partitions it again.
+    let cli = |action: &str| {
+        let out = std::process::Command::new(crate::support::served::BIN)
+            .args(["migrate", action, "--database-url", &db.url])
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run migrate");
+        assert!(
+            out.status.success(),
+            "migrate {action}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let status = cli("down");
+    assert!(
+        status.contains("pending\tm20261203_000001_partitioned_records"),
+        "{status}"
+    );
+    let plain = "SELECT count(*)::bigint FROM pg_class WHERE relname = 'records' AND relkind = 'r'";
+    assert_eq!(scalar(&conn, plain).await, 1, "records is one table");
+    assert_eq!(
+        scalar(&conn, "SELECT count(*)::bigint FROM records").await,
+        31
+    );
+    assert_eq!(
+        scalar(
+            &conn,
+            "SELECT count(*)::bigint FROM pg_indexes WHERE indexname = 'uq_records_producer_trigger'"
+        )
+        .await,
+        1
+    );
+    cli("up");
+    assert_eq!(
+        scalar(&conn, "SELECT count(*)::bigint FROM records").await,
+        31
+    );
+    assert_eq!(
+        scalar(&conn, "SELECT count(*)::bigint FROM record_triggers").await,
+        11
+    );
+}
+
+/// Retention's trim of the partition straddling its cutoff reads a few pages, never the whole
+/// partition: when no record is below the cutoff (right after whole partitions were dropped,
+/// the usual case) and when some are. The partition's reads are taken from PostgreSQL's own
+/// statistics for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_reads_a_few_pages_of_a_large_partition_postgres() {
+    use hcp_sense::config::StoreConfig;
+    use hcp_sense::store::{Lands, Store};
+    let db = TestDb::create(StoreKind::Postgres).await;
+    let store = Store::connect(&StoreConfig {
+        max_connections: Some(1),
+        ..StoreConfig::at(db.url.clone())
+    })
+    .await
+    .expect("connect");
+    store.migrate_up().await.expect("migrate");
+    let conn = db.connect().await;
+    // 100,000 records, half a second apart, in a day's partition of long ago.
+    let (lower, upper) = (86_400_000_000i64, 2 * 86_400_000_000i64);
+    let name = format!("records_{lower}_{upper}");
+    for sql in [
+        format!("CREATE TABLE {name} PARTITION OF records FOR VALUES FROM ({lower}) TO ({upper})"),
+        // Autovacuum's reads would count in the partition's statistics.
+        format!("ALTER TABLE {name} SET (autovacuum_enabled = false)"),
+        format!(
+            "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, received_time, commit_txid, seq, stored_time) \
+             SELECT 'r-' || g, 'alice', 'b-alice', 'user', 'weather', 'storm.warning', '{{\"n\": ' || g || '}}', 'inbox', {lower} + g::bigint * 500000, 0, g, {lower} + g::bigint * 500000 \
+             FROM generate_series(1, 100000) AS g"
+        ),
+        // Full ranges are summarized by autovacuum; here at once.
+        format!("VACUUM ANALYZE {name}"),
+    ] {
+        conn.execute_unprepared(&sql).await.expect(&sql);
+    }
+    let pages = scalar(
+        &conn,
+        &format!("SELECT relpages::bigint FROM pg_class WHERE relname = '{name}'"),
+    )
+    .await;
+    assert!(pages > 1000, "{pages} pages");
+    // Heap blocks of the partition read so far (each fetch counts), once the store's backend
+    // has reported them (it does within a second or so of going idle). Reading the partition
+    // in position order to find nothing fetches the heap once per record (100,000 here); the
+    // stored-time index finds the first range or two, and the delete fetches its 250 rows.
+    let reads = || {
+        let conn = conn.clone();
+        let name = name.clone();
+        async move {
+            scalar(
+                &conn,
+                &format!(
+                    "SELECT (coalesce(heap_blks_read, 0) + coalesce(heap_blks_hit, 0))::bigint \
+                     FROM pg_statio_user_tables WHERE relname = '{name}'"
+                ),
+            )
+            .await
+        }
+    };
+    let deleted = || {
+        let conn = conn.clone();
+        let name = name.clone();
+        async move {
+            scalar(
+                &conn,
+                &format!("SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = '{name}'"),
+            )
+            .await
+        }
+    };
+    // The filling and VACUUM's own reads are reported first (the same flush as their counts).
+    let reported = format!(
+        "SELECT (n_tup_ins = 100000 AND vacuum_count > 0)::int::bigint FROM pg_stat_user_tables WHERE relname = '{name}'"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scalar(&conn, &reported).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the filling's statistics never came"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let records = store.record_tables();
+    let before = reads().await;
+    // Nothing below a cutoff just above the partition's lower bound.
+    let none = records
+        .prune_records(lower + 250_000, Lands::Except(&[]), 250)
+        .await
+        .expect("trim");
+    assert_eq!(none, 0);
+    // 250 of the 1,000 below this one.
+    let some = records
+        .prune_records(lower + 1_000 * 500_000 + 1, Lands::Except(&[]), 250)
+        .await
+        .expect("trim");
+    assert_eq!(some, 250);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while deleted().await < 250 {
+        assert!(Instant::now() < deadline, "the statistics never came");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let read = reads().await - before;
+    assert!(
+        read < pages,
+        "two trims fetched {read} heap blocks of a partition of {pages} pages"
+    );
+    store.close().await;
 }
