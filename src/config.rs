@@ -64,7 +64,7 @@ pub struct Config {
     pub record_retention: Option<Duration>,
 
     /// Retention per land, over --record-retention-secs for the lands named: `user=30d,brain=365d`
-    /// (an age in s, m, h or d; 0 keeps that land's records for ever).
+    /// (an age with its unit, s, m, h or d; 0 keeps that land's records for ever).
     #[arg(long = "record-retention", env = "HCP_SENSE_RECORD_RETENTION", value_name = "LAND=AGE,...", value_parser = land_ages)]
     pub record_retention_lands: Option<LandAges>,
 

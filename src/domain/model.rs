@@ -202,13 +202,22 @@ impl Retention {
         ages.try_fold(std::time::Duration::ZERO, |m, a| a.map(|a| m.max(a)))
     }
 
-    /// Parses `land=age,…` (`user=30d,brain=365d`): an age is a whole number of seconds with
-    /// an optional unit `s`, `m`, `h` or `d`; `0` keeps the land's records for ever.
+    /// Parses `land=age,…` (`user=30d,brain=365d`): an age is a whole number with its unit
+    /// `s`, `m`, `h` or `d`; `0` keeps the land's records for ever. An empty entry (`user=30d,`)
+    /// is refused: it is what a list cut short by a shell or a template looks like.
     pub fn parse_lands(
         text: &str,
     ) -> Result<std::collections::BTreeMap<String, Option<std::time::Duration>>, String> {
         let mut out = std::collections::BTreeMap::new();
-        for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        if text.trim().is_empty() {
+            return Ok(out);
+        }
+        for entry in text.split(',').map(str::trim) {
+            if entry.is_empty() {
+                return Err(format!(
+                    "`{text}` has an empty entry: give land=age entries separated by commas"
+                ));
+            }
             let (land, age) = entry
                 .split_once('=')
                 .ok_or_else(|| format!("`{entry}` must be land=age, as user=30d"))?;
@@ -223,7 +232,8 @@ impl Retention {
     }
 }
 
-/// `30d`, `12h`, `90m`, `3600s` or `3600`; zero is `None` (for ever). `humantime` reads the
+/// `30d`, `12h`, `90m` or `3600s`; `0` is `None` (for ever). A number without a unit is
+/// refused: `user=30` meant as days would delete a month of records in 30 s. `humantime` reads the
 /// number and its unit; of its units an age takes only these four, whose length is fixed
 /// (`humantime`'s month and year are fractions of days) and which a reader cannot confuse
 /// (`m` is minutes here, never months).
@@ -234,12 +244,15 @@ fn parse_age(s: &str) -> Result<Option<std::time::Duration>, String> {
     if digits == 0 || !matches!(unit, "" | "s" | "m" | "h" | "d") {
         return Err(bad());
     }
-    let text = if unit.is_empty() {
-        format!("{s}s")
-    } else {
-        s.to_owned()
-    };
-    let age = humantime::parse_duration(&text).map_err(|e| match e {
+    if unit.is_empty() {
+        if s.bytes().all(|b| b == b'0') {
+            return Ok(None);
+        }
+        return Err(format!(
+            "the age `{s}` needs a unit: s, m, h or d ({s}d for days, {s}s for seconds)"
+        ));
+    }
+    let age = humantime::parse_duration(s).map_err(|e| match e {
         humantime::DurationError::NumberOverflow => format!("the age `{s}` is too long"),
         _ => bad(),
     })?;
@@ -272,14 +285,16 @@ mod tests {
 
     #[test]
     fn land_retention_parses_ages_and_refuses_what_it_cannot_read() {
-        let r =
-            Retention::parse_lands("user=30d, brain=365d,project=12h,x=0,y=90").expect("parses");
+        let r = Retention::parse_lands("user=30d, brain=365d,project=12h,x=0,y=90s,z=00")
+            .expect("parses");
         assert_eq!(r["user"], Some(Duration::from_secs(30 * 86_400)));
         assert_eq!(r["brain"], Some(Duration::from_secs(365 * 86_400)));
         assert_eq!(r["project"], Some(Duration::from_secs(12 * 3600)));
         assert_eq!(r["x"], None, "0 keeps for ever");
+        assert_eq!(r["z"], None, "so does 00");
         assert_eq!(r["y"], Some(Duration::from_secs(90)));
         assert!(Retention::parse_lands("").expect("empty").is_empty());
+        assert!(Retention::parse_lands("  ").expect("blank").is_empty());
         for (bad, says) in [
             ("user", "land=age"),
             ("user=30w", "s, m, h or d"),
@@ -295,6 +310,12 @@ mod tests {
             ("user=1month", "s, m, h or d"),
             ("user=30 d", "s, m, h or d"),
             ("user=1y", "s, m, h or d"),
+            // A bare number is no age: 30 meant as days must not delete after 30 s.
+            ("user=30", "needs a unit"),
+            ("user=1", "needs a unit"),
+            ("user=30d,", "empty entry"),
+            (",user=30d", "empty entry"),
+            ("user=30d,,brain=1d", "empty entry"),
         ] {
             let e = Retention::parse_lands(bad).expect_err(bad);
             assert!(e.contains(says), "{bad}: {e}");
