@@ -8,8 +8,10 @@ pub const MAX_LAND_LEN: usize = 64;
 pub const MAX_ID_LEN: usize = 256;
 
 /// Checks a principal, project, Binding or trigger id: 1 to 256 bytes, with no
-/// whitespace, no `=` and no control characters. Ids are written into logs and
-/// spans as `key=value`; a space or `=` inside one could forge another field.
+/// whitespace, no `=`, no control characters and no invisible formatting characters. Ids are
+/// written into logs and spans as `key=value`; a space or `=` inside one could forge another
+/// field, and a zero-width or direction-changing character makes an id that reads as another
+/// (`alice\u{200B}` as `alice`).
 pub fn check_id(what: &str, id: &str) -> Result<(), String> {
     if id.is_empty() {
         return Err(format!("{what} must be non-empty"));
@@ -26,7 +28,24 @@ pub fn check_id(what: &str, id: &str) -> Result<(), String> {
     if id.contains('=') {
         return Err(format!("{what} must not contain `=`"));
     }
+    if let Some(c) = id.chars().find(|c| is_invisible(*c)) {
+        return Err(format!(
+            "{what} must not contain invisible formatting characters (U+{:04X})",
+            u32::from(c)
+        ));
+    }
     Ok(())
+}
+
+/// Unicode's format characters (category Cf) that render as nothing or reorder the text
+/// around them: soft hyphen, zero-width and joiner characters, direction marks, embeddings,
+/// overrides and isolates, invisible operators, the byte-order mark, interlinear annotation
+/// and tag characters.
+fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}'
+        | '\u{E0000}'..='\u{E007F}')
 }
 
 /// Checks a trigger ref against §7.1.2: non-empty, lower-case, `.` separating
@@ -144,9 +163,20 @@ mod tests {
             " alice",
             "x\u{1b}[31m",
             &"x".repeat(MAX_ID_LEN + 1),
+            "alice\u{200b}",
+            "\u{feff}alice",
+            "evil\u{202e}ecila",
+            "a\u{2066}b",
+            "a\u{ad}b",
+            "a\u{e0041}",
         ] {
             assert!(check_id("principal", bad).is_err(), "{bad:?} should fail");
         }
+        let e = check_id("trigger_id", "t\u{202e}1").expect_err("an override");
+        assert!(e.contains("trigger_id") && e.contains("U+202E"), "{e}");
+        // Joiners inside emoji and scripts that need them are refused too: ids are
+        // identifiers, not text.
+        assert!(check_id("principal", "a\u{200d}b").is_err());
     }
 
     #[test]
