@@ -110,26 +110,38 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let routes = routes.clone();
         let stop = stop.clone();
+        // The ingress listener counts what it refuses before any route sees the request.
+        let refusals = (name == "ingress").then(|| metrics.clone());
         tokio::spawn(async move {
             let slot = held.slot.clone();
-            connection(stream, slot, routes, limits, stop).await;
+            connection(stream, slot, routes, limits, refusals, stop).await;
             drop(held);
         });
     }
 }
 
-/// One socket's HTTP/1.1 connection, closed when it is shed.
+/// One socket's HTTP/1.1 connection, closed when it is shed. Requests refused before routing
+/// (a head too large or malformed, a body too large, too slow or unreadable) are counted in
+/// `refusals` as HTTP ingress refusals, when given.
 async fn connection(
     stream: TcpStream,
     slot: Arc<Slot>,
     routes: axum::Router,
     limits: HttpLimits,
+    refusals: Option<Arc<Metrics>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let io = TokioIo::new(IdleIo::new(stream, limits.idle));
     let request_slot = slot.clone();
+    let request_refusals = refusals.clone();
     let service = hyper::service::service_fn(move |req| {
-        request(req, routes.clone(), request_slot.clone(), limits)
+        request(
+            req,
+            routes.clone(),
+            request_slot.clone(),
+            limits,
+            request_refusals.clone(),
+        )
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -146,6 +158,13 @@ async fn connection(
     tokio::select! {
         r = conn.as_mut() => {
             if let Err(e) = r {
+                // hyper answers these itself (431, 400). A head that never completes is
+                // not counted: hyper's timer cannot tell it from a keep-alive left idle.
+                if e.is_parse() || e.is_parse_too_large() {
+                    if let Some(m) = &refusals {
+                        m.ingress_refused("http");
+                    }
+                }
                 tracing::debug!(error = %e, "HTTP connection ended");
             }
             return;
@@ -164,31 +183,33 @@ async fn request(
     mut routes: axum::Router,
     slot: Arc<Slot>,
     limits: HttpLimits,
+    refusals: Option<Arc<Metrics>>,
 ) -> Result<Response<Body>, Infallible> {
     let (parts, body) = req.into_parts();
     let read = Limited::new(body, limits.max_body_bytes).collect();
+    let refused = |status, message: &str| {
+        if let Some(m) = &refusals {
+            m.ingress_refused("http");
+        }
+        Ok(refusal(status, message))
+    };
     let body = match tokio::time::timeout(limits.body_timeout, read).await {
         Ok(Ok(b)) => b.to_bytes(),
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return Ok(refusal(
+            return refused(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &format!("the body is larger than {} bytes", limits.max_body_bytes),
-            ))
+            )
         }
-        Ok(Err(_)) => {
-            return Ok(refusal(
-                StatusCode::BAD_REQUEST,
-                "the body could not be read",
-            ))
-        }
+        Ok(Err(_)) => return refused(StatusCode::BAD_REQUEST, "the body could not be read"),
         Err(_) => {
-            return Ok(refusal(
+            return refused(
                 StatusCode::REQUEST_TIMEOUT,
                 &format!(
                     "the body did not arrive within {} s of the headers",
                     limits.body_timeout.as_secs_f64()
                 ),
-            ))
+            )
         }
     };
     // Only now is the socket serving a request: a slow body could still be shed. It serves

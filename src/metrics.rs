@@ -166,7 +166,7 @@ const HELP: [(&str, &str); 21] = [
     ("sink_commit_duration_seconds", "Time to write and commit one batch of records"),
     ("records_written", "Records committed to the sink"),
     ("drop_counts_written", "Drops added to the drop_reports table"),
-    ("ingress_refused", "Ingress requests and messages refused before any trigger was decided (a bad signature, a malformed or unmappable message)"),
+    ("ingress_refused", "Ingress requests and messages refused before any trigger was decided (a bad signature, a malformed or unmappable message, an HTTP head or body past its limits or deadline)"),
     ("ingress_replayed", "Signed ingress requests whose delivery was decided before, answered with the first outcome and not decided again"),
     ("sink_queue_wait_seconds", "Time a record waited in the sink's queue for a writer, by pack: its lane's backlog, and its turn among the packs"),
     ("sink_queued_records", "Records of a pack waiting in the sink's queue, as the last batch taken from it left them"),

@@ -94,6 +94,7 @@ fn refusal(e: Error) -> Response {
         Error::Throttled {
             message,
             retry_after,
+            ..
         } => (
             StatusCode::TOO_MANY_REQUESTS,
             json!({ "error": message, "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX).max(1) }),

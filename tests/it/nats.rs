@@ -515,7 +515,7 @@ async fn nats_route_continues_its_unhashed_consumer(kind: StoreKind) {
 on_both_stores!(s7_6_nats_route_continues_its_unhashed_consumer => nats_route_continues_its_unhashed_consumer);
 
 /// The value of one sample of `/metrics`, 0 when absent.
-fn sample(metrics: &str, series: &str) -> f64 {
+pub fn sample(metrics: &str, series: &str) -> f64 {
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))

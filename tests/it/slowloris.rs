@@ -335,9 +335,19 @@ async fn a_head_past_64_kib_is_431_and_a_body_past_the_payload_limit_413() {
             "p".repeat(pad)
         )
     };
+    // Each refusal counts in hcp_sense_ingress_refused_total, whether the route refused it
+    // or the listener did before any route saw it.
+    let metrics_url = format!("http://{}/metrics", app.metrics_addr);
+    let refused = || {
+        crate::nats::sample(
+            &crate::helpers::http_get(&metrics_url),
+            r#"hcp_sense_ingress_refused_total{ingress="http"}"#,
+        )
+    };
     // Within the head's bound the request reaches the route (unsigned: 401); past it, 431.
     let (status, _) = exchange(ingress, head(60 << 10).as_bytes()).await;
     assert_eq!(status, 401);
+    assert_eq!(refused(), 1.0);
     let (status, _) = exchange(ingress, head(hcp_sense::http::MAX_HEAD_BYTES).as_bytes()).await;
     assert_eq!(status, 431);
     let big = 64 << 10 | 1;
@@ -347,5 +357,23 @@ async fn a_head_past_64_kib_is_431_and_a_body_past_the_payload_limit_413() {
     );
     let (status, _) = exchange(ingress, body.as_bytes()).await;
     assert_eq!(status, 413);
+    // A head that is not HTTP is answered 400 by the listener.
+    let (status, _) = exchange(ingress, b"NOT HTTP AT ALL\r\n\r\n").await;
+    assert_eq!(status, 400);
+    // The 431 and 400 are counted when hyper closes their connections: a moment after.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while refused() < 4.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(refused(), 4.0);
+    // The metrics listener's own refusals are not the ingress's.
+    let (status, _) = exchange(
+        app.metrics_addr,
+        head(hcp_sense::http::MAX_HEAD_BYTES).as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 431);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(refused(), 4.0);
     app.stop().await;
 }
