@@ -246,8 +246,9 @@ impl App {
     fn grpc_routes(&self) -> anyhow::Result<Routes> {
         let max = self.limits.max_request_bytes;
         let (hub, pages) = (&self.hub, &self.pages);
-        let mut routes = Routes::new(reflection().build_v1()?)
-            .add_service(reflection().build_v1alpha()?)
+        let bench = self.bench_baseline;
+        let mut routes = Routes::new(reflection(bench).build_v1()?)
+            .add_service(reflection(bench).build_v1alpha()?)
             .add_service(
                 PackServiceServer::new(PacksApi {
                     policy: hub.policy.clone(),
@@ -273,6 +274,7 @@ impl App {
                 IngestServiceServer::new(IngestApi::new(
                     hub.delivery.clone(),
                     self.limits.conns.idle_timeout,
+                    hub.stopping(),
                 ))
                 .max_decoding_message_size(max),
             )
@@ -572,13 +574,33 @@ pub const SERVICES: [&str; 6] = [
     "hcp.sense.v1.RecordService",
 ];
 
-/// Reflection over every service served, and over google.rpc error details so
-/// that clients such as grpcurl can decode them.
-fn reflection() -> tonic_reflection::server::Builder<'static> {
-    tonic_reflection::server::Builder::configure()
+/// The services reflection lists: those always served.
+const LISTED: [&str; 9] = [
+    "hcp.sense.v1.AuditService",
+    "hcp.sense.v1.IngestService",
+    "hcp.sense.v1.IngressService",
+    "hcp.sense.v1.PackService",
+    "hcp.sense.v1.PolicyService",
+    "hcp.sense.v1.RecordService",
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+];
+
+/// Reflection over the services served (the benchmark baseline only when it is), and over
+/// google.rpc error details so that clients such as grpcurl can decode them.
+fn reflection(bench: bool) -> tonic_reflection::server::Builder<'static> {
+    let mut b = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET);
+    for name in LISTED {
+        b = b.with_service_name(name);
+    }
+    if bench {
+        b = b.with_service_name("hcp.sense.v1.BenchService");
+    }
+    b
 }
 
 async fn set_serving(health: &HealthReporter, serving: bool) {

@@ -32,6 +32,9 @@ pub enum Error {
     Throttled {
         message: String,
         retry_after: std::time::Duration,
+        /// ErrorInfo's reason: `QUOTA_EXCEEDED` (a pack's or principal's quota) or
+        /// `RATE_LIMITED` (a caller's rate limit).
+        reason: &'static str,
     },
     /// The store (or another dependency) cannot be reached; the call may be retried.
     #[error("{0}")]

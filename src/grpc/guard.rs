@@ -22,6 +22,17 @@ use crate::metrics::Metrics;
 /// What a caller past its rate limit is told.
 pub const RATE_LIMITED: &str = "rate limit for this caller exceeded; retry later";
 
+/// The refusal of a call past its caller's rate limit: RESOURCE_EXHAUSTED with RetryInfo
+/// (when the bucket has a token again, at least a millisecond) and ErrorInfo `RATE_LIMITED`,
+/// so a client backs off by what it is told rather than at once.
+pub fn rate_limited(wait: std::time::Duration) -> Error {
+    Error::Throttled {
+        message: RATE_LIMITED.into(),
+        retry_after: wait.max(std::time::Duration::from_millis(1)),
+        reason: "RATE_LIMITED",
+    }
+}
+
 /// Signature checks running at once, in all, for callers whose address is past its budget of
 /// failed authentications: whatever such addresses send, their signatures cost at most this
 /// many cores.
@@ -103,9 +114,9 @@ pub struct CallerBucket {
 }
 
 impl CallerBucket {
-    /// Takes a token; false when the caller's bucket is empty.
-    pub fn allow(&self) -> bool {
-        self.limiter.allow(&self.bucket)
+    /// Takes a token; when none is left, the refusal to answer with (its retry delay).
+    pub fn take(&self) -> Result<(), Error> {
+        self.limiter.take(&self.bucket).map_err(rate_limited)
     }
 }
 
@@ -176,8 +187,14 @@ impl RateLimiter {
 
     /// Takes one token from `who`'s bucket; false when it is empty.
     fn allow(&self, who: &str) -> bool {
+        self.take(who).is_ok()
+    }
+
+    /// Takes one token from `who`'s bucket; when it is empty, how long until it has one.
+    fn take(&self, who: &str) -> Result<(), std::time::Duration> {
+        use governor::clock::Clock;
         let Some(b) = &self.buckets else {
-            return true;
+            return Ok(());
         };
         let takes = b.takes.fetch_add(1, Ordering::Relaxed);
         if takes % FORGET_EVERY == FORGET_EVERY - 1 && b.limiter.len() > MAX_KEYS {
@@ -187,8 +204,8 @@ impl RateLimiter {
         }
         let key = who.to_owned();
         let (took, left) = match b.limiter.check_key(&key) {
-            Ok(snapshot) => (true, snapshot.remaining_burst_capacity()),
-            Err(_) => (false, 0),
+            Ok(snapshot) => (Ok(()), snapshot.remaining_burst_capacity()),
+            Err(not_until) => (Err(not_until.wait_time_from(b.limiter.clock().now())), 0),
         };
         let Some(empty) = &b.empty else {
             return took;
@@ -296,10 +313,8 @@ where
                     Caller::Known(id) => id.bucket(),
                     _ => peer.to_string(),
                 };
-                if !layer.limiter.allow(&bucket) {
-                    return Ok(
-                        Status::from(Error::ResourceExhausted(RATE_LIMITED.into())).into_http()
-                    );
+                if let Err(wait) = layer.limiter.take(&bucket) {
+                    return Ok(Status::from(rate_limited(wait)).into_http());
                 }
                 req.extensions_mut().insert(CallerBucket {
                     limiter: layer.limiter.clone(),

@@ -9,7 +9,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{disposition, drop_reason, struct_to_json_checked, trigger_source_from};
-use super::guard::{CallerBucket, RATE_LIMITED};
+use super::guard::CallerBucket;
 use super::pb::{
     self, deliver_trigger_request::PayloadSource, deliver_triggers_response,
     ingest_service_server::IngestService,
@@ -37,14 +37,17 @@ pub struct IngestApi {
     /// A DeliverTriggers stream that sends nothing for this long is ended (--idle-timeout-secs):
     /// an open stream is a call in flight, which keeps its connection from closing when idle.
     pub idle: Duration,
+    /// True once the server begins to stop: open streams stop reading triggers then.
+    pub stopping: watch::Receiver<bool>,
 }
 
 impl IngestApi {
-    pub fn new(delivery: Delivery, idle: Duration) -> IngestApi {
+    pub fn new(delivery: Delivery, idle: Duration, stopping: watch::Receiver<bool>) -> IngestApi {
         IngestApi {
             delivery,
             in_flight: Arc::new(Semaphore::new(STREAM_TRIGGERS_IN_FLIGHT)),
             idle,
+            stopping,
         }
     }
 }
@@ -243,6 +246,7 @@ impl IngestService for IngestApi {
             self.in_flight.clone(),
             self.idle,
             bucket,
+            self.stopping.clone(),
             tx,
         ));
         let outcomes = async_stream(move |out| answer_in_order(pending, out));
@@ -258,13 +262,16 @@ type Started = (
 );
 
 /// Reads a stream's triggers and starts each one's delivery as a task of its own, in order,
-/// until the stream ends, idles for `idle`, or its answers are gone.
+/// until the stream ends, idles for `idle`, its answers are gone, or the server begins to
+/// stop: then the triggers already read are answered and the stream ends UNAVAILABLE, so its
+/// producer sends the rest to another replica at once rather than at the drain's deadline.
 async fn start_each(
     mut inbound: Streaming<pb::DeliverTriggersRequest>,
     delivery: Delivery,
     in_flight: Arc<Semaphore>,
     idle: Duration,
     bucket: Option<CallerBucket>,
+    mut stopping: watch::Receiver<bool>,
     tx: mpsc::Sender<Started>,
 ) {
     let mut index: u64 = 0;
@@ -274,6 +281,16 @@ async fn start_each(
         // Once the answers are gone (the caller left, or the stream was ended), the
         // triggers are no longer read.
         let item = tokio::select! {
+            // Checked first: a stream that always has a trigger ready still ends.
+            biased;
+            // (Its guard is let go before the send below awaits.)
+            true = async { stopping.wait_for(|s| *s).await.is_ok() } => {
+                let stop = Error::Unavailable(format!(
+                    "the server is shutting down: triggers from index {index} on were not read; send them to another replica"
+                ));
+                let _ = tx.send((index, Err(Status::from(stop)))).await;
+                break;
+            }
             item = tokio::time::timeout(idle, inbound.next()) => item,
             () = tx.closed() => break,
         };
@@ -287,13 +304,15 @@ async fn start_each(
             break;
         };
         let Some(item) = item else { break };
-        let next = match item {
-            Ok(_) if index > 0 && bucket.as_ref().is_some_and(|b| !b.allow()) => {
-                Ok(tokio::spawn(async {
-                    refused(Error::ResourceExhausted(RATE_LIMITED.into()))
-                }))
-            }
-            Ok(r) => {
+        // Each item after the first takes a token of the caller's, as a call would; a refusal
+        // carries the bucket's wait.
+        let limited = match (&item, &bucket) {
+            (Ok(_), Some(b)) if index > 0 => b.take().err(),
+            _ => None,
+        };
+        let next = match (item, limited) {
+            (Ok(_), Some(refusal)) => Ok(tokio::spawn(async move { refused(refusal) })),
+            (Ok(r), None) => {
                 let Ok(permit) = in_flight.clone().acquire_owned().await else {
                     break;
                 };
@@ -318,7 +337,7 @@ async fn start_each(
                     result
                 }))
             }
-            Err(status) => Err(status),
+            (Err(status), _) => Err(status),
         };
         let end = next.is_err();
         if tx.send((index, next)).await.is_err() || end {

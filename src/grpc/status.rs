@@ -24,14 +24,11 @@ impl From<Error> for Status {
             Error::Throttled {
                 message,
                 retry_after,
+                reason,
             } => {
                 let mut details = ErrorDetails::new();
                 details.set_retry_info(Some(retry_after));
-                details.set_error_info(
-                    "QUOTA_EXCEEDED",
-                    "hcp.sense.v1",
-                    std::collections::HashMap::new(),
-                );
+                details.set_error_info(reason, "hcp.sense.v1", std::collections::HashMap::new());
                 Status::with_error_details(Code::ResourceExhausted, message, details)
             }
             Error::Unavailable(m) => Status::unavailable(m),

@@ -310,6 +310,10 @@ impl Policy {
             .delivery
             .store_binding(actor, view, BindingChange::Put(&b))
             .await?;
+        // A new Binding had no state before: the log says so.
+        let previous = before
+            .as_ref()
+            .map_or_else(|| "none".to_owned(), |p| p.state.to_string());
         let before = before.unwrap_or_else(|| Binding { state, ..b.clone() });
         self.policy
             .publish(view.with_principal(pack_id, principal, |p| {
@@ -318,7 +322,7 @@ impl Policy {
                     state,
                 });
             }));
-        tracing::info!(principal, pack_id, state = %state, previous = %before.state, "binding stored");
+        tracing::info!(principal, pack_id, state = %state, previous = %previous, "binding stored");
         Ok((b, before, outcome))
     }
 

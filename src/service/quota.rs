@@ -75,6 +75,7 @@ fn over_quota(pack_id: &str, principal: Option<&str>, rule: Rule, retry_after: D
             retry_after.as_millis().max(1)
         ),
         retry_after,
+        reason: "QUOTA_EXCEEDED",
     }
 }
 
@@ -401,6 +402,7 @@ fn throttled(retry_after: Duration) -> Error {
     Error::Throttled {
         message: String::new(),
         retry_after,
+        reason: "QUOTA_EXCEEDED",
     }
 }
 

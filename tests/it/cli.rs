@@ -36,14 +36,31 @@ async fn grpcurl_session(kind: StoreKind) {
 
     let (ok, out) = grpcurl(&[&addr, "list"]);
     assert!(ok, "{out}");
-    for service in [
-        "hcp.sense.v1.PackService",
-        "grpc.health.v1.Health",
-        "grpc.reflection.v1alpha.ServerReflection",
-    ] {
+    // Exactly the services served: the benchmark baseline is not, without its flag.
+    let mut listed: Vec<&str> = out.lines().collect();
+    listed.sort_unstable();
+    assert_eq!(
+        listed,
+        [
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+            "hcp.sense.v1.AuditService",
+            "hcp.sense.v1.IngestService",
+            "hcp.sense.v1.IngressService",
+            "hcp.sense.v1.PackService",
+            "hcp.sense.v1.PolicyService",
+            "hcp.sense.v1.RecordService",
+        ]
+    );
+    {
+        let bench_db = TestDb::create(kind).await;
+        let with_bench = Served::start(&bench_db.url, &["--bench-baseline", "true"]);
+        let (ok, out) = grpcurl(&[&with_bench.addr, "list"]);
+        assert!(ok, "{out}");
         assert!(
-            out.lines().any(|l| l == service),
-            "{service} not listed:\n{out}"
+            out.lines().any(|l| l == "hcp.sense.v1.BenchService"),
+            "{out}"
         );
     }
     let (ok, out) = grpcurl(&[&addr, "describe", "hcp.sense.v1.PackService"]);
@@ -71,6 +88,26 @@ async fn grpcurl_session(kind: StoreKind) {
     let v: serde_json::Value = serde_json::from_str(&out).expect("grpcurl prints JSON");
     assert_eq!(v["pack"]["packId"], "github");
     assert_eq!(v["created"], true);
+
+    // A new Binding's log line says it had no state before; a changed one names the old.
+    for state in ["BINDING_STATE_PENDING", "BINDING_STATE_LINKED"] {
+        let body = format!(
+            "{{\"principal\": \"alice\", \"pack_id\": \"github\", \"binding_id\": \"b-alice\", \"state\": \"{state}\"}}"
+        );
+        let (ok, out) = grpcurl(&["-d", &body, &addr, "hcp.sense.v1.PolicyService/PutBinding"]);
+        assert!(ok, "{out}");
+    }
+    let stored: Vec<String> = served
+        .log
+        .lock()
+        .map(|l| l.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|l| l.contains("binding stored"))
+        .collect();
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert!(stored[0].contains("previous=none"), "{stored:?}");
+    assert!(stored[1].contains("previous=pending"), "{stored:?}");
 
     // A lint failure reaches grpcurl as INVALID_ARGUMENT with decodable details.
     let broken = std::fs::read_to_string(repo_path("examples/broken.pack.json")).expect("example");

@@ -609,6 +609,35 @@ async fn callers_over_their_rate_get_resource_exhausted() {
         "the burst passes: {codes:?}"
     );
     assert!(limited >= 15, "{codes:?}");
+    // The refusal says when to come back: RetryInfo with the bucket's wait (a token every
+    // 200 ms at 5 a second) and ErrorInfo RATE_LIMITED; a call made after that wait passes.
+    use tonic_types::StatusExt;
+    let mut packs =
+        hcp_sense::grpc::pb::pack_service_client::PackServiceClient::new(app.channel.clone());
+    let refused = loop {
+        match packs.list_packs(pb::ListPacksRequest::default()).await {
+            Ok(_) => continue,
+            Err(s) => break s,
+        }
+    };
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let wait = refused
+        .get_details_retry_info()
+        .and_then(|r| r.retry_delay)
+        .expect("RetryInfo with a delay");
+    assert!(
+        wait > Duration::ZERO && wait <= Duration::from_millis(200),
+        "{wait:?}"
+    );
+    assert_eq!(
+        refused.get_details_error_info().map(|i| i.reason),
+        Some("RATE_LIMITED".to_owned())
+    );
+    tokio::time::sleep(wait + Duration::from_millis(20)).await;
+    packs
+        .list_packs(pb::ListPacksRequest::default())
+        .await
+        .expect("a call after the wait it was told passes");
     // Health checks are never limited.
     assert_eq!(
         call(&app.channel, "", "/grpc.health.v1.Health/Check").await,

@@ -572,3 +572,84 @@ async fn an_idle_delivertriggers_stream_is_ended_unavailable_after_the_idle_time
     assert_eq!(app.count("records").await, 8);
     app.stop().await;
 }
+
+/// SIGTERM with a DeliverTriggers stream open and its producer still sending: the triggers
+/// read are answered, then the stream ends UNAVAILABLE at once (naming the first trigger not
+/// read) rather than at the grace period's end, every trigger answered recorded is stored,
+/// and the process exits well inside the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_delivertriggers_streams_at_once_and_loses_nothing_answered() {
+    use tokio_stream::StreamExt;
+    let db = TestDb::create(StoreKind::Sqlite).await;
+    let served = Served::start(&db.url, &["--shutdown-grace-secs", "20"]);
+    let ch = crate::cli::connect(&served.addr).await;
+    crate::cli::set_up_weather(&ch).await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::DeliverTriggersRequest>(4);
+    let mut answers = IngestServiceClient::new(ch.clone())
+        .deliver_triggers(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream opens")
+        .into_inner();
+    // A producer sending a trigger every 50 ms until its stream ends.
+    let producer = tokio::spawn(async move {
+        for i in 0.. {
+            let t = crate::cli::storm_warning(format!("s-{i}"));
+            if tx
+                .send(pb::DeliverTriggersRequest { trigger: Some(t) })
+                .await
+                .is_err()
+            {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        unreachable!()
+    });
+    let mut recorded = Vec::new();
+    while recorded.len() < 3 {
+        let a = answers.next().await.expect("an answer").expect("ok");
+        recorded.push(a.index);
+    }
+    let reader = tokio::spawn(async move {
+        let mut more = Vec::new();
+        let end = loop {
+            match answers.next().await {
+                Some(Ok(a)) => more.push(a),
+                Some(Err(s)) => break Some(s),
+                None => break None,
+            }
+        };
+        (more, end)
+    });
+    let (clean, took) = tokio::task::spawn_blocking(move || served.terminate_timed())
+        .await
+        .expect("terminate");
+    assert!(clean, "exit 0");
+    assert!(
+        took < Duration::from_secs(10),
+        "an open DeliverTriggers stream held shutdown for {took:?} (grace 20 s)"
+    );
+    let (more, end) = reader.await.expect("reader");
+    let end = end.expect("the stream ends with a status");
+    assert_eq!(end.code(), Code::Unavailable, "{end:?}");
+    assert!(end.message().contains("shutting down"), "{}", end.message());
+    let answered = recorded.len() as u64 + more.len() as u64;
+    assert!(
+        end.message().contains(&format!("from index {answered} on")),
+        "{answered} answered: {}",
+        end.message()
+    );
+    producer.abort();
+    // Every trigger answered is stored.
+    let conn = db.connect().await;
+    let stored = conn
+        .query_one_raw(sea_orm::Statement::from_string(
+            conn.get_database_backend(),
+            "SELECT count(*) AS n FROM records",
+        ))
+        .await
+        .expect("count")
+        .and_then(|r| r.try_get::<i64>("", "n").ok())
+        .unwrap_or(-1);
+    assert_eq!(stored as u64, answered);
+}
