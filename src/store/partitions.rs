@@ -264,11 +264,20 @@ impl RecordTables {
                 .map_err(classify)?;
             done.statements += 1;
         }
+        // The planner's count of its rows, kept by autovacuum's ANALYZE (exact after VACUUM
+        // and close otherwise): counting them would read the partition whole, and with nine
+        // of a million rows that read cost the writers a tenth of their rate. Counted exactly
+        // only when the partition was never analyzed.
         let count = self
             .db
-            .query_one_raw(Statement::from_string(
+            .query_one_raw(Statement::from_sql_and_values(
                 DbBackend::Postgres,
-                format!("SELECT count(*) AS n FROM {name}"),
+                format!(
+                    "SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint \
+                            ELSE (SELECT count(*) FROM {name}) END AS n \
+                     FROM pg_class c WHERE c.relname = $1 AND pg_table_is_visible(c.oid)"
+                ),
+                [name.into()],
             ))
             .await
             .map_err(classify)?

@@ -427,8 +427,8 @@ impl RecordTables {
         limit: u64,
     ) -> Result<(Vec<Record>, Position)> {
         use sea_orm::FromQueryResult;
-        let txn = self.position_order().await?;
-        let rows = txn
+        let rows = self
+            .listing()
             .query_all_raw(Statement::from_sql_and_values(
                 DbBackend::Postgres,
                 TAIL_POSTGRES,
@@ -436,7 +436,6 @@ impl RecordTables {
             ))
             .await
             .map_err(classify)?;
-        txn.commit().await.map_err(classify)?;
         let mut lo = None;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
@@ -461,41 +460,15 @@ impl RecordTables {
 
     /// At most `limit` records of `q`, and the position they cover: `reach` when they are all
     /// there are, else the last one's.
-    /// A read-only transaction in which PostgreSQL reads partitions in position order: each
-    /// partition's position index, merged. Left to its estimates, the planner may append
-    /// every partition's rows after the cursor and sort them for the first page: cheap on
-    /// paper when positions it cannot tell apart (records from before positions, all at
-    /// transaction 0) make it expect a handful, and seconds a page on millions of them.
-    async fn position_order(&self) -> Result<sea_orm::DatabaseTransaction> {
-        use sea_orm::TransactionTrait;
-        let txn = self.db.begin().await.map_err(classify)?;
-        // Planning a page over every partition costs several times reading it (6–8 ms
-        // against about 1 ms at 30 partitions): the statement's generic plan, made once per
-        // connection and kept with its prepared statement until the partitions change, skips
-        // that. Its only choice is which position index to merge, which no value changes.
-        txn.execute_unprepared(
-            "SET LOCAL enable_sort = off; SET LOCAL plan_cache_mode = force_generic_plan",
-        )
-        .await
-        .map_err(classify)?;
-        Ok(txn)
-    }
-
     async fn page(
         &self,
         q: sea_orm::Select<records::Entity>,
         limit: u64,
         reach: Position,
     ) -> Result<(Vec<Record>, Position)> {
-        let q = q.limit(limit);
-        let rows = if self.partitioned() {
-            let txn = self.position_order().await?;
-            let rows = q.all(&txn).await.map_err(classify)?;
-            txn.commit().await.map_err(classify)?;
-            rows
-        } else {
-            q.all(&self.db).await.map_err(classify)?
-        };
+        // On PostgreSQL through the listing pool, whose sessions read the partitions in
+        // position order on a generic plan (`LISTING_SETTINGS`).
+        let rows = q.limit(limit).all(self.listing()).await.map_err(classify)?;
         let records: Vec<Record> = rows.into_iter().map(record).collect::<Result<_>>()?;
         let reach = match records.last() {
             Some(last) if records.len() as u64 >= limit => last.position,
