@@ -75,11 +75,9 @@ impl MigrationTrait for Migration {
              WHERE producer_trigger_id IS NOT NULL",
         )
         .await?;
-        // Ledger rows of dropped partitions are swept by stored time.
-        db.execute_unprepared(
-            "CREATE INDEX idx_record_triggers_stored ON record_triggers (stored_time)",
-        )
-        .await?;
+        // No index on its stored time: an index entry on every keyed insert would cost more
+        // than the sweep it serves, which reads the ledger in page ranges once a retention
+        // pass has dropped partitions (docs/partitions.md).
         // Below the floor, partitions are being or have been dropped: a ledger row there names
         // a record no longer kept, and a new record may take its trigger id.
         db.execute_unprepared(

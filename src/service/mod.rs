@@ -6,7 +6,7 @@ mod policy;
 mod quota;
 mod records;
 mod replicas;
-mod retention;
+pub mod retention;
 mod watch;
 
 use std::sync::Arc;

@@ -9,8 +9,8 @@ use crate::store::{now_micros, IngressTables, RecordTables, Store};
 
 /// Rows deleted per transaction: small, so a batch of deliveries never waits long behind it.
 pub const PRUNE_BATCH: u64 = 250;
-/// Trigger-ledger rows swept per transaction: narrow rows of one table, so more at a time.
-pub const LEDGER_BATCH: u64 = 2_000;
+/// Ledger pages one sweep statement reads (about 30,000 narrow rows).
+pub const LEDGER_SWEEP_PAGES: i64 = 256;
 /// The pause between two batches, for the deliveries waiting on the writer's turn.
 pub const BATCH_PAUSE: Duration = Duration::from_millis(20);
 
@@ -29,6 +29,7 @@ pub fn start<T: Send + Sync + 'static>(
         let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
         let listed: Vec<String> = retention.lands.keys().cloned().collect();
         let records = store.record_tables();
+        let mut sweep_due = true;
         loop {
             tokio::time::sleep(every).await;
             if alive.upgrade().is_none() {
@@ -38,7 +39,7 @@ pub fn start<T: Send + Sync + 'static>(
             // Records' ages run on the clock that stamps them: the database's when they are
             // partitioned (every replica alike, whatever its own clock), else this one's.
             let now = if store.partitioned() {
-                match partitions(&store, &records, &metrics, &retention).await {
+                match partitions(&store, &records, &metrics, &retention, &mut sweep_due).await {
                     Ok(now) => now,
                     Err(e) => {
                         tracing::warn!(error = %e, "records partitions not kept; will retry");
@@ -75,12 +76,15 @@ pub fn start<T: Send + Sync + 'static>(
 }
 
 /// PostgreSQL's partitions: makes those ahead, drops those every land's retention has passed,
-/// and sweeps the trigger ledger's rows they left. Returns the database's clock.
+/// and sweeps the trigger ledger's rows they left: after a pass that dropped some, and once
+/// after start (a sweep the last process did not finish). `sweep_due` says whether one is
+/// owed and is cleared when one completes. Returns the database's clock.
 async fn partitions(
     store: &Store,
     records: &RecordTables,
     metrics: &Metrics,
     retention: &Retention,
+    sweep_due: &mut bool,
 ) -> crate::error::Result<i64> {
     store.make_partitions_ahead().await?;
     let now = store.db_now().await?;
@@ -89,6 +93,7 @@ async fn partitions(
         let started = std::time::Instant::now();
         let dropped = records.drop_partitions_before(cutoff).await?;
         if dropped.partitions > 0 {
+            *sweep_due = true;
             metrics.records_deleted("retention", dropped.records);
             tracing::info!(
                 partitions = dropped.partitions,
@@ -99,14 +104,30 @@ async fn partitions(
             );
         }
     }
-    let swept = in_batches("the trigger ledger", LEDGER_BATCH, || {
-        records.sweep_ledger(LEDGER_BATCH)
-    })
-    .await;
-    if swept > 0 {
-        tracing::debug!(swept, "swept trigger ids of dropped partitions");
+    if *sweep_due {
+        let swept = sweep_ledger(records).await?;
+        *sweep_due = false;
+        if swept > 0 {
+            tracing::info!(swept, "swept trigger ids of dropped partitions");
+        }
     }
     Ok(now)
+}
+
+/// Reads the whole ledger once, LEDGER_SWEEP_PAGES at a time with BATCH_PAUSE between,
+/// deleting the rows below the floor. A failure ends it; the next pass sweeps again.
+async fn sweep_ledger(records: &RecordTables) -> crate::error::Result<u64> {
+    let pages = records.ledger_pages().await?;
+    let mut swept = 0;
+    let mut from = 0;
+    // The last page too: it may hold rows and still be filling.
+    while from <= pages {
+        let to = from.saturating_add(LEDGER_SWEEP_PAGES);
+        swept += records.sweep_ledger_pages(from, to).await?;
+        from = to;
+        tokio::time::sleep(BATCH_PAUSE).await;
+    }
+    Ok(swept)
 }
 
 /// Deletes the ingress ledger's rows expired at `now`, a batch at a time.

@@ -546,3 +546,49 @@ async fn a_trim_reads_a_few_pages_of_a_large_partition_postgres() {
     );
     store.close().await;
 }
+
+/// Ledger rows a drop left (a process stopped between its drop and its sweep): the next
+/// process sweeps them in its first pass, reading the ledger in page ranges, and keeps every
+/// row above the floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_pass_after_a_start_sweeps_what_a_drop_left_postgres() {
+    use crate::support::served::Served;
+    let db = TestDb::create(StoreKind::Postgres).await;
+    drop(Served::start(&db.url, &["--prune-interval-secs", "3600"]));
+    let conn = db.connect().await;
+    for sql in [
+        // 50,000 rows of records dropped (several sweep statements' worth of pages), then
+        // 10 of records kept.
+        "INSERT INTO record_triggers (pack_id, producer_trigger_id, record_id, stored_time) \
+         SELECT 'weather', 'gone-' || g, 'r-gone-' || g, g FROM generate_series(1, 50000) AS g",
+        "INSERT INTO record_triggers (pack_id, producer_trigger_id, record_id, stored_time) \
+         SELECT 'weather', 'kept-' || g, 'r-kept-' || g, 200000 + g FROM generate_series(1, 10) AS g",
+        "UPDATE record_floor SET floor_time = 100000",
+    ] {
+        conn.execute_unprepared(sql).await.expect(sql);
+    }
+    let pages = scalar(
+        &conn,
+        "SELECT (pg_relation_size('record_triggers') / current_setting('block_size')::bigint)::bigint",
+    )
+    .await;
+    assert!(
+        pages > hcp_sense::service::retention::LEDGER_SWEEP_PAGES,
+        "{pages} pages"
+    );
+    let _served = Served::start(&db.url, &["--prune-interval-secs", "1"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let count = "SELECT count(*)::bigint FROM record_triggers";
+    while scalar(&conn, count).await > 10 {
+        assert!(Instant::now() < deadline, "the ledger was not swept");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        scalar(
+            &conn,
+            "SELECT count(*)::bigint FROM record_triggers WHERE producer_trigger_id LIKE 'kept-%'"
+        )
+        .await,
+        10
+    );
+}
