@@ -247,51 +247,62 @@ impl App {
         let max = self.limits.max_request_bytes;
         let (hub, pages) = (&self.hub, &self.pages);
         let bench = self.bench_baseline;
-        let mut routes = Routes::new(reflection(bench).build_v1()?)
-            .add_service(reflection(bench).build_v1alpha()?)
-            .add_service(
-                PackServiceServer::new(PacksApi {
-                    policy: hub.policy.clone(),
-                    pages: pages.clone(),
-                })
-                .max_decoding_message_size(max),
-            )
-            .add_service(
-                IngressServiceServer::new(IngressApi {
-                    ingress: self.ingress.clone(),
-                    pages: pages.clone(),
-                })
-                .max_decoding_message_size(max),
-            )
-            .add_service(
-                PolicyServiceServer::new(PolicyApi {
-                    policy: hub.policy.clone(),
-                    pages: pages.clone(),
-                })
-                .max_decoding_message_size(max),
-            )
-            .add_service(
-                IngestServiceServer::new(IngestApi::new(
-                    hub.delivery.clone(),
-                    self.limits.conns.idle_timeout,
-                    hub.stopping(),
-                ))
-                .max_decoding_message_size(max),
-            )
-            .add_service(
-                RecordServiceServer::new(RecordsApi {
-                    records: hub.records.clone(),
-                    pages: pages.clone(),
-                })
-                .max_decoding_message_size(max),
-            )
-            .add_service(
-                AuditServiceServer::new(crate::grpc::audit::AuditApi {
-                    policy: hub.policy.clone(),
-                    pages: pages.clone(),
-                })
-                .max_decoding_message_size(max),
-            );
+        // Each version describes the other's service too, as both are listed.
+        let mut routes = Routes::new(
+            reflection(bench)
+                .register_encoded_file_descriptor_set(
+                    tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+                )
+                .build_v1()?,
+        )
+        .add_service(
+            reflection(bench)
+                .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+                .build_v1alpha()?,
+        )
+        .add_service(
+            PackServiceServer::new(PacksApi {
+                policy: hub.policy.clone(),
+                pages: pages.clone(),
+            })
+            .max_decoding_message_size(max),
+        )
+        .add_service(
+            IngressServiceServer::new(IngressApi {
+                ingress: self.ingress.clone(),
+                pages: pages.clone(),
+            })
+            .max_decoding_message_size(max),
+        )
+        .add_service(
+            PolicyServiceServer::new(PolicyApi {
+                policy: hub.policy.clone(),
+                pages: pages.clone(),
+            })
+            .max_decoding_message_size(max),
+        )
+        .add_service(
+            IngestServiceServer::new(IngestApi::new(
+                hub.delivery.clone(),
+                self.limits.conns.idle_timeout,
+                hub.stopping(),
+            ))
+            .max_decoding_message_size(max),
+        )
+        .add_service(
+            RecordServiceServer::new(RecordsApi {
+                records: hub.records.clone(),
+                pages: pages.clone(),
+            })
+            .max_decoding_message_size(max),
+        )
+        .add_service(
+            AuditServiceServer::new(crate::grpc::audit::AuditApi {
+                policy: hub.policy.clone(),
+                pages: pages.clone(),
+            })
+            .max_decoding_message_size(max),
+        );
         if self.bench_baseline {
             routes = routes.add_service(BenchServiceServer::new(crate::grpc::bench::Baseline));
         }

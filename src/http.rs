@@ -186,6 +186,22 @@ async fn request(
     refusals: Option<Arc<Metrics>>,
 ) -> Result<Response<Body>, Infallible> {
     let (parts, body) = req.into_parts();
+    // A declared length over the limit is refused before any of the body is read, and before
+    // hyper would answer an `Expect: 100-continue` inviting it.
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
+        if let Some(m) = &refusals {
+            m.ingress_refused("http");
+        }
+        return Ok(refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the body is larger than {} bytes", limits.max_body_bytes),
+        ));
+    }
     let read = Limited::new(body, limits.max_body_bytes).collect();
     let refused = |status, message: &str| {
         if let Some(m) = &refusals {

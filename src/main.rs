@@ -43,7 +43,8 @@ enum Cmd {
         logging: Logging,
     },
     /// Check a serve configuration (file, environment and flags, as `serve` takes them) and
-    /// exit: 0 if the server would start with it, 1 naming what is wrong.
+    /// exit: 0 if the server would start with it, 1 naming what is wrong (2, as for every
+    /// command, when an option's value cannot be read at all).
     CheckConfig(Box<Config>),
     /// Run a `sense_only` pack's command and deliver each JSON line it prints as a trigger
     /// (`{"ref": …, "payload": {…}}`, optionally `trigger_id`, `project`, `land`). A

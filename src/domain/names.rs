@@ -37,15 +37,25 @@ pub fn check_id(what: &str, id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Unicode's format characters (category Cf) that render as nothing or reorder the text
-/// around them: soft hyphen, zero-width and joiner characters, direction marks, embeddings,
-/// overrides and isolates, invisible operators, the byte-order mark, interlinear annotation
-/// and tag characters.
+/// Characters that render as nothing, as a blank, or reorder the text around them, and those
+/// with no meaning of their own: Unicode's default-ignorable code points (soft hyphen,
+/// combining grapheme joiner, Hangul fillers, zero-width and joiner characters, direction
+/// marks, embeddings, overrides and isolates, invisible operators, variation selectors, the
+/// byte-order mark, musical and shorthand format controls, tags), interlinear annotation, the
+/// blank braille pattern, private-use characters and noncharacters.
 fn is_invisible(c: char) -> bool {
+    let n = u32::from(c);
     matches!(c,
-        '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
-        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}'
-        | '\u{E0000}'..='\u{E007F}')
+        '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{2800}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}'
+        | '\u{FFA0}' | '\u{FFF0}'..='\u{FFFB}' | '\u{1BCA0}'..='\u{1BCA3}'
+        | '\u{1D173}'..='\u{1D17A}' | '\u{E0000}'..='\u{E0FFF}'
+        // Private use.
+        | '\u{E000}'..='\u{F8FF}' | '\u{F0000}'..='\u{10FFFF}'
+        // Noncharacters.
+        | '\u{FDD0}'..='\u{FDEF}')
+        || n & 0xFFFE == 0xFFFE
 }
 
 /// Checks a trigger ref against §7.1.2: non-empty, lower-case, `.` separating
@@ -169,6 +179,17 @@ mod tests {
             "a\u{2066}b",
             "a\u{ad}b",
             "a\u{e0041}",
+            "alice\u{3164}",
+            "alice\u{2800}",
+            "alice\u{fe0f}",
+            "alice\u{e0100}",
+            "a\u{34f}b",
+            "a\u{1d173}",
+            "a\u{1bca0}",
+            "a\u{e000}",
+            "a\u{fdd0}",
+            "a\u{10ffff}",
+            "a\u{fffe}",
         ] {
             assert!(check_id("principal", bad).is_err(), "{bad:?} should fail");
         }

@@ -53,6 +53,11 @@ async fn grpcurl_session(kind: StoreKind) {
             "hcp.sense.v1.RecordService",
         ]
     );
+    // Every service listed can be described, through the reflection grpcurl speaks.
+    for service in &listed {
+        let (ok, out) = grpcurl(&[&addr, "describe", service]);
+        assert!(ok && out.contains("is a service"), "{service}: {out}");
+    }
     {
         let bench_db = TestDb::create(kind).await;
         let with_bench = Served::start(&bench_db.url, &["--bench-baseline", "true"]);
