@@ -456,6 +456,9 @@ async fn a_trim_reads_a_few_pages_of_a_large_partition_postgres() {
     .expect("connect");
     store.migrate_up().await.expect("migrate");
     let conn = db.connect().await;
+    // The filling on a connection of its own, closed after: a backend ending reports all it
+    // read, where a live one reports in pieces when it goes idle.
+    let filler = db.connect().await;
     // 100,000 records, half a second apart, in a day's partition of long ago.
     let (lower, upper) = (86_400_000_000i64, 2 * 86_400_000_000i64);
     let name = format!("records_{lower}_{upper}");
@@ -471,8 +474,9 @@ async fn a_trim_reads_a_few_pages_of_a_large_partition_postgres() {
         // Full ranges are summarized by autovacuum; here at once.
         format!("VACUUM ANALYZE {name}"),
     ] {
-        conn.execute_unprepared(&sql).await.expect(&sql);
+        filler.execute_unprepared(&sql).await.expect(&sql);
     }
+    let _ = filler.close().await;
     let pages = scalar(
         &conn,
         &format!("SELECT relpages::bigint FROM pg_class WHERE relname = '{name}'"),
@@ -520,8 +524,21 @@ async fn a_trim_reads_a_few_pages_of_a_large_partition_postgres() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // And its block reads: the count holds still for a second and a half.
+    let mut before = reads().await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let now = reads().await;
+        if now == before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(10),
+            "the reads never settled"
+        );
+        before = now;
+    }
     let records = store.record_tables();
-    let before = reads().await;
     // Nothing below a cutoff just above the partition's lower bound.
     let none = records
         .prune_records(lower + 250_000, Lands::Except(&[]), 250)
