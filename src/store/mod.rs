@@ -161,6 +161,15 @@ impl Engine {
     }
 }
 
+/// The migrations applied by a newer release (this binary does not know them), by name.
+fn newer_migrations(status: &[MigrationState]) -> Vec<&str> {
+    status
+        .iter()
+        .filter(|m| !m.known)
+        .map(|m| m.name.as_str())
+        .collect()
+}
+
 /// A migration and whether it has been applied.
 #[derive(Debug, Clone)]
 pub struct MigrationState {
@@ -237,11 +246,7 @@ impl Store {
     /// or after a rollback, as long as it has every migration of its own applied or to apply.
     pub async fn migrate_up(&self) -> Result<(), Error> {
         let status = self.migration_status().await?;
-        let newer: Vec<&str> = status
-            .iter()
-            .filter(|m| !m.known)
-            .map(|m| m.name.as_str())
-            .collect();
+        let newer = newer_migrations(&status);
         if newer.is_empty() {
             return Migrator::up(&self.db, None).await.map_err(classify);
         }
@@ -266,11 +271,7 @@ impl Store {
     /// migrations this binary does not know: its own down steps cannot undo theirs.
     pub async fn migrate_down_one(&self) -> Result<Option<String>, Error> {
         let status = self.migration_status().await?;
-        let newer: Vec<&str> = status
-            .iter()
-            .filter(|m| !m.known)
-            .map(|m| m.name.as_str())
-            .collect();
+        let newer = newer_migrations(&status);
         if !newer.is_empty() {
             return Err(Error::FailedPrecondition(format!(
                 "the database has migrations of a newer release ({}): revert them with that release",
