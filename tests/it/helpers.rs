@@ -125,6 +125,16 @@ impl TestDb {
             .await
             .expect("connect test database")
     }
+
+    /// The service's store on this database, with at most `max_connections`, unmigrated.
+    pub async fn store(&self, max_connections: u32) -> hcp_sense::store::Store {
+        hcp_sense::store::Store::connect(&hcp_sense::config::StoreConfig {
+            max_connections: Some(max_connections),
+            ..hcp_sense::config::StoreConfig::at(self.url.clone())
+        })
+        .await
+        .expect("connect")
+    }
 }
 
 impl Drop for TestDb {

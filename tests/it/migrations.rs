@@ -1,18 +1,11 @@
 //! Schema migrations on an empty database of each kind: up, status, down, up again.
-use hcp_sense::config::StoreConfig;
-use hcp_sense::store::Store;
 use hcp_sense_migration::{Migrator, MigratorTrait, SchemaManager};
 
 use crate::helpers::{StoreKind, TestDb};
 
 async fn up_down_up(kind: StoreKind) {
     let db = TestDb::create(kind).await;
-    let store = Store::connect(&StoreConfig {
-        max_connections: Some(2),
-        ..StoreConfig::at(db.url.clone())
-    })
-    .await
-    .expect("connect");
+    let store = db.store(2).await;
     assert!(store
         .migration_status()
         .await
@@ -74,12 +67,7 @@ on_both_stores!(migrations_up_down_up => up_down_up);
 async fn a_newer_release_s_migrations(kind: StoreKind) {
     use sea_orm::ConnectionTrait;
     let db = TestDb::create(kind).await;
-    let store = Store::connect(&StoreConfig {
-        max_connections: Some(2),
-        ..StoreConfig::at(db.url.clone())
-    })
-    .await
-    .expect("connect");
+    let store = db.store(2).await;
     store.migrate_up().await.expect("up");
     let conn = db.connect().await;
     let future = "m20991231_000001_from_a_newer_release";

@@ -307,16 +307,9 @@ async fn a_write_that_finds_no_partition_has_one_made_postgres() {
 /// had, and its trigger id still answered with its first record by the server after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_up_partitions_an_existing_table_postgres() {
-    use hcp_sense::config::StoreConfig;
-    use hcp_sense::store::Store;
     use hcp_sense_migration::{Migrator, MigratorTrait};
     let db = TestDb::create(StoreKind::Postgres).await;
-    let store = Store::connect(&StoreConfig {
-        max_connections: Some(2),
-        ..StoreConfig::at(db.url.clone())
-    })
-    .await
-    .expect("connect");
+    let store = db.store(2).await;
     let before_partitions = Migrator::migrations().len() as u32 - 1;
     Migrator::up(store.connection(), Some(before_partitions))
         .await
@@ -445,15 +438,9 @@ async fn migrate_up_partitions_an_existing_table_postgres() {
 /// statistics for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trim_reads_a_few_pages_of_a_large_partition_postgres() {
-    use hcp_sense::config::StoreConfig;
-    use hcp_sense::store::{Lands, Store};
+    use hcp_sense::store::Lands;
     let db = TestDb::create(StoreKind::Postgres).await;
-    let store = Store::connect(&StoreConfig {
-        max_connections: Some(1),
-        ..StoreConfig::at(db.url.clone())
-    })
-    .await
-    .expect("connect");
+    let store = db.store(1).await;
     store.migrate_up().await.expect("migrate");
     let conn = db.connect().await;
     // The filling on a connection of its own, closed after: a backend ending reports all it

@@ -156,16 +156,9 @@ async fn a_write_open_in_another_database_holds_no_listing_back_postgres() {
 /// Records written before positions existed keep their receive order, ahead of every record
 /// written after the migration; new records number on from them.
 async fn migration_keeps_receive_order(kind: StoreKind) {
-    use hcp_sense::config::StoreConfig;
-    use hcp_sense::store::Store;
     use hcp_sense_migration::{Migrator, MigratorTrait};
     let db = TestDb::create(kind).await;
-    let store = Store::connect(&StoreConfig {
-        max_connections: Some(2),
-        ..StoreConfig::at(db.url.clone())
-    })
-    .await
-    .expect("connect");
+    let store = db.store(2).await;
     let conn = store.connection();
     Migrator::up(conn, Some(2))
         .await
@@ -576,15 +569,8 @@ async fn sink_writers_from_1_to_64_postgres() {
 /// socket PostgreSQL sees as this test's store connection has TCP_NODELAY set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_sockets_have_tcp_nodelay_postgres() {
-    use hcp_sense::config::StoreConfig;
-    use hcp_sense::store::Store;
     let db = TestDb::create(StoreKind::Postgres).await;
-    let store = Store::connect(&StoreConfig {
-        max_connections: Some(1),
-        ..StoreConfig::at(db.url.clone())
-    })
-    .await
-    .expect("connect");
+    let store = db.store(1).await;
     let row = store
         .connection()
         .query_one_raw(sea_orm::Statement::from_string(
