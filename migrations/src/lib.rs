@@ -9,6 +9,7 @@ mod m20261202_000001_filters_and_land_retention;
 mod m20261202_000002_ingress_deliveries;
 mod m20261202_000003_quotas;
 mod m20261203_000001_partitioned_records;
+mod m20261204_000001_ingress_ledger;
 
 /// Every migration, in the order it is applied.
 pub struct Migrator;
@@ -25,6 +26,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000002_ingress_deliveries::Migration),
             Box::new(m20261202_000003_quotas::Migration),
             Box::new(m20261203_000001_partitioned_records::Migration),
+            Box::new(m20261204_000001_ingress_ledger::Migration),
         ]
     }
 }

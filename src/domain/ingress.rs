@@ -40,6 +40,17 @@ impl IngressKind {
         }
     }
 
+    /// Headers outside the signature that a signed route's mapping may still read: the
+    /// ingress ledger pins them with the delivery's content, so a replay that changes one is
+    /// refused (409), never decided as something else. GitHub names its event in
+    /// X-GitHub-Event alone (a `push` has no `action` in its body).
+    pub fn pinned_headers(self) -> &'static [&'static str] {
+        match self {
+            IngressKind::Github => &["x-github-event"],
+            _ => &[],
+        }
+    }
+
     pub fn parse(s: &str) -> Option<IngressKind> {
         match s {
             "standard_webhooks" => Some(IngressKind::StandardWebhooks),

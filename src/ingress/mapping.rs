@@ -146,10 +146,15 @@ fn check_header_reads(kind: IngressKind, e: &IdedExpr) -> Result<(), String> {
     let Some(signed) = kind.signed_headers() else {
         return Ok(());
     };
+    let pinned = kind.pinned_headers();
     let covered = if signed.is_empty() {
         format!(
-            "a {} request's signature covers its body alone",
-            kind.as_str()
+            "a {} request's signature covers its body alone{}",
+            kind.as_str(),
+            pinned
+                .iter()
+                .map(|h| format!("; `{h}` is pinned with it by the ingress ledger"))
+                .collect::<String>()
         )
     } else {
         format!(
@@ -168,7 +173,10 @@ fn check_header_reads(kind: IngressKind, e: &IdedExpr) -> Result<(), String> {
             "reads `headers` other than by a literal name ({covered}): a replayed request could choose what it yields"
         ));
     }
-    match names.into_iter().find(|n| !signed.contains(&n.as_str())) {
+    match names
+        .into_iter()
+        .find(|n| !signed.contains(&n.as_str()) && !pinned.contains(&n.as_str()))
+    {
         Some(n) => Err(format!(
             "reads header `{}`, which the signature does not cover ({covered}): a replay of a \
              captured request could change it and become another trigger; map it from `body`",
@@ -496,10 +504,10 @@ mod tests {
         };
         use IngressKind::{CloudEvents, Github, Nats, StandardWebhooks};
         for (kind, expr) in [
-            (Github, "headers['x-github-event']"),
             (Github, "headers['x-github-delivery']"),
-            (Github, "body.user + headers['X-GitHub-Event']"),
+            (Github, "headers['x-hub-signature-256']"),
             (StandardWebhooks, "headers['x-user']"),
+            (StandardWebhooks, "headers['x-github-event']"),
             (StandardWebhooks, "has(headers.user) ? 'a' : 'b'"),
             (StandardWebhooks, "headers.user"),
             (CloudEvents, "headers['ce-subject']"),
@@ -530,6 +538,9 @@ mod tests {
             (CloudEvents, "headers['webhook-id']"),
             (CloudEvents, "event.subject"),
             (Github, "body.sender.login"),
+            // Outside GitHub's signature, but pinned by the ledger with the body.
+            (Github, "headers['x-github-event']"),
+            (Github, "body.user + headers['X-GitHub-Event']"),
             // A NATS message is authenticated by its connection, headers and all.
             (Nats, "headers['x-user']"),
             (Nats, "headers[body.which]"),

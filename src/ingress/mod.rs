@@ -7,6 +7,7 @@ pub mod signature;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -21,7 +22,7 @@ use crate::error::{Error, Result, Violation};
 use crate::service::{valid_pack_id, Delivery};
 use crate::store::audit::Actor;
 use crate::store::now_micros;
-use crate::store::IngressTables;
+use crate::store::{IngressTables, LedgerKey, LedgerState};
 use cloudevents::{cloud_event, CloudEvent};
 use mapping::{compile, evaluate, Compiled, Mapped};
 use signature::{verify, Verified};
@@ -117,6 +118,29 @@ fn unsigned_attributes(route: &Route, compiled: &Compiled) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// How long a claim on a delivery outlives the call that took it: past that, a copy that
+/// finds the claim unanswered (its request's replica stopped) takes it over.
+const CLAIM_MARGIN: Duration = Duration::from_secs(5);
+/// How often a copy waiting for another's answer looks at the ledger.
+const CLAIM_POLL: Duration = Duration::from_millis(20);
+
+/// A delivery id the ledger holds for other content: another delivery reusing the id (a
+/// sender's bug, or a forgery by someone holding the secret), refused whole.
+fn reused(route: &Route, v: &Verified) -> Error {
+    let what = match route.kind {
+        IngressKind::Github => {
+            "this body was received before with another X-GitHub-Event".to_owned()
+        }
+        _ => format!(
+            "webhook-id `{}` was received before with another body",
+            v.delivery_id.escape_debug()
+        ),
+    };
+    Error::AlreadyExists(format!(
+        "{what}: a delivery id names one delivery, decided once; send new content under a new id (nothing was decided)"
+    ))
 }
 
 /// The clock skew allowed between replicas (seconds): a ledger row outlives its signature's
@@ -344,36 +368,108 @@ impl Ingress {
             tracing::debug!(route_id, why = %u.0, "ingress request refused");
             refused()
         })?;
-        // A signed delivery is decided once: its replay, whatever its unsigned headers say
-        // and whatever changed since (a grant, an erasure), gets the first answer.
+        // A signed delivery is decided once: its replay, whatever its unsigned headers say,
+        // whatever changed since (a grant, an erasure) and whichever route sharing its secret
+        // it is sent to, gets the first answer; copies arriving together wait for it.
         let key = verified.key();
-        if let Some(first) = self
-            .store
-            .ingress_delivery(route_id, &key, now_micros())
-            .await?
-        {
-            self.delivery.metrics.ingress_replayed(route.kind.as_str());
-            tracing::info!(
-                route_id,
-                "signed delivery decided before: answered with its first outcome"
-            );
-            return Receipt::replayed(&first);
-        }
-        let received = self
-            .route_message(&route, headers, body, verified.delivery_id.clone())
-            .await?;
-        let receipt = Receipt::decided(&received);
         let until = self.ledger_until(&verified);
-        self.store
-            .keep_ingress_delivery(
-                route_id,
-                &key,
-                now_micros(),
-                until,
-                &receipt.triggers.to_string(),
-            )
-            .await?;
-        Ok(receipt)
+        let ledger = LedgerKey {
+            route_id,
+            scopes: &verified.scopes,
+            key: &key,
+            digest: &verified.content_digest,
+        };
+        // Within the call's time, so the waiting copy is answered with why.
+        let wait_until = Instant::now() + self.delivery.call_timeout().mul_f32(0.8);
+        let mut claim = true;
+        loop {
+            let now = now_micros();
+            let state = if claim {
+                let lease =
+                    i64::try_from((self.delivery.call_timeout() + CLAIM_MARGIN).as_micros())
+                        .unwrap_or(i64::MAX);
+                let state = self
+                    .store
+                    .claim_ingress_delivery(&ledger, now, now.saturating_add(lease), until)
+                    .await?;
+                if state == LedgerState::Claimed {
+                    break;
+                }
+                state
+            } else {
+                match self.store.ingress_delivery(&ledger, now).await? {
+                    Some(state) => state,
+                    None => {
+                        claim = true;
+                        continue;
+                    }
+                }
+            };
+            match state {
+                LedgerState::Decided(first) => {
+                    self.delivery.metrics.ingress_replayed(route.kind.as_str());
+                    tracing::info!(
+                        route_id,
+                        "signed delivery decided before: answered with its first outcome"
+                    );
+                    return Receipt::replayed(&first);
+                }
+                LedgerState::OtherContent => return Err(reused(&route, &verified)),
+                LedgerState::Pending if Instant::now() < wait_until => {
+                    claim = false;
+                    tokio::time::sleep(CLAIM_POLL).await;
+                }
+                LedgerState::Pending | LedgerState::Claimed => {
+                    return Err(Error::Unavailable(
+                        "a copy of this delivery is being decided and has no answer yet; retry"
+                            .into(),
+                    ))
+                }
+            }
+        }
+        // Decided and answered in a task of its own: a sender that hangs up (or a call that
+        // runs out of time) leaves the decision to finish and its answer kept for the retry.
+        let this = self.clone();
+        let (headers, body) = (headers.clone(), body.to_vec());
+        let (scopes, digest, route_id) = (
+            verified.scopes.clone(),
+            verified.content_digest.clone(),
+            route_id.to_owned(),
+        );
+        let delivery_id = verified.delivery_id.clone();
+        tokio::spawn(async move {
+            let ledger = LedgerKey {
+                route_id: &route_id,
+                scopes: &scopes,
+                key: &key,
+                digest: &digest,
+            };
+            match this
+                .route_message(&route, &headers, &body, delivery_id)
+                .await
+            {
+                Ok(received) => {
+                    let receipt = Receipt::decided(&received);
+                    this.store
+                        .settle_ingress_delivery(
+                            &ledger,
+                            now_micros(),
+                            &receipt.triggers.to_string(),
+                        )
+                        .await?;
+                    Ok(receipt)
+                }
+                Err(e) => {
+                    // Refused before any decision: a retry with the same content decides it.
+                    if let Err(r) = this.store.release_ingress_delivery(&ledger).await {
+                        tracing::warn!(route_id, error = %r, "ingress claim not released; it lapses on its own");
+                    }
+                    Err(e)
+                }
+            }
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("ingress delivery failed: {e}")))?
     }
 
     /// Until when (Unix microseconds) a delivery's ledger row is kept: past the time its

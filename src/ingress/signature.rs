@@ -10,6 +10,9 @@ use crate::domain::ingress::{standard_webhooks_key, IngressKind, TIMESTAMP_TOLER
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// The header GitHub names a delivery's event in.
+pub const GITHUB_EVENT: &str = "x-github-event";
+
 /// Why a request's signature was refused (answered 401; nothing is counted as a trigger).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unsigned(pub String);
@@ -22,6 +25,14 @@ pub struct Verified {
     /// The signed time (Unix seconds), for kinds that sign one: a replay verifies only
     /// within TIMESTAMP_TOLERANCE_SECS of it. `None`: a replay verifies for ever (GitHub).
     pub signed_at: Option<i64>,
+    /// A digest of each of the route's signing keys the request verifies with, sorted: the
+    /// route path is not signed, so the request verifies at every route holding one of them,
+    /// and the ledger keys the delivery by them, not by the route.
+    pub scopes: Vec<String>,
+    /// A digest of the content the delivery id names: the body, and for GitHub the
+    /// X-GitHub-Event header beside it. The same id with other content is another delivery
+    /// reusing the id, refused.
+    pub content_digest: String,
 }
 
 impl Verified {
@@ -37,6 +48,37 @@ impl Verified {
         self.signed_at
             .map(|at| at.saturating_add(TIMESTAMP_TOLERANCE_SECS + margin))
     }
+}
+
+/// The ledger scope of a signing key: a digest of the key's bytes (never the key itself),
+/// the same for every route that holds the key, whatever its kind.
+fn scope_of(key: &[u8]) -> String {
+    use sha2::Digest as _;
+    let mut h = Sha256::new();
+    h.update(b"hcp-sense ingress signing key\0");
+    h.update(key);
+    hex::encode(h.finalize())
+}
+
+/// A digest of `parts`, each length-prefixed so no two lists share one.
+fn content_digest(parts: &[&[u8]]) -> String {
+    use sha2::Digest as _;
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_be_bytes());
+        h.update(p);
+    }
+    hex::encode(h.finalize())
+}
+
+/// The sorted, distinct scopes of the keys that verified a request; refused when none did.
+fn verified_by(mut scopes: Vec<String>, none: &str) -> Result<Vec<String>, Unsigned> {
+    if scopes.is_empty() {
+        return Err(Unsigned(none.into()));
+    }
+    scopes.sort();
+    scopes.dedup();
+    Ok(scopes)
 }
 
 /// Checks a request's signature against any of a route's secrets, in constant time per
@@ -73,6 +115,9 @@ pub fn verify(
                 .filter_map(|s| s.strip_prefix("v1,"))
                 .filter_map(|b| STANDARD.decode(b).ok())
                 .collect();
+            // Every secret is tried, not only until one verifies: each that does is a scope
+            // of the delivery in the ledger.
+            let mut scopes = Vec::new();
             for secret in secrets {
                 let Some(key) = standard_webhooks_key(secret) else {
                     continue;
@@ -89,15 +134,18 @@ pub fn verify(
                     .iter()
                     .any(|sig| mac.clone().verify_slice(sig).is_ok())
                 {
-                    return Ok(Verified {
-                        delivery_id: id.to_owned(),
-                        signed_at: Some(at),
-                    });
+                    scopes.push(scope_of(&key));
                 }
             }
-            Err(Unsigned(
-                "no webhook-signature matches a secret of this route".into(),
-            ))
+            Ok(Verified {
+                delivery_id: id.to_owned(),
+                signed_at: Some(at),
+                scopes: verified_by(
+                    scopes,
+                    "no webhook-signature matches a secret of this route",
+                )?,
+                content_digest: content_digest(&[body]),
+            })
         }
         IngressKind::Github => {
             let sig = header("x-hub-signature-256")
@@ -106,21 +154,29 @@ pub fn verify(
                 .strip_prefix("sha256=")
                 .and_then(|h| hex::decode(h).ok())
                 .ok_or_else(|| Unsigned("X-Hub-Signature-256 is not sha256=<hex>".into()))?;
+            let mut scopes = Vec::new();
             for secret in secrets {
                 let Ok(mut mac) = HmacSha256::new_from_slice(secret.as_bytes()) else {
                     continue;
                 };
                 mac.update(body);
                 if mac.verify_slice(&given).is_ok() {
-                    return Ok(Verified {
-                        delivery_id: github_delivery_id(body),
-                        signed_at: None,
-                    });
+                    scopes.push(scope_of(secret.as_bytes()));
                 }
             }
-            Err(Unsigned(
-                "X-Hub-Signature-256 matches no secret of this route".into(),
-            ))
+            // GitHub names its event in X-GitHub-Event alone, outside the signature: the
+            // ledger pins it beside the body, so a replay that changes it is refused, not
+            // decided as another event.
+            let event = header(GITHUB_EVENT).unwrap_or_default();
+            Ok(Verified {
+                delivery_id: github_delivery_id(body),
+                signed_at: None,
+                scopes: verified_by(
+                    scopes,
+                    "X-Hub-Signature-256 matches no secret of this route",
+                )?,
+                content_digest: content_digest(&[event.as_bytes(), body]),
+            })
         }
     }
 }
@@ -156,8 +212,13 @@ mod tests {
         headers.insert("x-github-delivery".into(), "d-2".into());
         assert_eq!(
             verify(IngressKind::Github, &secrets, &headers, b"{}", 0),
-            Ok(id)
+            Ok(id.clone())
         );
+        // The event header is pinned beside the body: the same delivery, other content.
+        headers.insert(GITHUB_EVENT.into(), "push".into());
+        let push = verify(IngressKind::Github, &secrets, &headers, b"{}", 0).expect("signed");
+        assert_eq!(push.key(), id.key());
+        assert_ne!(push.content_digest, id.content_digest);
         let secret = format!("whsec_{}", STANDARD.encode([7u8; 32]));
         let mut mac = HmacSha256::new_from_slice(&[7u8; 32]).expect("key");
         mac.update(b".1000.{}");
@@ -190,13 +251,22 @@ mod tests {
         ]);
         let other = format!("whsec_{}", STANDARD.encode([8u8; 32]));
         let both = [other.clone(), secret.clone()];
-        assert_eq!(
-            verify(IngressKind::StandardWebhooks, &both, &headers, b"{}", 1000),
-            Ok(Verified {
-                delivery_id: "msg_1".into(),
-                signed_at: Some(1000)
-            })
-        );
+        let v = verify(IngressKind::StandardWebhooks, &both, &headers, b"{}", 1000)
+            .expect("signed by the second secret");
+        assert_eq!((v.delivery_id.as_str(), v.signed_at), ("msg_1", Some(1000)));
+        // The ledger scope is the key's, not the route's: a route holding the same secret
+        // alone (or written without its prefix's padding changed) shares the delivery's row.
+        assert_eq!(v.scopes, vec![scope_of(&[7u8; 32])]);
+        let alone = verify(
+            IngressKind::StandardWebhooks,
+            &[secret.clone()],
+            &headers,
+            b"{}",
+            1000,
+        )
+        .expect("signed");
+        assert_eq!(alone.scopes, v.scopes);
+        assert_eq!(alone.content_digest, v.content_digest);
         // A replay verifies until 1000 + 300 s; its ledger row outlives that by the margin.
         let v = at_ok(&both, &headers);
         assert_eq!(v.replayable_until(60), Some(1360));

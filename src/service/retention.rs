@@ -133,7 +133,7 @@ async fn sweep_ledger(records: &RecordTables) -> crate::error::Result<u64> {
 /// Deletes the ingress ledger's rows expired at `now`, a batch at a time.
 async fn prune_ledger(store: &IngressTables, now: i64) {
     let total = in_batches("the ingress ledger", PRUNE_BATCH, || {
-        store.prune_ingress_deliveries(now, PRUNE_BATCH)
+        store.prune_ingress_ledger(now, PRUNE_BATCH)
     })
     .await;
     if total > 0 {

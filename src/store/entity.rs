@@ -308,16 +308,19 @@ pub mod ingress_routes {
     impl ActiveModelBehavior for ActiveModel {}
 }
 
-pub mod ingress_deliveries {
+pub mod ingress_ledger {
     use sea_orm::entity::prelude::*;
 
     #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "ingress_deliveries")]
+    #[sea_orm(table_name = "ingress_ledger")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
-        pub route_id: String,
+        pub scope: String,
         #[sea_orm(primary_key, auto_increment = false)]
         pub delivery_key: String,
+        pub route_id: String,
+        pub content_digest: Option<String>,
+        pub claim_until: Option<i64>,
         pub decide_time: i64,
         pub expire_time: Option<i64>,
         #[sea_orm(column_type = "Text")]

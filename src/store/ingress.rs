@@ -3,7 +3,7 @@ use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use super::audit::{Actor, Change};
-use super::entity::{ingress_deliveries, ingress_routes};
+use super::entity::{ingress_ledger, ingress_routes};
 use super::{classify, IngressTables};
 use crate::domain::ingress::{IngressKind, Mapping, Route};
 use crate::error::{Error, Result};
@@ -121,54 +121,197 @@ impl IngressTables {
     }
 }
 
+/// A signed delivery as the ledger keys it.
+#[derive(Debug, Clone)]
+pub struct LedgerKey<'a> {
+    /// The route the request came to.
+    pub route_id: &'a str,
+    /// Digests of the route's signing keys the request verifies with: every route holding
+    /// one of them shares the delivery's row. Sorted, so replicas claim them in one order.
+    pub scopes: &'a [String],
+    /// Digest of the signed delivery id.
+    pub key: &'a str,
+    /// Digest of the signed content the id names.
+    pub digest: &'a str,
+}
+
+impl LedgerKey<'_> {
+    /// The scopes read: the signing keys', and the route's own for rows carried over from
+    /// the per-route ledger.
+    fn read_scopes(&self) -> Vec<String> {
+        let mut s = self.scopes.to_vec();
+        s.push(format!("route:{}", self.route_id));
+        s
+    }
+}
+
+/// What the ledger says of a delivery when a request for it arrives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerState {
+    /// This request decides the delivery; others wait for its answer.
+    Claimed,
+    /// Decided before: the first answer, as JSON.
+    Decided(String),
+    /// A copy is being decided by another request now.
+    Pending,
+    /// The id was received before with other content.
+    OtherContent,
+}
+
+/// The state `rows` (one delivery's, in its scopes) give at `now`; `None`: nothing live
+/// stands in the way of a claim.
+fn state_of(rows: &[ingress_ledger::Model], digest: &str, now: i64) -> Option<LedgerState> {
+    let live: Vec<_> = rows
+        .iter()
+        .filter(|r| r.expire_time.is_none_or(|e| e > now))
+        .collect();
+    if live
+        .iter()
+        .any(|r| r.content_digest.as_deref().is_some_and(|d| d != digest))
+    {
+        return Some(LedgerState::OtherContent);
+    }
+    if let Some(r) = live.iter().find(|r| !r.answer.is_empty()) {
+        return Some(LedgerState::Decided(r.answer.clone()));
+    }
+    if live.iter().any(|r| r.claim_until.is_some_and(|c| c > now)) {
+        return Some(LedgerState::Pending);
+    }
+    None
+}
+
 impl IngressTables {
-    /// The first answer to a route's signed delivery (`key`: the digest of its delivery id),
-    /// while the row has not expired at `now` (Unix microseconds).
-    pub async fn ingress_delivery(
-        &self,
-        route_id: &str,
-        key: &str,
-        now: i64,
-    ) -> Result<Option<String>> {
-        use ingress_deliveries::Column as C;
-        Ok(
-            ingress_deliveries::Entity::find_by_id((route_id.to_owned(), key.to_owned()))
-                .filter(C::ExpireTime.is_null().or(C::ExpireTime.gt(now)))
-                .one(&self.db)
-                .await
-                .map_err(classify)?
-                .map(|m| m.answer),
-        )
+    async fn ledger_rows<C: sea_orm::ConnectionTrait>(
+        conn: &C,
+        d: &LedgerKey<'_>,
+    ) -> Result<Vec<ingress_ledger::Model>> {
+        use ingress_ledger::Column as C;
+        ingress_ledger::Entity::find()
+            .filter(C::DeliveryKey.eq(d.key))
+            .filter(C::Scope.is_in(d.read_scopes()))
+            .all(conn)
+            .await
+            .map_err(classify)
     }
 
-    /// Keeps a decided delivery's answer until `expire_time` (`None`: for ever). A row another
-    /// replica kept first stays as it is (its answer was the first); an expired one is replaced.
-    pub async fn keep_ingress_delivery(
+    /// What the ledger holds for a delivery at `now` (Unix microseconds), without claiming it;
+    /// `None`: nothing, or nothing that stands in the way of a claim.
+    pub async fn ingress_delivery(
         &self,
-        route_id: &str,
-        key: &str,
+        d: &LedgerKey<'_>,
         now: i64,
+    ) -> Result<Option<LedgerState>> {
+        let rows = Self::ledger_rows(&self.db, d).await?;
+        Ok(state_of(&rows, d.digest, now))
+    }
+
+    /// Claims a delivery for this request unless it was decided, is being decided, or was
+    /// named with other content: a row in each of its scopes, held until `claim_until`, kept
+    /// until `expire_time` (`None`: for ever). Copies racing on other replicas find the row
+    /// (on PostgreSQL the second insert waits for the first to commit).
+    pub async fn claim_ingress_delivery(
+        &self,
+        d: &LedgerKey<'_>,
+        now: i64,
+        claim_until: i64,
         expire_time: Option<i64>,
+    ) -> Result<LedgerState> {
+        use ingress_ledger::Column as C;
+        let w = self.begin_write().await?;
+        let rows = Self::ledger_rows(&w.txn, d).await?;
+        if let Some(state) = state_of(&rows, d.digest, now) {
+            return Ok(state);
+        }
+        let t = ingress_ledger::Entity;
+        // An expired row is taken over; so is one whose request was refused before deciding,
+        // or whose claim lapsed, for the same content.
+        let takeable = Expr::col((t, C::ExpireTime))
+            .lte(now)
+            .or(Expr::col((t, C::Answer))
+                .eq("")
+                .and(
+                    Expr::col((t, C::ClaimUntil))
+                        .is_null()
+                        .or(Expr::col((t, C::ClaimUntil)).lte(now)),
+                )
+                .and(
+                    Expr::col((t, C::ContentDigest))
+                        .is_null()
+                        .or(Expr::col((t, C::ContentDigest)).eq(d.digest)),
+                ));
+        let mut claimed = 0;
+        for scope in d.scopes {
+            let row = ingress_ledger::ActiveModel {
+                scope: Set(scope.clone()),
+                delivery_key: Set(d.key.to_owned()),
+                route_id: Set(d.route_id.to_owned()),
+                content_digest: Set(Some(d.digest.to_owned())),
+                claim_until: Set(Some(claim_until)),
+                decide_time: Set(now),
+                expire_time: Set(expire_time),
+                answer: Set(String::new()),
+            };
+            claimed += ingress_ledger::Entity::insert(row)
+                .on_conflict(
+                    OnConflict::columns([C::Scope, C::DeliveryKey])
+                        .update_columns([
+                            C::RouteId,
+                            C::ContentDigest,
+                            C::ClaimUntil,
+                            C::DecideTime,
+                            C::ExpireTime,
+                            C::Answer,
+                        ])
+                        .action_and_where(takeable.clone())
+                        .to_owned(),
+                )
+                .exec_without_returning(&w.txn)
+                .await
+                .map_err(classify)?;
+        }
+        if claimed as usize == d.scopes.len() {
+            w.commit().await?;
+            return Ok(LedgerState::Claimed);
+        }
+        // Another request took one of the rows between the read and the insert.
+        drop(w);
+        let rows = Self::ledger_rows(&self.db, d).await?;
+        Ok(state_of(&rows, d.digest, now).unwrap_or(LedgerState::Pending))
+    }
+
+    /// Keeps the answer of a delivery this request claimed: every later copy gets it.
+    pub async fn settle_ingress_delivery(
+        &self,
+        d: &LedgerKey<'_>,
+        now: i64,
         answer: &str,
     ) -> Result<()> {
-        use ingress_deliveries::Column as C;
-        let row = ingress_deliveries::ActiveModel {
-            route_id: Set(route_id.to_owned()),
-            delivery_key: Set(key.to_owned()),
-            decide_time: Set(now),
-            expire_time: Set(expire_time),
-            answer: Set(answer.to_owned()),
-        };
-        let expired = Expr::col((ingress_deliveries::Entity, C::ExpireTime)).lte(now);
+        use ingress_ledger::Column as C;
         let w = self.begin_write().await?;
-        ingress_deliveries::Entity::insert(row)
-            .on_conflict(
-                OnConflict::columns([C::RouteId, C::DeliveryKey])
-                    .update_columns([C::DecideTime, C::ExpireTime, C::Answer])
-                    .action_and_where(expired)
-                    .to_owned(),
-            )
-            .exec_without_returning(&w.txn)
+        ingress_ledger::Entity::update_many()
+            .col_expr(C::Answer, Expr::value(answer))
+            .col_expr(C::ClaimUntil, Expr::value(Option::<i64>::None))
+            .col_expr(C::DecideTime, Expr::value(now))
+            .filter(C::DeliveryKey.eq(d.key))
+            .filter(C::Scope.is_in(d.scopes.iter().cloned()))
+            .filter(C::Answer.eq(""))
+            .exec(&w.txn)
+            .await
+            .map_err(classify)?;
+        w.commit().await
+    }
+
+    /// Lets go of a claimed delivery whose request was refused before any decision: a retry
+    /// with the same content may claim it at once; other content is still refused.
+    pub async fn release_ingress_delivery(&self, d: &LedgerKey<'_>) -> Result<()> {
+        use ingress_ledger::Column as C;
+        let w = self.begin_write().await?;
+        ingress_ledger::Entity::update_many()
+            .col_expr(C::ClaimUntil, Expr::value(Option::<i64>::None))
+            .filter(C::DeliveryKey.eq(d.key))
+            .filter(C::Scope.is_in(d.scopes.iter().cloned()))
+            .filter(C::Answer.eq(""))
+            .exec(&w.txn)
             .await
             .map_err(classify)?;
         w.commit().await
@@ -176,12 +319,12 @@ impl IngressTables {
 
     /// Deletes ledger rows expired at `now`, the earliest first, about `limit` of them (rows
     /// expiring at the same microsecond go together); returns how many.
-    pub async fn prune_ingress_deliveries(&self, now: i64, limit: u64) -> Result<u64> {
-        use ingress_deliveries::Column as C;
+    pub async fn prune_ingress_ledger(&self, now: i64, limit: u64) -> Result<u64> {
+        use ingress_ledger::Column as C;
         let w = self.begin_write().await?;
         // The batch's last expiry: one portable bound, where deleting by a subquery of
         // composite keys is not.
-        let last: Option<Option<i64>> = ingress_deliveries::Entity::find()
+        let last: Option<Option<i64>> = ingress_ledger::Entity::find()
             .select_only()
             .column(C::ExpireTime)
             .filter(C::ExpireTime.lte(now))
@@ -193,7 +336,7 @@ impl IngressTables {
             .await
             .map_err(classify)?;
         let cutoff = last.flatten().unwrap_or(now);
-        let r = ingress_deliveries::Entity::delete_many()
+        let r = ingress_ledger::Entity::delete_many()
             .filter(C::ExpireTime.lte(cutoff))
             .exec(&w.txn)
             .await

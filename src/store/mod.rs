@@ -4,6 +4,7 @@ pub mod changes;
 pub mod entity;
 pub mod fair;
 mod ingress;
+pub use ingress::{LedgerKey, LedgerState};
 mod nodelay;
 mod packs;
 pub mod partitions;

@@ -1068,23 +1068,24 @@ async fn a_replayed_signed_request_is_its_first_record_or_refused(kind: StoreKin
         0,
         "a replay never records for another principal"
     );
-    // A mapping that would read what the signature does not cover is refused when put.
-    let mut reads_event_header = weather_route("gh-event", &[GITHUB_SECRET]);
-    if let Some(r) = reads_event_header.route.as_mut() {
+    // A mapping that would read what the signature does not cover (nor the ledger pins) is
+    // refused when put.
+    let mut reads_delivery_header = weather_route("gh-delivery", &[GITHUB_SECRET]);
+    if let Some(r) = reads_delivery_header.route.as_mut() {
         r.kind = IngressKind::Github as i32;
         if let Some(m) = r.mapping.as_mut() {
-            m.r#ref = "'storm.' + headers['x-github-event']".into();
+            m.r#ref = "'storm.' + headers['x-github-delivery']".into();
         }
     }
     let e = ingress(&app)
-        .put_ingress_route(reads_event_header)
+        .put_ingress_route(reads_delivery_header)
         .await
         .expect_err("an unsigned header");
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     let v = crate::helpers::violations(&e);
     assert_eq!(v[0].0, "route.mapping.ref", "{v:?}");
     assert!(
-        v[0].1.contains("x-github-event") && v[0].1.contains("does not cover"),
+        v[0].1.contains("x-github-delivery") && v[0].1.contains("does not cover"),
         "{v:?}"
     );
 }
@@ -1275,7 +1276,7 @@ async fn a_signed_delivery_is_decided_once_whatever_changes_after(kind: StoreKin
         "an erased record is not made again by a replay"
     );
     assert_eq!(
-        app.count("ingress_deliveries").await,
+        app.count("ingress_ledger").await,
         5,
         "one ledger row per delivery"
     );
@@ -1329,10 +1330,14 @@ async fn s7_6_a_signed_delivery_replayed_on_another_replica_gets_its_first_answe
     b.stop().await;
 }
 
-/// The ledger's rows at their boundaries: found until the microsecond they expire, not at
-/// it; an expired row is replaced by the next decision, a live one never; a row that never
-/// expires stays; pruning takes the earliest expired rows, about a batch at a time.
+/// The ledger's rows at their boundaries: a claim holds until the microsecond it lapses, then
+/// the same content may take it over; a decided row answers until the microsecond it
+/// expires, then anything may; other content is refused while a row lives; a released claim
+/// (a request refused before deciding) lets the same content claim again at once; a row is
+/// shared by every delivery naming one of its scopes; a row carried over from the per-route
+/// ledger answers its route; pruning takes the earliest expired rows, about a batch at a time.
 async fn the_ingress_ledger_keeps_a_delivery_until_it_expires(kind: StoreKind) {
+    use hcp_sense::store::{LedgerKey, LedgerState::*};
     let db = crate::helpers::TestDb::create(kind).await;
     let connection =
         hcp_sense::store::Store::connect(&hcp_sense::config::StoreConfig::at(db.url.clone()))
@@ -1340,89 +1345,397 @@ async fn the_ingress_ledger_keeps_a_delivery_until_it_expires(kind: StoreKind) {
             .expect("connect");
     connection.migrate_up().await.expect("migrate");
     let store = connection.ingress_tables();
-    store
-        .keep_ingress_delivery("r", "k", 1_000, Some(2_000), "[1]")
-        .await
-        .expect("keep");
-    let found = |now| {
-        let store = store.clone();
-        async move { store.ingress_delivery("r", "k", now).await.expect("read") }
+    let s1 = vec!["s1".to_owned()];
+    let both = vec!["s1".to_owned(), "s2".to_owned()];
+    let s3 = vec!["s3".to_owned()];
+    let at = |scopes: &'static [String], key: &'static str, digest: &'static str| LedgerKey {
+        route_id: "r",
+        scopes,
+        key,
+        digest,
     };
-    assert_eq!(found(1_999).await.as_deref(), Some("[1]"));
-    assert_eq!(found(2_000).await, None, "expired at its expiry");
-    store
-        .keep_ingress_delivery("r", "k", 2_500, Some(5_000), "[2]")
-        .await
-        .expect("keep over an expired row");
-    assert_eq!(found(2_600).await.as_deref(), Some("[2]"));
-    store
-        .keep_ingress_delivery("r", "k", 2_700, Some(9_000), "[3]")
-        .await
-        .expect("keep over a live row");
+    let s1: &'static [String] = Box::leak(s1.into_boxed_slice());
+    let both: &'static [String] = Box::leak(both.into_boxed_slice());
+    let s3: &'static [String] = Box::leak(s3.into_boxed_slice());
+    let d = at(s1, "k", "c1");
+    let other = at(s1, "k", "c2");
+    let claim = |d: LedgerKey<'static>, now: i64, until: i64, expire: Option<i64>| {
+        let store = store.clone();
+        async move {
+            store
+                .claim_ingress_delivery(&d, now, until, expire)
+                .await
+                .expect("claim")
+        }
+    };
+    let read = |d: LedgerKey<'static>, now: i64| {
+        let store = store.clone();
+        async move { store.ingress_delivery(&d, now).await.expect("read") }
+    };
+    assert_eq!(claim(d.clone(), 1_000, 1_500, Some(2_000)).await, Claimed);
+    assert_eq!(read(d.clone(), 1_100).await, Some(Pending));
+    assert_eq!(claim(d.clone(), 1_499, 1_900, Some(2_000)).await, Pending);
     assert_eq!(
-        found(2_800).await.as_deref(),
-        Some("[2]"),
-        "the first answer stays"
+        claim(other.clone(), 1_100, 1_900, Some(2_000)).await,
+        OtherContent
     );
     assert_eq!(
-        store
-            .ingress_delivery("other", "k", 2_800)
-            .await
-            .expect("read"),
+        claim(d.clone(), 1_500, 1_900, Some(2_000)).await,
+        Claimed,
+        "a lapsed claim is taken over"
+    );
+    store
+        .settle_ingress_delivery(&d, 1_600, "[1]")
+        .await
+        .expect("settle");
+    assert_eq!(read(d.clone(), 1_999).await, Some(Decided("[1]".into())));
+    assert_eq!(
+        claim(d.clone(), 1_999, 2_500, Some(9_000)).await,
+        Decided("[1]".into())
+    );
+    assert_eq!(
+        claim(other.clone(), 1_999, 2_500, Some(9_000)).await,
+        OtherContent
+    );
+    assert_eq!(read(d.clone(), 2_000).await, None, "expired at its expiry");
+    assert_eq!(
+        claim(other.clone(), 2_000, 2_500, Some(5_000)).await,
+        Claimed,
+        "an expired row is anyone's"
+    );
+    store
+        .settle_ingress_delivery(&other, 2_100, "[2]")
+        .await
+        .expect("settle");
+    assert_eq!(
+        read(at(both, "k", "c2"), 2_600).await,
+        Some(Decided("[2]".into())),
+        "a delivery verified by two keys finds the row of either"
+    );
+    assert_eq!(
+        read(at(s3, "k", "c2"), 2_600).await,
         None,
-        "a ledger row is its route's"
+        "another key's scope"
     );
-    for (n, expiry) in [100, 101, 102, 103, 104, 105].into_iter().enumerate() {
-        store
-            .keep_ingress_delivery("p", &format!("k{n}"), 0, Some(expiry), "[]")
-            .await
-            .expect("keep");
-    }
+    // A claim released by a refusal: the same content claims it again, other content not.
+    let refused = at(s1, "k3", "c3");
+    assert_eq!(
+        claim(refused.clone(), 3_000, 9_000, Some(9_000)).await,
+        Claimed
+    );
     store
-        .keep_ingress_delivery("p", "for-ever", 0, None, "[]")
+        .release_ingress_delivery(&refused)
         .await
-        .expect("keep");
+        .expect("release");
+    assert_eq!(read(refused.clone(), 3_001).await, None);
     assert_eq!(
-        store.prune_ingress_deliveries(104, 2).await.expect("prune"),
-        2
+        claim(at(s1, "k3", "c4"), 3_001, 9_000, Some(9_000)).await,
+        OtherContent
     );
     assert_eq!(
+        claim(refused.clone(), 3_001, 9_000, Some(9_000)).await,
+        Claimed
+    );
+    // A row of the per-route ledger, carried over by the migration.
+    let conn = db.connect().await;
+    sea_orm::ConnectionTrait::execute_unprepared(
+        &conn,
+        "INSERT INTO ingress_ledger (scope, delivery_key, route_id, decide_time, answer) \
+         VALUES ('route:r', 'kl', 'r', 0, '[9]')",
+    )
+    .await
+    .expect("a carried-over row");
+    assert_eq!(
+        read(at(s3, "kl", "c9"), 5).await,
+        Some(Decided("[9]".into()))
+    );
+    let elsewhere = LedgerKey {
+        route_id: "other",
+        ..at(s3, "kl", "c9")
+    };
+    assert_eq!(
+        read(elsewhere, 5).await,
+        None,
+        "a carried-over row is its route's"
+    );
+    // Pruning.
+    let prune = |now: i64, limit: u64| {
+        let store = store.clone();
+        async move { store.prune_ingress_ledger(now, limit).await.expect("prune") }
+    };
+    prune(i64::MAX - 1, 250).await;
+    let keys: Vec<&'static str> = ["p0", "p1", "p2", "p3", "p4", "p5"].into();
+    for (n, expiry) in [100, 101, 102, 103, 104, 105].into_iter().enumerate() {
+        let p = at(s1, keys[n], "c");
+        assert_eq!(claim(p.clone(), 0, 50, Some(expiry)).await, Claimed);
         store
-            .prune_ingress_deliveries(104, 250)
+            .settle_ingress_delivery(&p, 0, "[]")
             .await
-            .expect("prune"),
-        3
-    );
-    assert_eq!(
-        store
-            .prune_ingress_deliveries(104, 250)
-            .await
-            .expect("prune"),
-        0
-    );
-    assert!(store
-        .ingress_delivery("p", "k5", 104)
+            .expect("settle");
+    }
+    let forever = at(s1, "for-ever", "c");
+    assert_eq!(claim(forever.clone(), 0, 50, None).await, Claimed);
+    store
+        .settle_ingress_delivery(&forever, 0, "[]")
         .await
-        .expect("read")
-        .is_some());
-    assert!(store
-        .ingress_delivery("p", "for-ever", i64::MAX)
-        .await
-        .expect("read")
-        .is_some());
-    assert_eq!(
-        store
-            .prune_ingress_deliveries(i64::MAX, 250)
-            .await
-            .expect("prune"),
-        2
-    );
-    assert!(store
-        .ingress_delivery("p", "for-ever", 0)
-        .await
-        .expect("read")
-        .is_some());
+        .expect("settle");
+    assert_eq!(prune(104, 2).await, 2);
+    assert_eq!(prune(104, 250).await, 3);
+    assert_eq!(prune(104, 250).await, 0);
+    assert!(read(at(s1, "p5", "c"), 104).await.is_some());
+    assert!(read(forever.clone(), i64::MAX).await.is_some());
+    assert_eq!(prune(i64::MAX, 250).await, 1);
+    assert!(read(forever, 0).await.is_some());
     drop(store);
     connection.close().await;
 }
 on_both_stores!(the_ingress_ledger_keeps_a_delivery_until_it_expires => the_ingress_ledger_keeps_a_delivery_until_it_expires);
+
+/// A delivery id names one delivery: the same webhook-id validly signed over another body, or
+/// the same GitHub body under another X-GitHub-Event, is 409 and records nothing (answered as
+/// a replay, it would be an acknowledged message silently lost); the same content again, even
+/// signed at another time, is the first answer. GitHub routes may read X-GitHub-Event because
+/// the ledger pins it with the body.
+async fn a_delivery_id_reused_for_other_content_is_refused(kind: StoreKind) {
+    let app = app_with_ingress(kind, None).await;
+    set_up_weather(&app.channel).await;
+    put_ledger_routes(&app.channel).await;
+    let mut by_event = weather_route("gh-event", &[GITHUB_SECRET]);
+    if let Some(r) = by_event.route.as_mut() {
+        r.kind = IngressKind::Github as i32;
+        if let Some(m) = r.mapping.as_mut() {
+            m.r#ref =
+                "headers['x-github-event'] == 'storm' ? 'storm.warning' : 'storm.' + headers['x-github-event']"
+                    .into();
+        }
+    }
+    ingress(&app)
+        .put_ingress_route(by_event)
+        .await
+        .expect("a GitHub route reading X-GitHub-Event");
+    let alert = |user: &str, area: &str| json!({"level": "warning", "user": user, "area": area});
+    let now = unix_now();
+    let mut first = standard(
+        &url(&app, "sw"),
+        SECRET_NEW,
+        "msg-1",
+        alert("alice", "north"),
+    );
+    first["ts"] = json!(now);
+    let mut other_body = standard(
+        &url(&app, "sw"),
+        SECRET_NEW,
+        "msg-1",
+        alert("alice", "south"),
+    );
+    other_body["ts"] = json!(now);
+    // A sender's retry: the same id and body, signed again a second later.
+    let mut retry = standard(
+        &url(&app, "sw"),
+        SECRET_NEW,
+        "msg-1",
+        alert("alice", "north"),
+    );
+    retry["ts"] = json!(now + 1);
+    let gh_body = alert("alice", "east").to_string();
+    let gh = |event: &str| {
+        json!({"url": url(&app, "gh-event"), "sign": "github", "secret": GITHUB_SECRET,
+               "body": gh_body, "headers": {"x-github-event": event}})
+    };
+    let answers = send(json!([
+        first,
+        other_body,
+        retry,
+        gh("storm"),
+        gh("push"),
+        {"replay": 3, "set_headers": {"x-github-event": "issues"}},
+        gh("storm"),
+    ]))
+    .await;
+    assert_eq!(answers[0].0, 202, "{:?}", answers[0]);
+    assert_eq!(
+        answers[1].0, 409,
+        "other content under a used id: {:?}",
+        answers[1]
+    );
+    let why = answers[1].1["error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("webhook-id `msg-1`")
+            && why.contains("another body")
+            && why.contains("nothing was decided"),
+        "{why}"
+    );
+    assert_first_answer(&answers[0], &answers[2], "a retry signed at another time");
+    assert_eq!(answers[3].0, 202, "{:?}", answers[3]);
+    assert_eq!(answers[3].1["triggers"][0]["disposition"], "recorded_inbox");
+    for (n, what) in [
+        (4, "another event"),
+        (5, "a captured request's event header changed"),
+    ] {
+        assert_eq!(answers[n].0, 409, "{what}: {:?}", answers[n]);
+        assert!(
+            answers[n].1["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("X-GitHub-Event")),
+            "{what}: {:?}",
+            answers[n]
+        );
+    }
+    assert_first_answer(&answers[3], &answers[6], "GitHub's redelivery");
+    let areas: Vec<String> = alice_records(&app)
+        .await
+        .iter()
+        .map(|r| {
+            r.payload
+                .as_ref()
+                .and_then(|p| p.fields.get("area"))
+                .and_then(|v| match &v.kind {
+                    Some(prost_types::value::Kind::StringValue(s)) => Some(s.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(areas, ["north", "east"], "nothing of the refused content");
+}
+on_both_stores!(s7_6_a_delivery_id_reused_for_other_content_is_refused => a_delivery_id_reused_for_other_content_is_refused);
+
+/// The route path is not signed: a captured request posted to another route holding the same
+/// secret (of the same pack with another mapping, or listing it beside others) is the
+/// delivery's first answer there — a drop stays a drop after the grant, an erased record is
+/// not made again, no route decides it a second time. A route without that secret refuses it.
+async fn a_delivery_sent_to_a_route_sharing_its_secret_is_decided_once(kind: StoreKind) {
+    let app = app_with_ingress(kind, None).await;
+    set_up_weather(&app.channel).await;
+    put_ledger_routes(&app.channel).await;
+    let put = |route: pb::PutIngressRouteRequest| {
+        let mut c = ingress(&app);
+        async move { c.put_ingress_route(route).await.expect("put route") }
+    };
+    // A sibling naming the principal another way, holding the secret beside a new one.
+    let mut sibling = weather_route("sibling", &[SECRET_OTHER, SECRET_NEW]);
+    if let Some(m) = sibling.route.as_mut().and_then(|r| r.mapping.as_mut()) {
+        m.principal = "body.user == 'bob' ? 'bob' : 'alice'".into();
+    }
+    put(sibling).await;
+    put(weather_route("stranger", &[SECRET_OTHER])).await;
+    let mut gh_sibling = weather_route("gh-sibling", &[GITHUB_SECRET]);
+    if let Some(r) = gh_sibling.route.as_mut() {
+        r.kind = IngressKind::Github as i32;
+    }
+    put(gh_sibling).await;
+    let plan = ledger_plan(&|route: &str| url(&app, route), unix_now());
+    let first = send(Value::Array(plan.clone())).await;
+    assert_eq!(
+        first[0].1["triggers"][0]["drop_reason"], "no_grant",
+        "{:?}",
+        first[0]
+    );
+    grant_bob_weather(&app).await;
+    app.records
+        .clone()
+        .erase_records(pb::EraseRecordsRequest {
+            principal: "alice".into(),
+            pack_id: "weather".into(),
+        })
+        .await
+        .expect("erase");
+    // The sender re-posts each captured request, byte for byte, to another route.
+    let mut moved = plan.clone();
+    for (n, route) in [
+        (0, "sibling"),
+        (1, "gh-sibling"),
+        (2, "sibling"),
+        (3, "gh-sibling"),
+        (0, "stranger"),
+    ] {
+        moved.push(json!({"replay": n, "url": url(&app, route)}));
+    }
+    let answers = send(Value::Array(moved)).await;
+    for (n, what) in [
+        (4, "bob's dropped webhook at the sibling"),
+        (5, "bob's dropped GitHub delivery at the sibling"),
+        (6, "alice's erased webhook at the sibling"),
+        (7, "alice's erased GitHub delivery at the sibling"),
+    ] {
+        assert_first_answer(&first[n - 4], &answers[n], what);
+    }
+    assert_eq!(
+        answers[8].0, 401,
+        "a route without the secret: {:?}",
+        answers[8]
+    );
+    assert_eq!(
+        records_of(&app, "bob").await.len(),
+        0,
+        "no drop became a record"
+    );
+    assert_eq!(
+        alice_records(&app).await.len(),
+        0,
+        "no erased record made again"
+    );
+    let metrics = reqwest_text(&format!("http://{}/metrics", app.metrics_addr)).await;
+    for line in [
+        r#"hcp_sense_deliveries_total{disposition="dropped",drop_reason="no_grant",pack="weather",ingress="standard_webhooks"} 1"#,
+        r#"hcp_sense_deliveries_total{disposition="dropped",drop_reason="no_grant",pack="weather",ingress="github"} 1"#,
+    ] {
+        assert!(
+            metrics.contains(line),
+            "decided once: {line} in:\n{metrics}"
+        );
+    }
+}
+on_both_stores!(s7_6_a_delivery_sent_to_a_route_sharing_its_secret_is_decided_once => a_delivery_sent_to_a_route_sharing_its_secret_is_decided_once);
+
+/// Copies of a new signed delivery arriving at once (a sender's retries racing, a burst of a
+/// captured request) are decided once: one answer decides, every other copy waits for it and
+/// gets it as a replay; one record, one count.
+async fn concurrent_copies_of_a_delivery_are_decided_once(kind: StoreKind) {
+    let app = app_with_ingress(kind, None).await;
+    set_up_weather(&app.channel).await;
+    put_ledger_routes(&app.channel).await;
+    let original = standard(
+        &url(&app, "sw"),
+        SECRET_NEW,
+        "msg-burst",
+        json!({"level": "warning", "user": "alice"}),
+    );
+    let gh = json!({"url": url(&app, "gh"), "sign": "github", "secret": GITHUB_SECRET,
+                    "body": json!({"level": "warning", "user": "alice", "n": 1}).to_string()});
+    // Each new delivery goes out as 16 copies at once.
+    let burst = |mut r: Value| {
+        r["copies"] = json!(16);
+        r
+    };
+    let answers = send(json!([burst(original), burst(gh)])).await;
+    for (n, what) in [
+        (0, "the webhook's copies"),
+        (16, "the GitHub delivery's copies"),
+    ] {
+        let copies = &answers[n..n + 16];
+        for (status, b) in copies {
+            assert_eq!(*status, 202, "{what}: {b}");
+        }
+        let deciding: Vec<_> = copies
+            .iter()
+            .filter(|(_, b)| b["replay"] == false)
+            .collect();
+        assert_eq!(deciding.len(), 1, "{what}: one decides: {copies:?}");
+        let record = &deciding[0].1["triggers"][0]["record_id"];
+        for (_, b) in copies {
+            assert_eq!(&b["triggers"][0]["record_id"], record, "{what}: one record");
+        }
+    }
+    let metrics = reqwest_text(&format!("http://{}/metrics", app.metrics_addr)).await;
+    for line in [
+        r#"hcp_sense_ingress_replayed_total{ingress="standard_webhooks"} 15"#,
+        r#"hcp_sense_ingress_replayed_total{ingress="github"} 15"#,
+        r#"hcp_sense_deliveries_total{disposition="recorded_inbox",drop_reason="",pack="weather",ingress="standard_webhooks"} 1"#,
+        r#"hcp_sense_deliveries_total{disposition="recorded_inbox",drop_reason="",pack="weather",ingress="github"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
+    assert_eq!(alice_records(&app).await.len(), 2);
+}
+on_both_stores!(s7_6_concurrent_copies_of_a_delivery_are_decided_once => concurrent_copies_of_a_delivery_are_decided_once);

@@ -35,7 +35,7 @@ async fn up_down_up(kind: StoreKind) {
         "drop_reports",
         "audit_events",
         "ingress_routes",
-        "ingress_deliveries",
+        "ingress_ledger",
     ];
     let conn = db.connect().await;
     let has = |t: &'static str| {

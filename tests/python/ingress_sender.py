@@ -15,8 +15,11 @@ request with the same "ts" is signed byte for byte alike, even by another run),
 attributes) and "data" (its data), which replace "body". {"replay": i,
 "set_headers": {...}} sends the i-th request of the plan again, byte for byte
 as it was signed, with those headers changed (a null value removes one): what
-an attacker who captured it can do.
+an attacker who captured it can do; with "url", to another address. Any request
+with "copies": n goes out n times at once, from n threads (a sender's retries
+racing, or an attacker's burst), each answer in the list.
 """
+import concurrent.futures
 import datetime
 import hashlib
 import hmac
@@ -41,16 +44,17 @@ def standard_sign(req, headers, body):
     headers["webhook-signature"] = Webhook(req["secret"]).sign(req["msg_id"], at, body)
 
 
-def send(req, sent):
+def prepare(req, sent):
+    """The request as it goes out: its URL, headers and body, signed."""
     if "replay" in req:
         url, headers, body = sent[req["replay"]]
+        url = req.get("url", url)
         headers = dict(headers)
         for k, v in req.get("set_headers", {}).items():
             headers = {h: x for h, x in headers.items() if h.lower() != k.lower()}
             if v is not None:
                 headers[k] = v
-        sent.append((url, headers, body))
-        return post(url, headers, body)
+        return url, headers, body
     body = req.get("body", "{}")
     headers = {"content-type": "application/json"}
     headers.update(req.get("headers", {}))
@@ -71,8 +75,7 @@ def send(req, sent):
         headers["x-hub-signature-256"] = "sha256=" + digest
     if req.get("tamper"):
         body = body + " "
-    sent.append((req["url"], headers, body))
-    return post(req["url"], headers, body)
+    return req["url"], headers, body
 
 
 def post(url, headers, body):
@@ -92,7 +95,18 @@ def post(url, headers, body):
 def main():
     plan = json.load(sys.stdin)
     sent = []
-    print(json.dumps([send(req, sent) for req in plan]))
+    answers = []
+    for req in plan:
+        url, headers, body = prepare(req, sent)
+        sent.append((url, headers, body))
+        copies = req.get("copies")
+        if copies is None:
+            answers.append(post(url, headers, body))
+            continue
+        with concurrent.futures.ThreadPoolExecutor(max_workers=copies) as pool:
+            futures = [pool.submit(post, url, dict(headers), body) for _ in range(copies)]
+            answers.extend(f.result() for f in futures)
+    print(json.dumps(answers))
 
 
 if __name__ == "__main__":
