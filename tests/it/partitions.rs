@@ -310,7 +310,10 @@ async fn migrate_up_partitions_an_existing_table_postgres() {
     use hcp_sense_migration::{Migrator, MigratorTrait};
     let db = TestDb::create(StoreKind::Postgres).await;
     let store = db.store(2).await;
-    let before_partitions = Migrator::migrations().len() as u32 - 1;
+    let before_partitions = Migrator::migrations()
+        .iter()
+        .position(|m| m.name() == "m20261203_000001_partitioned_records")
+        .expect("the partitioning migration") as u32;
     Migrator::up(store.connection(), Some(before_partitions))
         .await
         .expect("the migrations before partitions");
