@@ -123,8 +123,10 @@ fn unsigned_attributes(route: &Route, compiled: &Compiled) -> Result<()> {
 /// How long a claim on a delivery outlives the call that took it: past that, a copy that
 /// finds the claim unanswered (its request's replica stopped) takes it over.
 const CLAIM_MARGIN: Duration = Duration::from_secs(5);
-/// How often a copy waiting for another's answer looks at the ledger.
-const CLAIM_POLL: Duration = Duration::from_millis(20);
+/// How soon a copy waiting for another's answer first looks at the ledger again, and how long
+/// it waits between looks at most (it doubles in between).
+const CLAIM_POLL: Duration = Duration::from_millis(10);
+const CLAIM_POLL_MAX: Duration = Duration::from_millis(200);
 
 /// A delivery id the ledger holds for other content: another delivery reusing the id (a
 /// sender's bug, or a forgery by someone holding the secret), refused whole.
@@ -382,6 +384,7 @@ impl Ingress {
         // Within the call's time, so the waiting copy is answered with why.
         let wait_until = Instant::now() + self.delivery.call_timeout().mul_f32(0.8);
         let mut claim = true;
+        let mut poll = CLAIM_POLL;
         loop {
             let now = now_micros();
             let state = if claim {
@@ -417,7 +420,10 @@ impl Ingress {
                 LedgerState::OtherContent => return Err(reused(&route, &verified)),
                 LedgerState::Pending if Instant::now() < wait_until => {
                     claim = false;
-                    tokio::time::sleep(CLAIM_POLL).await;
+                    tokio::time::sleep(poll).await;
+                    // A burst of copies waiting on one delivery reads the ledger less and less
+                    // often, not the store flat out.
+                    poll = (poll * 2).min(CLAIM_POLL_MAX);
                 }
                 LedgerState::Pending | LedgerState::Claimed => {
                     return Err(Error::Unavailable(
