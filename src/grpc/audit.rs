@@ -49,22 +49,23 @@ impl AuditService for AuditApi {
             .store()
             .list_audit_events(pack, principal, before, page.limit())
             .await?;
-        let next_page_token = page.next(&mut events, |e| [e.time.to_string(), e.event_id.clone()]);
+        let (audit_events, next_page_token) = page.next(
+            &mut events,
+            |e| [e.time.to_string(), e.event_id.clone()],
+            |e| pb::AuditEvent {
+                event_id: e.event_id.clone(),
+                event_time: Some(timestamp(e.time)),
+                actor: e.actor.clone(),
+                role: e.role.clone(),
+                rpc: e.rpc.clone(),
+                pack_id: e.pack_id.clone().unwrap_or_default(),
+                principal: e.principal.clone().unwrap_or_default(),
+                before: e.before.clone().unwrap_or_default(),
+                after: e.after.clone().unwrap_or_default(),
+            },
+        );
         Ok(Response::new(pb::ListAuditEventsResponse {
-            audit_events: events
-                .into_iter()
-                .map(|e| pb::AuditEvent {
-                    event_id: e.event_id,
-                    event_time: Some(timestamp(e.time)),
-                    actor: e.actor,
-                    role: e.role,
-                    rpc: e.rpc,
-                    pack_id: e.pack_id.unwrap_or_default(),
-                    principal: e.principal.unwrap_or_default(),
-                    before: e.before.unwrap_or_default(),
-                    after: e.after.unwrap_or_default(),
-                })
-                .collect(),
+            audit_events,
             next_page_token,
         }))
     }

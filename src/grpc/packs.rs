@@ -38,15 +38,15 @@ fn as_reader_of(caller: Option<&Caller>, principal: String) -> Result<String, Er
     }
 }
 
-fn trigger_type(t: TriggerTypeView) -> pb::TriggerType {
+fn trigger_type(t: &TriggerTypeView) -> pb::TriggerType {
     pb::TriggerType {
-        pack_id: t.pack_id,
-        r#ref: t.r#ref,
-        land: t.land.unwrap_or_default(),
-        description: t.description.unwrap_or_default(),
-        payload_schema: t.schema.map(|s| s.to_string()).unwrap_or_default(),
-        receivability: t.receivable.map(|r| pb::Receivability {
-            principal: r.principal,
+        pack_id: t.pack_id.clone(),
+        r#ref: t.r#ref.clone(),
+        land: t.land.clone().unwrap_or_default(),
+        description: t.description.clone().unwrap_or_default(),
+        payload_schema: t.schema.as_ref().map(|s| s.to_string()).unwrap_or_default(),
+        receivability: t.receivable.as_ref().map(|r| pb::Receivability {
+            principal: r.principal.clone(),
             receivable: r.now,
             drop_reasons: r.reasons.iter().map(|d| d.as_str().to_owned()).collect(),
         }),
@@ -145,9 +145,10 @@ impl PackService for PacksApi {
             .page(PAGE_KIND, String::new(), req.page_size, &req.page_token)?;
         let after = page.after::<1>()?.map(|[id]| id);
         let mut packs = self.policy.store().list_packs(after, page.limit()).await?;
-        let next_page_token = page.next(&mut packs, |last| [last.manifest.pack_id.clone()]);
+        let (packs, next_page_token) =
+            page.next(&mut packs, |last| [last.manifest.pack_id.clone()], pack);
         Ok(Response::new(pb::ListPacksResponse {
-            packs: packs.iter().map(pack).collect(),
+            packs,
             next_page_token,
         }))
     }
@@ -173,11 +174,13 @@ impl PackService for PacksApi {
             usize::try_from(page.limit()).unwrap_or(usize::MAX),
             (!principal.is_empty()).then_some(principal.as_str()),
         )?;
-        let next_page_token = page.next(&mut types, |last| {
-            [last.pack_id.clone(), last.r#ref.clone()]
-        });
+        let (trigger_types, next_page_token) = page.next(
+            &mut types,
+            |last| [last.pack_id.clone(), last.r#ref.clone()],
+            trigger_type,
+        );
         Ok(Response::new(pb::ListTriggerTypesResponse {
-            trigger_types: types.into_iter().map(trigger_type).collect(),
+            trigger_types,
             next_page_token,
         }))
     }

@@ -12,6 +12,10 @@ pub const DEFAULT_PAGE_SIZE: u64 = 50;
 /// Separates the parts of a composite key inside a token; no id may contain it.
 pub const SEP: char = '\u{1f}';
 pub const MAX_PAGE_SIZE: u64 = 1000;
+/// Most bytes of a page's items, encoded: a page ends before the item that would pass it (the
+/// rest come on the next page), so a response stays well under a stock client's 4 MiB receive
+/// limit. An item larger than this alone comes alone on its page.
+pub const MAX_PAGE_BYTES: usize = 1024 * 1024;
 
 /// Reads `page_size`: 0 means the default, larger than the maximum means the maximum.
 pub fn page_size(requested: i32) -> Result<u64> {
@@ -168,17 +172,24 @@ impl Page<'_> {
             .map_err(|_| Error::invalid("page_token", "is malformed"))
     }
 
-    /// `rows` cut to the page, and the next page's token (empty on the last), made of the
-    /// last row's key parts.
-    pub fn next<T, const N: usize>(
+    /// `rows` cut to the page (its size, and MAX_PAGE_BYTES of messages) and made messages by
+    /// `message`, with the next page's token (empty on the last), made of the last row's key
+    /// parts.
+    pub fn next<T, M: prost::Message, const N: usize>(
         &self,
         rows: &mut Vec<T>,
         key: impl Fn(&T) -> [String; N],
-    ) -> String {
-        next_token(rows, self.size, |last| {
-            let key = key(last).join(&SEP.to_string());
-            self.tokens.encode(self.kind, &self.fp, &key)
-        })
+        message: impl FnMut(&T) -> M,
+    ) -> (Vec<M>, String) {
+        next_token(
+            rows,
+            self.size,
+            |last| {
+                let key = key(last).join(&SEP.to_string());
+                self.tokens.encode(self.kind, &self.fp, &key)
+            },
+            message,
+        )
     }
 }
 
@@ -218,19 +229,108 @@ impl PageTokens {
     }
 }
 
-/// Trims a page fetched with one extra item and returns the token for the next page.
-pub fn next_token<T>(items: &mut Vec<T>, size: u64, token: impl Fn(&T) -> String) -> String {
-    let more = items.len() as u64 > size;
-    items.truncate(usize::try_from(size).unwrap_or(usize::MAX));
-    match (more, items.last()) {
+/// Trims a page fetched with one extra item to `size` items and to MAX_PAGE_BYTES of their
+/// messages (at least one item), and returns the messages and the token for the next page.
+pub fn next_token<T, M: prost::Message>(
+    items: &mut Vec<T>,
+    size: u64,
+    token: impl Fn(&T) -> String,
+    message: impl FnMut(&T) -> M,
+) -> (Vec<M>, String) {
+    next_token_within(items, size, MAX_PAGE_BYTES, token, message)
+}
+
+/// What a message costs a page as an item of a repeated field: itself, its length, and a tag
+/// (two bytes at most for the fields used).
+fn page_cost(m: &impl prost::Message) -> usize {
+    let len = m.encoded_len();
+    len + prost::encoding::length_delimiter_len(len) + 2
+}
+
+fn next_token_within<T, M: prost::Message>(
+    items: &mut Vec<T>,
+    size: u64,
+    max_bytes: usize,
+    token: impl Fn(&T) -> String,
+    mut message: impl FnMut(&T) -> M,
+) -> (Vec<M>, String) {
+    let size = usize::try_from(size).unwrap_or(usize::MAX);
+    let mut page = Vec::with_capacity(items.len().min(size));
+    let mut bytes = 0usize;
+    for item in items.iter().take(size) {
+        let m = message(item);
+        let len = page_cost(&m);
+        if !page.is_empty() && bytes + len > max_bytes {
+            break;
+        }
+        bytes += len;
+        page.push(m);
+    }
+    let more = items.len() > page.len();
+    items.truncate(page.len());
+    let next = match (more, items.last()) {
         (true, Some(last)) => token(last),
         _ => String::new(),
-    }
+    };
+    (page, next)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pages through `items` of the given sizes (bytes of a string each) `size` at a time within
+    /// `max_bytes`: the pages' lengths, every item exactly once, in order.
+    fn pages_of(sizes: &[usize], size: u64, max_bytes: usize) -> Vec<usize> {
+        let all: Vec<(usize, String)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i, "x".repeat(*n)))
+            .collect();
+        let mut seen = Vec::new();
+        let mut lens = Vec::new();
+        let mut after: Option<usize> = None;
+        loop {
+            let mut rows: Vec<(usize, String)> = all
+                .iter()
+                .filter(|(i, _)| after.is_none_or(|a| *i > a))
+                .take(usize::try_from(size).expect("size") + 1)
+                .cloned()
+                .collect();
+            let (page, token) = next_token_within(
+                &mut rows,
+                size,
+                max_bytes,
+                |last| last.0.to_string(),
+                |r| r.1.clone(),
+            );
+            let bytes: usize = page.iter().map(page_cost).sum();
+            assert!(page.len() == 1 || bytes <= max_bytes, "{bytes}");
+            assert_eq!(page.len(), rows.len());
+            lens.push(page.len());
+            seen.extend(rows.iter().map(|r| r.0));
+            if token.is_empty() {
+                break;
+            }
+            after = Some(token.parse().expect("token"));
+        }
+        assert_eq!(seen, (0..sizes.len()).collect::<Vec<_>>());
+        lens
+    }
+
+    #[test]
+    fn a_page_ends_before_the_item_that_would_pass_its_bytes_and_nothing_is_lost() {
+        let b = page_cost(&"x".repeat(96));
+        // Exactly ten fit; the eleventh starts the next page.
+        assert_eq!(pages_of(&[96; 25], 100, 10 * b), vec![10, 10, 5]);
+        assert_eq!(pages_of(&[96; 25], 100, 10 * b - 1), vec![9, 9, 7]);
+        // The count still ends pages first when it is smaller.
+        assert_eq!(pages_of(&[96; 25], 4, 10 * b), vec![4, 4, 4, 4, 4, 4, 1]);
+        // An item past the bound comes alone on its page; the next page goes on after it.
+        assert_eq!(pages_of(&[10, 5000, 10, 10], 100, 1000), vec![1, 1, 2]);
+        assert_eq!(pages_of(&[5000], 100, 1000), vec![1]);
+        assert_eq!(pages_of(&[], 100, 1000), vec![0]);
+    }
 
     #[test]
     fn tokens_round_trip_and_refuse_others() {

@@ -67,17 +67,23 @@ impl PolicyApi {
         })
     }
 
-    /// `rows` cut to the page, and the token of the next page (empty on the last).
-    fn next_page<T>(
+    /// `rows` cut to the page and made messages, and the token of the next page (empty on
+    /// the last).
+    fn next_page<T, M: prost::Message>(
         &self,
         l: &Listing<'_, '_>,
         rows: &mut Vec<T>,
         key: impl Fn(&T) -> (&str, &str),
-    ) -> String {
-        l.page.next(rows, |r| {
-            let (a, b) = key(r);
-            [a.to_owned(), b.to_owned()]
-        })
+        message: impl FnMut(&T) -> M,
+    ) -> (Vec<M>, String) {
+        l.page.next(
+            rows,
+            |r| {
+                let (a, b) = key(r);
+                [a.to_owned(), b.to_owned()]
+            },
+            message,
+        )
     }
 }
 
@@ -120,11 +126,14 @@ impl PolicyService for PolicyApi {
             &r.page_token,
         )?;
         let mut grants = self.policy.list_grants(&l.page()).await?;
-        let next_page_token = self.next_page(&l, &mut grants, |g| {
-            (g.pack_id.as_str(), g.principal.as_str())
-        });
+        let (grants, next_page_token) = self.next_page(
+            &l,
+            &mut grants,
+            |g| (g.pack_id.as_str(), g.principal.as_str()),
+            grant,
+        );
         Ok(Response::new(pb::ListGrantsResponse {
-            grants: grants.iter().map(grant).collect(),
+            grants,
             next_page_token,
         }))
     }
@@ -141,11 +150,14 @@ impl PolicyService for PolicyApi {
             &r.page_token,
         )?;
         let mut bindings = self.policy.list_bindings(&l.page()).await?;
-        let next_page_token = self.next_page(&l, &mut bindings, |b| {
-            (b.pack_id.as_str(), b.principal.as_str())
-        });
+        let (bindings, next_page_token) = self.next_page(
+            &l,
+            &mut bindings,
+            |b| (b.pack_id.as_str(), b.principal.as_str()),
+            binding,
+        );
         Ok(Response::new(pb::ListBindingsResponse {
-            bindings: bindings.iter().map(binding).collect(),
+            bindings,
             next_page_token,
         }))
     }
@@ -162,11 +174,14 @@ impl PolicyService for PolicyApi {
             &r.page_token,
         )?;
         let mut rows = self.policy.list_activations(&l.page()).await?;
-        let next_page_token = self.next_page(&l, &mut rows, |a| {
-            (a.pack_id.as_str(), a.principal.as_str())
-        });
+        let (activations, next_page_token) = self.next_page(
+            &l,
+            &mut rows,
+            |a| (a.pack_id.as_str(), a.principal.as_str()),
+            activation,
+        );
         Ok(Response::new(pb::ListActivationsResponse {
-            activations: rows.iter().map(activation).collect(),
+            activations,
             next_page_token,
         }))
     }
@@ -183,18 +198,18 @@ impl PolicyService for PolicyApi {
             &r.page_token,
         )?;
         let mut members = self.policy.list_members(&l.page()).await?;
-        let next_page_token = self.next_page(&l, &mut members, |m| {
-            (m.project.as_str(), m.principal.as_str())
-        });
+        let (members, next_page_token) = self.next_page(
+            &l,
+            &mut members,
+            |m| (m.project.as_str(), m.principal.as_str()),
+            |m| pb::ProjectMember {
+                project: m.project.clone(),
+                principal: m.principal.clone(),
+                create_time: Some(timestamp(m.create_time)),
+            },
+        );
         Ok(Response::new(pb::ListProjectMembersResponse {
-            members: members
-                .iter()
-                .map(|m| pb::ProjectMember {
-                    project: m.project.clone(),
-                    principal: m.principal.clone(),
-                    create_time: Some(timestamp(m.create_time)),
-                })
-                .collect(),
+            members,
             next_page_token,
         }))
     }
@@ -242,11 +257,14 @@ impl PolicyService for PolicyApi {
             &r.page_token,
         )?;
         let mut rows = self.policy.list_quotas(&l.page()).await?;
-        let next_page_token = self.next_page(&l, &mut rows, |q| {
-            (q.pack_id.as_str(), q.principal.as_deref().unwrap_or(""))
-        });
+        let (quotas, next_page_token) = self.next_page(
+            &l,
+            &mut rows,
+            |q| (q.pack_id.as_str(), q.principal.as_deref().unwrap_or("")),
+            quota,
+        );
         Ok(Response::new(pb::ListQuotasResponse {
-            quotas: rows.iter().map(quota).collect(),
+            quotas,
             next_page_token,
         }))
     }

@@ -113,7 +113,8 @@ impl RecordService for RecordsApi {
             .await?;
         let mut records = listed.records;
         let token = |p: Position| self.pages.position_token(&fp, p);
-        let mut next_page_token = next_token(&mut records, size, |r| token(r.position));
+        let (page, mut next_page_token) =
+            next_token(&mut records, size, |r| token(r.position), record);
         // Writes still in flight may commit after this page: an ascending listing goes on
         // from here (an empty page is possible) rather than end. Descending, they would come
         // before its first page, as any later write does.
@@ -133,7 +134,7 @@ impl RecordService for RecordsApi {
             (false, true) => end,
         };
         Ok(Response::new(pb::ListRecordsResponse {
-            records: records.iter().map(record).collect(),
+            records: page,
             next_page_token,
             resume_page_token,
         }))
@@ -242,15 +243,19 @@ impl RecordService for RecordsApi {
             .records
             .list_drop_reports(pack, reason, after, page.limit())
             .await?;
-        let next_page_token = page.next(&mut reports, |d| {
-            [
-                d.pack_id.clone(),
-                d.r#ref.clone(),
-                d.reason.as_str().to_owned(),
-            ]
-        });
+        let (drop_reports, next_page_token) = page.next(
+            &mut reports,
+            |d| {
+                [
+                    d.pack_id.clone(),
+                    d.r#ref.clone(),
+                    d.reason.as_str().to_owned(),
+                ]
+            },
+            drop_report,
+        );
         Ok(Response::new(pb::ListDropReportsResponse {
-            drop_reports: reports.iter().map(drop_report).collect(),
+            drop_reports,
             next_page_token,
         }))
     }

@@ -129,9 +129,10 @@ impl IngressService for IngressApi {
             .store()
             .list_ingress_routes(after, page.limit())
             .await?;
-        let next_page_token = page.next(&mut routes, |last| [last.route_id.clone()]);
+        let (routes, next_page_token) =
+            page.next(&mut routes, |last| [last.route_id.clone()], to_pb);
         Ok(Response::new(pb::ListIngressRoutesResponse {
-            routes: routes.iter().map(to_pb).collect(),
+            routes,
             next_page_token,
         }))
     }

@@ -164,6 +164,7 @@ impl Hub {
             limits: limits.clone(),
             metrics: metrics.clone(),
         };
+        quota::start_returns(Arc::downgrade(&delivery.quotas), store.delivery_tables());
         let policy = Policy {
             store: store.policy_tables(),
             policy: state,

@@ -3,10 +3,15 @@
 //! On PostgreSQL each quota's bucket is the fleet's, kept in its row: a replica leases at least
 //! a twentieth of a second's tokens (`Rule::lease`), and whatever else the bucket holds, and
 //! spends them locally, so every replica together admits no more than the bucket allows, give
-//! or take the tokens leased and not yet spent (at most a burst per replica, for a second). On SQLite one process
-//! serves the store and the bucket is kept in memory.
+//! or take the tokens leased and not yet spent (at most a burst per replica, for a second).
+//! Tokens not spent within LEASE_TTL are no longer this replica's to spend: they go back to
+//! the store's bucket — with the lane's next lease, or within a second by the sweep that
+//! `start_returns` runs — which keeps them as far as its burst holds them, as if they had never
+//! left. So a pause loses no tokens, and a token given back is spent only through the store.
+//! When several quotas refuse a delivery, it is told the longest of their waits. On SQLite
+//! one process serves the store and the bucket is kept in memory.
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::{unknown_pack, valid_id, valid_pack_id, Delivery, Policy};
@@ -18,8 +23,9 @@ use crate::store::audit::Actor;
 use crate::store::quota::Lease;
 use crate::store::{now_micros, DeliveryTables, Engine};
 
-/// Leased tokens not spent within this long go back to nobody: a replica that stopped taking a
-/// pack's deliveries holds none of the fleet's tokens for longer.
+/// Leased tokens not spent within this long go back to the store's bucket: a replica that
+/// stopped taking a pack's deliveries holds none of the fleet's tokens for longer (give or take
+/// the sweep's period, as long again).
 const LEASE_TTL: Duration = Duration::from_secs(1);
 /// Quota lanes kept before idle ones are let go.
 const MAX_LANES: usize = 65_536;
@@ -56,6 +62,9 @@ struct LaneState {
     /// Tokens leased from the store's bucket and not yet spent, and when they were leased.
     leased: u32,
     leased_at: Instant,
+    /// Tokens leased and not spent within LEASE_TTL: owed back to the store's bucket, with
+    /// the next lease or the sweep.
+    returning: u32,
     /// The store's bucket was found short: no lease is asked for before then.
     short_until: Option<Instant>,
 }
@@ -123,6 +132,7 @@ impl Quotas {
                 bucket: Bucket::full(&rule, now_micros()),
                 leased: 0,
                 leased_at: Instant::now(),
+                returning: 0,
                 short_until: None,
             }),
             leasing: tokio::sync::Mutex::new(()),
@@ -166,7 +176,7 @@ impl Delivery {
             return Ok(());
         }
         let mut taken: Vec<(Arc<Lane>, u32)> = Vec::with_capacity(demands.len());
-        for (principal, rule, n) in demands {
+        for (i, &(principal, rule, n)) in demands.iter().enumerate() {
             let lane = self.quotas.lane(pack_id, principal, rule);
             match self.take(&lane, pack_id, principal, n).await {
                 Ok(()) => taken.push((lane, n)),
@@ -174,12 +184,26 @@ impl Delivery {
                     for (lane, n) in taken {
                         lane.give_back(n, self.quotas.fleet);
                     }
-                    if let Error::Throttled { retry_after, .. } = e {
-                        self.metrics
-                            .quota_throttled(pack_id, principals.len() as u64);
-                        return Err(over_quota(pack_id, principal, rule, retry_after));
+                    let Error::Throttled { retry_after, .. } = e else {
+                        return Err(e);
+                    };
+                    // The quotas not yet asked may want longer: a retry told the shorter wait
+                    // would only be refused again. The ones taken from (and given back) admit.
+                    let mut longest = (principal, rule, retry_after);
+                    for &(p, r, n) in &demands[i + 1..] {
+                        let lane = self.quotas.lane(pack_id, p, r);
+                        // A store that does not answer: the wait already known is told.
+                        let wait = self
+                            .wait_for(&lane, pack_id, p, n)
+                            .await
+                            .unwrap_or_default();
+                        if wait > longest.2 {
+                            longest = (p, r, wait);
+                        }
                     }
-                    return Err(e);
+                    self.metrics
+                        .quota_throttled(pack_id, principals.len() as u64);
+                    return Err(over_quota(pack_id, longest.0, longest.1, longest.2));
                 }
             }
         }
@@ -214,13 +238,29 @@ impl Delivery {
         if let Some(done) = lane.state().spend(n, Instant::now()) {
             return done;
         }
-        let want = (n - lane.state().leased).max(rule.lease());
+        let (want, returned) = {
+            let mut s = lane.state();
+            (
+                (n - s.leased).max(rule.lease()),
+                std::mem::take(&mut s.returning),
+            )
+        };
         // At least `want`, and whatever else the bucket holds up to its burst: a lease under
         // load takes a while, the bucket fills meanwhile, and what it cannot hold past its
         // burst would be lost to the quota. Tokens only ever come from the bucket, so taking
-        // more never admits more than it allows; one left unspent expires with its lease.
+        // more never admits more than it allows; one left unspent goes back to it.
         let asked = Instant::now();
-        let leased = self.lease(pack_id, principal, want.max(rule.burst)).await?;
+        let leased = match self
+            .lease(pack_id, principal, returned, want.max(rule.burst))
+            .await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                // Not given back: still owed.
+                lane.state().returning += returned;
+                return Err(e);
+            }
+        };
         let Some(lease) = leased else {
             // The quota was deleted; this replica's view follows shortly.
             return Ok(());
@@ -254,12 +294,52 @@ impl Delivery {
         Err(throttled(wait))
     }
 
-    /// Leases up to `want` tokens from a quota's bucket in the store, on the leases' own
-    /// connection.
+    /// How long until a lane would admit `n` tokens, with nothing taken: its memory bucket, or
+    /// what it holds leased, what it owes back and the store's bucket.
+    async fn wait_for(
+        &self,
+        lane: &Lane,
+        pack_id: &str,
+        principal: Option<&str>,
+        n: u32,
+    ) -> Result<Duration> {
+        let rule = lane.rule;
+        let (bucket, held, owed, short_until) = {
+            let s = lane.state();
+            let fresh = s.leased_at.elapsed() <= LEASE_TTL;
+            let held = if fresh { s.leased } else { 0 };
+            let owed = s.returning + if fresh { 0 } else { s.leased };
+            (s.bucket, held, owed, s.short_until)
+        };
+        if !self.quotas.fleet {
+            return Ok(bucket
+                .peek(&rule, now_micros(), n)
+                .err()
+                .unwrap_or_default());
+        }
+        if held >= n {
+            return Ok(Duration::ZERO);
+        }
+        let now = Instant::now();
+        if let Some(until) = short_until.filter(|u| *u > now && owed == 0) {
+            return Ok(until - now);
+        }
+        let Some(mut b) = self.store.get_quota_bucket(pack_id, principal).await? else {
+            return Ok(Duration::ZERO);
+        };
+        let at = now_micros();
+        b.refill(&rule, at);
+        b.give_back(&rule, owed);
+        Ok(b.peek(&rule, at, n - held).err().unwrap_or_default())
+    }
+
+    /// Gives back `returned` tokens and leases up to `want` from a quota's bucket in the
+    /// store, on the leases' own connection.
     async fn lease(
         &self,
         pack_id: &str,
         principal: Option<&str>,
+        returned: u32,
         want: u32,
     ) -> Result<Option<Lease>> {
         let store = {
@@ -277,7 +357,7 @@ impl Delivery {
         // not hold them past their deadline.
         let leased = tokio::time::timeout(
             self.call_timeout(),
-            store.lease_quota(pack_id, principal, want, now_micros()),
+            store.lease_quota(pack_id, principal, returned, want, now_micros()),
         )
         .await
         .unwrap_or_else(|_| {
@@ -429,21 +509,71 @@ impl LaneState {
     /// bucket is known short (`Some(Err)`); `None`: a lease is needed. Leases unspent for
     /// LEASE_TTL are let go.
     fn spend(&mut self, n: u32, now: Instant) -> Option<Result<()>> {
-        if self.leased > 0 && now.duration_since(self.leased_at) > LEASE_TTL {
-            self.leased = 0;
-        }
+        self.expire(now);
         if self.leased >= n {
             self.leased -= n;
             return Some(Ok(()));
         }
         match self.short_until {
-            Some(until) if now < until => Some(Err(throttled(until - now))),
+            // Tokens owed back may be enough: the store is asked, with them.
+            Some(until) if now < until && self.returning == 0 => Some(Err(throttled(until - now))),
             _ => {
                 self.short_until = None;
                 None
             }
         }
     }
+
+    /// Leased tokens held past LEASE_TTL become owed back to the store's bucket.
+    fn expire(&mut self, now: Instant) {
+        if self.leased > 0 && now.duration_since(self.leased_at) > LEASE_TTL {
+            self.returning = self.returning.saturating_add(self.leased);
+            self.leased = 0;
+        }
+    }
+}
+
+/// Gives back, about every LEASE_TTL, the tokens this replica's lanes leased and did not spend
+/// in time, so that a lane no delivery comes to holds none of the fleet's tokens (PostgreSQL;
+/// on SQLite there is nothing to give back). Ends with the quotas.
+pub(super) fn start_returns(quotas: Weak<Quotas>, store: DeliveryTables) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(LEASE_TTL).await;
+            let Some(q) = quotas.upgrade() else { return };
+            if !q.fleet {
+                return;
+            }
+            let now = Instant::now();
+            let mut owed: Vec<(String, String, Arc<Lane>, u32)> = Vec::new();
+            {
+                let lanes = q.lanes.lock().unwrap_or_else(|p| p.into_inner());
+                for (pack_id, by) in lanes.iter() {
+                    for (who, lane) in by {
+                        let mut s = lane.state();
+                        s.expire(now);
+                        let n = std::mem::take(&mut s.returning);
+                        if n > 0 {
+                            owed.push((pack_id.clone(), who.clone(), lane.clone(), n));
+                        }
+                    }
+                }
+            }
+            drop(q);
+            for (pack_id, who, lane, n) in owed {
+                let principal = (!who.is_empty()).then_some(who.as_str());
+                let given = tokio::time::timeout(
+                    LEASE_TTL,
+                    store.lease_quota(&pack_id, principal, n, 0, now_micros()),
+                )
+                .await;
+                if !matches!(given, Ok(Ok(_))) {
+                    // Still owed: the next lease or sweep gives them back.
+                    lane.state().returning += n;
+                }
+            }
+        }
+    });
 }
 
 fn with_quota(

@@ -138,13 +138,16 @@ impl DeliveryTables {
             }))
     }
 
-    /// Leases up to `want` whole tokens from a quota's bucket in the store, shared by every
-    /// replica: the row is locked while the bucket is refilled and taken from, so two
-    /// replicas never lease the same token. `None` when the quota is gone.
+    /// Gives back `returned` tokens leased and not spent in time, then leases up to `want`
+    /// whole tokens from a quota's bucket in the store, shared by every replica: the row is
+    /// locked while the bucket is refilled, given back to and taken from, so two replicas
+    /// never lease the same token, and a bucket given back to holds at most its burst (as if
+    /// the tokens had never left it). `None` when the quota is gone.
     pub async fn lease_quota(
         &self,
         pack_id: &str,
         principal: Option<&str>,
+        returned: u32,
         want: u32,
         now: i64,
     ) -> Result<Option<Lease>> {
@@ -162,6 +165,8 @@ impl DeliveryTables {
             tokens: row.tokens,
             at: row.refill_time,
         };
+        bucket.refill(&rule, now);
+        bucket.give_back(&rule, returned);
         let granted = bucket.take_up_to(&rule, now, want);
         let mut active = row.into_active_model();
         active.tokens = Set(bucket.tokens);

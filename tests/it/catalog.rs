@@ -541,3 +541,93 @@ async fn run_hostile_schemas_are_refused_at_registration(kind: StoreKind) {
     assert_eq!(app.count("packs").await, 0);
 }
 on_both_stores!(hostile_schemas_are_refused_at_registration => run_hostile_schemas_are_refused_at_registration);
+
+/// A pack of `refs` trigger types, each with a schema of about 30 KB (a long description).
+fn bulky_pack(pack_id: &str, refs: usize) -> Value {
+    let refs: Vec<String> = (0..refs).map(|i| format!("bulk.r{i:02}")).collect();
+    json!({
+        "id": pack_id,
+        "kind": "sense_only",
+        "stimulusTriggers": refs.iter().map(|r| json!({
+            "ref": r,
+            "payloadSchema": {
+                "type": "object",
+                "description": format!("{r} ").repeat(30_000 / (r.len() + 1)),
+            },
+        })).collect::<Vec<_>>(),
+        "policy": {
+            "stimuli": refs.iter().map(|r| json!({"ref": r, "operation": "read", "land": "user"}))
+                .collect::<Vec<_>>(),
+        },
+        "binding": {"mode": "public", "hub": "none"},
+    })
+}
+
+/// ListTriggerTypes ends a page before the type that would take its items past 1 MiB
+/// encoded, whatever page_size asks for, with a token for the rest: 40 types of 30 KB each
+/// (1.2 MB) come in two pages, the first as full as the bound allows, and paging through
+/// yields every type exactly once. (A stock client's receive limit is 4 MiB.)
+async fn run_a_page_of_trigger_types_has_a_byte_bound(kind: StoreKind) {
+    use prost::Message;
+    const BOUND: usize = 1024 * 1024;
+    let mut app = crate::helpers::spawn_app(kind).await;
+    for id in ["bulk1", "bulk2"] {
+        crate::packs::register(&mut app, &bulky_pack(id, 20)).await;
+    }
+    let mut packs = app.packs.clone();
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut pages = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = list(
+            &mut packs,
+            pb::ListTriggerTypesRequest {
+                page_size: 1000,
+                page_token: token.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("list");
+        assert!(page.encoded_len() <= BOUND + 1024, "{}", page.encoded_len());
+        seen.extend(
+            page.trigger_types
+                .iter()
+                .map(|t| (t.pack_id.clone(), t.r#ref.clone())),
+        );
+        token = page.next_page_token.clone();
+        pages.push(page);
+        if token.is_empty() {
+            break;
+        }
+    }
+    let mut all: Vec<(String, String)> = Vec::new();
+    for p in ["bulk1", "bulk2"] {
+        for i in 0..20 {
+            all.push((p.to_owned(), format!("bulk.r{i:02}")));
+        }
+    }
+    assert_eq!(seen, all, "every type once, in order");
+    assert_eq!(pages.len(), 2);
+    // The boundary: the first page's items fit; with the next one they would not.
+    let cost = |t: &pb::TriggerType| t.encoded_len() + 3 + 2;
+    let first: usize = pages[0].trigger_types.iter().map(cost).sum();
+    assert!(first <= BOUND, "{first}");
+    assert!(
+        first + cost(&pages[1].trigger_types[0]) > BOUND,
+        "the first page stopped early: {first}"
+    );
+    // A page_size under the bound still ends pages first.
+    let small = list(
+        &mut packs,
+        pb::ListTriggerTypesRequest {
+            page_size: 3,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("list");
+    assert_eq!(small.trigger_types.len(), 3);
+    assert!(!small.next_page_token.is_empty());
+}
+on_both_stores!(a_page_of_trigger_types_has_a_byte_bound => run_a_page_of_trigger_types_has_a_byte_bound);

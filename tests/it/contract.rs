@@ -535,3 +535,49 @@ async fn s7_7_3_two_replicas_emit_binding_degraded_once_per_departure() {
     let _ = served.await;
     a.stop().await;
 }
+
+/// A stock grpcio client (its default 8 KiB/16 KiB metadata limits) is refused a payload that
+/// breaks its schema in more places than are reported, each quoting a value of thousands of
+/// characters, in each script: it is told INVALID_ARGUMENT with the first 8 violations, each
+/// description within 200 characters, in trailers under 8 KiB — not RESOURCE_EXHAUSTED
+/// "Stream removed", which would read as a quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_3_2_a_refusal_of_long_values_in_any_script_fits_grpcio_default_trailers() {
+    let mut app = spawn_app_with(StoreKind::Sqlite, |_| {}).await;
+    register(&mut app, &example("tracker.pack.yaml")).await;
+    let addr = app.addr.to_string();
+    for script in ["ascii", "cyrillic", "cjk", "emoji"] {
+        let addr = addr.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("python3")
+                .args(["tests/python/long_refusal.py", &addr, "proto", script])
+                .current_dir(crate::helpers::repo_path(""))
+                .output()
+                .expect("python3 with grpcio (see .ci/run)")
+        })
+        .await
+        .expect("python");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{script}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let told: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON object");
+        assert_eq!(told["code"], "INVALID_ARGUMENT", "{script}: {told}");
+        let violations = told["violations"].as_array().expect("violations");
+        assert_eq!(violations.len(), 8, "{script}: {told}");
+        for v in violations {
+            let field = v[0].as_str().unwrap_or_default();
+            let description = v[1].as_str().unwrap_or_default();
+            assert!(field.starts_with("payload"), "{script}: {v}");
+            assert!(description.chars().count() <= 200, "{script}: {v}");
+        }
+        let bytes = told["trailer_bytes"].as_u64().expect("trailer bytes");
+        assert!(bytes <= 7 * 1024, "{script}: {bytes} bytes of trailers");
+        let message = told["message"].as_str().unwrap_or_default();
+        assert!(message.len() <= 384, "{script}: {message}");
+        eprintln!("{script}: {bytes} bytes of trailers; {message}");
+    }
+    app.stop().await;
+}

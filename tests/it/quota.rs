@@ -639,3 +639,149 @@ async fn a_fan_out_is_admitted_whole_or_refused_whole() {
     assert_eq!(wide[1]["status"], 429, "{wide:?}");
     assert_eq!(app.count("records").await, 6);
 }
+
+/// Delivers a storm warning with `id` on `channel`: its disposition, or the refusal.
+async fn deliver_on(channel: &tonic::transport::Channel, id: &str) -> Result<i32, tonic::Status> {
+    pb::ingest_service_client::IngestServiceClient::new(channel.clone())
+        .deliver_trigger(storm_warning(id.into()))
+        .await
+        .map(|r| r.into_inner().disposition)
+}
+
+/// A pause keeps the burst: at 1/100 per second with a burst of five, five deliveries 1.5 s
+/// apart (past a lease's second) are all admitted, on PostgreSQL as on SQLite; the sixth is
+/// refused, told the time the bucket needs for one token (about 92 s: 7.5 s have brought
+/// 0.075 of one).
+async fn run_a_pause_keeps_the_tokens_of_the_burst(kind: StoreKind) {
+    let app = spawn_app(kind).await;
+    set_up_weather(&app.channel).await;
+    pack_quota(&app, 0.01, 5).await;
+    for n in 0..5 {
+        if n > 0 {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        let d = deliver_on(&app.channel, &format!("p-{n}"))
+            .await
+            .unwrap_or_else(|e| panic!("delivery {n} of the burst of five: {e:?}"));
+        assert_eq!(d, Disposition::RecordedInbox as i32);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let refused = deliver_on(&app.channel, "p-5")
+        .await
+        .expect_err("the burst's n+1");
+    let delay = retry_delay(&refused);
+    assert!(
+        delay > Duration::from_secs(85) && delay <= Duration::from_secs(100),
+        "{delay:?}"
+    );
+    assert_eq!(app.count("records").await, 5);
+}
+on_both_stores!(a_pause_keeps_the_tokens_of_the_burst => run_a_pause_keeps_the_tokens_of_the_burst);
+
+/// When a delivery is over both its principal's quota and its pack's, it is told the longer
+/// wait, and the quota it is: a retry after that wait is admitted (a retry after the shorter
+/// would be refused again). Either way round.
+async fn run_over_two_quotas_the_longest_wait_is_told(kind: StoreKind) {
+    let app = spawn_app(kind).await;
+    set_up_weather(&app.channel).await;
+    let mut policy = app.policy.clone();
+    for (n, (pack_rate, alice_rate)) in [(1.0, 4.0), (4.0, 1.0)].into_iter().enumerate() {
+        policy
+            .put_quota(put("weather", None, pack_rate, 1))
+            .await
+            .expect("pack's");
+        policy
+            .put_quota(put("weather", Some("alice"), alice_rate, 1))
+            .await
+            .expect("alice's");
+        // Both buckets full (a changed rule keeps what the bucket held): wait for them.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        deliver_on(&app.channel, &format!("l-{n}-0"))
+            .await
+            .expect("one token of each");
+        let refused = deliver_on(&app.channel, &format!("l-{n}-1"))
+            .await
+            .expect_err("both spent");
+        let delay = retry_delay(&refused);
+        // The longer: a whole second's token (less the moments since it was spent).
+        assert!(
+            delay > Duration::from_millis(600) && delay <= Duration::from_secs(1),
+            "{delay:?}: {}",
+            refused.message()
+        );
+        let longer = if pack_rate < alice_rate {
+            "the quota of pack `weather`"
+        } else {
+            "the quota of principal `alice`"
+        };
+        assert!(refused.message().contains(longer), "{}", refused.message());
+        tokio::time::sleep(delay).await;
+        let later = deliver_on(&app.channel, &format!("l-{n}-1"))
+            .await
+            .expect("admitted after the wait it was told");
+        assert_eq!(later, Disposition::RecordedInbox as i32);
+    }
+    assert_eq!(app.count("records").await, 4);
+}
+on_both_stores!(over_two_quotas_the_longest_wait_is_told => run_over_two_quotas_the_longest_wait_is_told);
+
+/// Tokens one replica leased and left unspent go back to the fleet's bucket, and no more: one
+/// delivery on the first replica leases the whole burst of five (it spends one); after its
+/// lease has lapsed the other replica admits the four left, and nothing more is admitted
+/// anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unspent_leased_tokens_go_back_to_the_fleet_and_no_more_postgres() {
+    let app = spawn_app(StoreKind::Postgres).await;
+    set_up_weather(&app.channel).await;
+    let other = Replica::start(&app.test_db.url).await;
+    pack_quota(&app, 0.001, 5).await;
+    let explain = |ch: tonic::transport::Channel| async move {
+        pb::ingest_service_client::IngestServiceClient::new(ch)
+            .explain_trigger(pb::ExplainTriggerRequest {
+                trigger: Some(storm_warning("probe".into())),
+            })
+            .await
+            .expect("explain")
+            .into_inner()
+            .quota
+    };
+    let mut heard = false;
+    for _ in 0..100 {
+        if explain(other.channel.clone())
+            .await
+            .is_some_and(|q| q.pack_quota.is_some())
+        {
+            heard = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(heard, "the other replica applies the quota");
+    deliver_on(&app.channel, "f-0").await.expect("the first");
+    // The first replica holds the other four, leased: the store's bucket is empty until they
+    // come back (within two seconds: a lease's second, then the sweep's).
+    let mut back = false;
+    for _ in 0..100 {
+        if explain(other.channel.clone())
+            .await
+            .is_some_and(|q| q.admits)
+        {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(back, "the unspent tokens went back to the store's bucket");
+    for n in 1..5 {
+        let d = deliver_on(&other.channel, &format!("f-{n}"))
+            .await
+            .unwrap_or_else(|e| panic!("token {n} of five: {e:?}"));
+        assert_eq!(d, Disposition::RecordedInbox as i32);
+    }
+    for (ch, id) in [(&other.channel, "f-5"), (&app.channel, "f-6")] {
+        let e = deliver_on(ch, id).await.expect_err("the burst's n+1");
+        assert!(retry_delay(&e) > Duration::from_secs(100), "{e:?}");
+    }
+    assert_eq!(app.count("records").await, 5);
+    other.stop().await;
+}
