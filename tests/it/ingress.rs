@@ -1739,3 +1739,85 @@ async fn concurrent_copies_of_a_delivery_are_decided_once(kind: StoreKind) {
     assert_eq!(alice_records(&app).await.len(), 2);
 }
 on_both_stores!(s7_6_concurrent_copies_of_a_delivery_are_decided_once => concurrent_copies_of_a_delivery_are_decided_once);
+
+/// A claim whose replica stopped mid-decision: a copy arriving while it holds waits until 80%
+/// of the call's time and is answered 503 with Retry-After (never a hang into the sender's
+/// deadline, never a second decision); once the claim lapses, the next copy decides.
+async fn a_claim_left_by_a_stopped_replica_lapses(kind: StoreKind) {
+    use hcp_sense::ingress::signature::verify;
+    use hcp_sense::store::{LedgerKey, LedgerState};
+    use hmac::{Hmac, KeyInit, Mac};
+    let app = spawn_app_with(kind, |c| {
+        c.ingress_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        c.request_timeout = std::time::Duration::from_secs(2);
+    })
+    .await;
+    set_up_weather(&app.channel).await;
+    put_ledger_routes(&app.channel).await;
+    let body = json!({"level": "warning", "user": "alice", "claimed": true}).to_string();
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(GITHUB_SECRET.as_bytes()).expect("key");
+    mac.update(body.as_bytes());
+    let headers = std::collections::BTreeMap::from([(
+        "x-hub-signature-256".to_owned(),
+        format!("sha256={}", hex::encode(mac.finalize().into_bytes())),
+    )]);
+    let v = verify(
+        hcp_sense::domain::ingress::IngressKind::Github,
+        &[GITHUB_SECRET.to_owned()],
+        &headers,
+        body.as_bytes(),
+        0,
+    )
+    .expect("signed");
+    let key = v.key();
+    let ledger = LedgerKey {
+        route_id: "gh",
+        scopes: &v.scopes,
+        key: &key,
+        digest: &v.content_digest,
+    };
+    // The stopped replica's claim, holding for 4 s more.
+    let store = hcp_sense::store::Store::connect(&hcp_sense::config::StoreConfig::at(
+        app.test_db.url.clone(),
+    ))
+    .await
+    .expect("connect");
+    let now = hcp_sense::store::now_micros();
+    let held_until = now + 4_000_000;
+    assert_eq!(
+        store
+            .ingress_tables()
+            .claim_ingress_delivery(&ledger, now, held_until, None)
+            .await
+            .expect("claim"),
+        LedgerState::Claimed
+    );
+    let request =
+        json!({"url": url(&app, "gh"), "sign": "github", "secret": GITHUB_SECRET, "body": body});
+    let waiting = send_plan(json!([request.clone()])).await;
+    assert_eq!(waiting[0]["status"], 503, "{waiting:?}");
+    assert_eq!(waiting[0]["retry_after"], "1", "{waiting:?}");
+    // Answered by the wait's own bound (80% of the call's time), saying why, not cut off by the
+    // call's timeout.
+    assert!(
+        waiting[0]["body"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("a copy of this delivery is being decided")),
+        "{waiting:?}"
+    );
+    assert_eq!(
+        alice_records(&app).await.len(),
+        0,
+        "not decided while claimed"
+    );
+    // Past the claim: the next copy decides it, once.
+    let lapse = u64::try_from(held_until - hcp_sense::store::now_micros()).unwrap_or(0);
+    tokio::time::sleep(std::time::Duration::from_micros(lapse + 1)).await;
+    let decided = send_plan(json!([request.clone(), request])).await;
+    assert_eq!(decided[0]["status"], 202, "{decided:?}");
+    assert_eq!(decided[0]["body"]["replay"], false, "{decided:?}");
+    assert_eq!(decided[1]["body"]["replay"], true, "{decided:?}");
+    assert_eq!(alice_records(&app).await.len(), 1);
+    store.close().await;
+}
+on_both_stores!(s7_6_a_claim_left_by_a_stopped_replica_lapses => a_claim_left_by_a_stopped_replica_lapses);
