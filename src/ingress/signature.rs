@@ -259,7 +259,7 @@ mod tests {
         assert_eq!(v.scopes, vec![scope_of(&[7u8; 32])]);
         let alone = verify(
             IngressKind::StandardWebhooks,
-            &[secret.clone()],
+            std::slice::from_ref(&secret),
             &headers,
             b"{}",
             1000,
