@@ -255,7 +255,7 @@ mod tests {
             .expect("signed by the second secret");
         assert_eq!((v.delivery_id.as_str(), v.signed_at), ("msg_1", Some(1000)));
         // The ledger scope is the key's, not the route's: a route holding the same secret
-        // alone (or written without its prefix's padding changed) shares the delivery's row.
+        // alone shares the delivery's row.
         assert_eq!(v.scopes, vec![scope_of(&[7u8; 32])]);
         let alone = verify(
             IngressKind::StandardWebhooks,
