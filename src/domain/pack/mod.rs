@@ -4,7 +4,7 @@ use serde_json::Value;
 mod lint;
 pub mod schema;
 pub use super::trigger::TriggerSource;
-pub use lint::lint;
+pub use lint::{lint, lint_within, Bounds};
 
 /// The ref of the trigger that reports Binding health (§7.7).
 pub const BINDING_DEGRADED: &str = "binding.degraded";
@@ -116,8 +116,21 @@ impl LintReport {
     }
 }
 
-/// Parses manifest text as JSON, or failing that as YAML (s7_1_1).
+/// Deepest manifest text may nest (mappings, sequences and flow collections), checked by a
+/// linear scan before any parser reads it: a manifest nests 4 levels down to a payload schema,
+/// which may nest `schema::MAX_SCHEMA_DEPTH` (32) more.
+pub const MAX_MANIFEST_DEPTH: usize = 64;
+
+/// Parses manifest text as JSON, or failing that as YAML (s7_1_1). Text nested deeper than
+/// MAX_MANIFEST_DEPTH is refused before either parser reads it: the YAML parser's work grows
+/// faster than the text with nesting.
 pub fn parse_manifest_text(text: &str) -> Result<Value, String> {
+    let (depth, line) = nesting(text, MAX_MANIFEST_DEPTH);
+    if depth > MAX_MANIFEST_DEPTH {
+        return Err(format!(
+            "manifest nests deeper than {MAX_MANIFEST_DEPTH} levels (line {line}): manifests may nest at most {MAX_MANIFEST_DEPTH} levels of mappings, sequences and flow collections"
+        ));
+    }
     match serde_json::from_str::<Value>(text) {
         Ok(v) => Ok(v),
         Err(json_err) => match serde_yaml::from_str::<Value>(text) {
@@ -127,6 +140,129 @@ pub fn parse_manifest_text(text: &str) -> Result<Value, String> {
             )),
         },
     }
+}
+
+/// How deep YAML (or JSON) text nests, reckoned in one pass over its bytes, and the line
+/// (from 1) where it first got that deep; the scan stops once the depth passes `stop`.
+///
+/// Block nesting is the stack of indentations plus the `- ` entries that open a line; flow
+/// nesting is the `[` and `{` still open. Quoted scalars, comments and block scalars (`|`,
+/// `>`) are text, as they are to the parser. It errs on the side of more: a bracket at the
+/// start of a plain scalar's continuation line counts, which only a manifest far from the
+/// bound could notice.
+pub fn nesting(text: &str, stop: usize) -> (usize, usize) {
+    let mut max = (0usize, 0usize);
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    // The quote a scalar spanning lines is still inside.
+    let mut quote: Option<u8> = None;
+    // The indentation of the line that opened a block scalar still being read.
+    let mut block_scalar: Option<usize> = None;
+    // Whether the next token starts a value (where a quote or bracket is an indicator, not
+    // part of a plain scalar).
+    let mut value_start = true;
+    for (n, line) in text.lines().enumerate() {
+        let b = line.as_bytes();
+        let ind = b.iter().take_while(|&&c| c == b' ').count();
+        let body = &b[ind..];
+        let mut i = 0;
+        let mut base = indents.len();
+        if quote.is_none() && flow == 0 {
+            if let Some(open) = block_scalar {
+                if body.iter().all(|c| c.is_ascii_whitespace()) || ind > open {
+                    continue;
+                }
+                block_scalar = None;
+            }
+            if body.is_empty() || body[0] == b'#' {
+                continue;
+            }
+            while indents.last().is_some_and(|&t| t > ind) {
+                indents.pop();
+            }
+            if indents.last() != Some(&ind) {
+                indents.push(ind);
+            }
+            // A document marker, then entries: `- - x` nests twice on one line.
+            if body.starts_with(b"---") || body.starts_with(b"...") {
+                i = 3;
+            }
+            let mut dashes = 0;
+            loop {
+                while body.get(i).is_some_and(|c| *c == b' ' || *c == b'\t') {
+                    i += 1;
+                }
+                if body.get(i) == Some(&b'-') && matches!(body.get(i + 1), None | Some(b' ' | b'\t')) {
+                    dashes += 1;
+                    i += 1;
+                } else {
+                    break;
+                }
+            }
+            base = indents.len() + dashes;
+            value_start = true;
+        }
+        let mut note = |d: usize| {
+            if d > max.0 {
+                max = (d, n + 1);
+            }
+        };
+        note(base + flow);
+        let mut last = b' ';
+        while i < body.len() {
+            let c = body[i];
+            i += 1;
+            if let Some(q) = quote {
+                if c == b'\\' && q == b'"' {
+                    i += 1;
+                } else if c == q && q == b'\'' && body.get(i) == Some(&b'\'') {
+                    i += 1;
+                } else if c == q {
+                    quote = None;
+                    value_start = false;
+                }
+                last = c;
+                continue;
+            }
+            match c {
+                b'#' if last == b' ' || last == b'\t' => break,
+                b' ' | b'\t' => {}
+                b'"' | b'\'' if value_start => quote = Some(c),
+                b'[' | b'{' if value_start || flow > 0 => {
+                    flow += 1;
+                    note(base + flow);
+                    value_start = true;
+                }
+                b']' | b'}' if flow > 0 => {
+                    flow -= 1;
+                    value_start = false;
+                }
+                b',' if flow > 0 => value_start = true,
+                b':' if matches!(body.get(i), None | Some(b' ' | b'\t')) => value_start = true,
+                // An explicit key, or an anchor or tag before a value: the value follows.
+                b'?' if value_start => {}
+                b'&' | b'!' if value_start => {
+                    while body.get(i).is_some_and(|c| *c != b' ' && *c != b'\t') {
+                        i += 1;
+                    }
+                }
+                _ => value_start = false,
+            }
+            last = c;
+        }
+        if max.0 > stop {
+            return max;
+        }
+        if quote.is_none() && flow == 0 {
+            // `key: |`, `- >-`: the lines below, indented deeper, are the scalar's text.
+            let t = line.split(" #").next().unwrap_or_default().trim_end();
+            let t = t.trim_end_matches(|c: char| c == '+' || c == '-' || c.is_ascii_digit());
+            if [" |", " >", "\t|", "\t>"].iter().any(|e| t.ends_with(e)) || t.trim_start() == "|" || t.trim_start() == ">" {
+                block_scalar = Some(ind);
+            }
+        }
+    }
+    max
 }
 
 #[cfg(test)]
