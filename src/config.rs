@@ -181,11 +181,21 @@ pub struct Config {
 
     /// Threads that check payloads against their schemas and lint manifests, off the
     /// runtime's workers and at a lower priority (nice 10), 1 to 64.
-    #[arg(long, env = "HCP_SENSE_CHECK_THREADS", value_name = "N", default_value_t = 1)]
+    #[arg(
+        long,
+        env = "HCP_SENSE_CHECK_THREADS",
+        value_name = "N",
+        default_value_t = 1
+    )]
     pub check_threads: usize,
 
     /// Checks that may wait for a check thread, 1 to 65536; one more is answered UNAVAILABLE at once.
-    #[arg(long, env = "HCP_SENSE_CHECK_QUEUE", value_name = "N", default_value_t = 64)]
+    #[arg(
+        long,
+        env = "HCP_SENSE_CHECK_QUEUE",
+        value_name = "N",
+        default_value_t = 64
+    )]
     pub check_queue: usize,
 
     /// Seconds to wait for in-flight calls after SIGINT/SIGTERM before exiting.

@@ -206,7 +206,10 @@ impl PolicyTables {
 
     /// Packs whose catalog is compiled in this process.
     pub fn catalogs_held(&self) -> usize {
-        self.catalogs.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.catalogs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     /// One pack's policy with every principal's grant, Binding and activation;

@@ -651,7 +651,9 @@ pub fn pattern_cost(pattern: &str, pointer: &str) -> Result<PatternCost, String>
             )
             .build(&form)
     };
-    let too_big = |e: thompson::BuildError| format!("pattern `{pattern}` does not compile within {PATTERN_SIZE_LIMIT} bytes: {e}");
+    let too_big = |e: thompson::BuildError| {
+        format!("pattern `{pattern}` does not compile within {PATTERN_SIZE_LIMIT} bytes: {e}")
+    };
     let forward = nfa(false).map_err(too_big)?;
     let reverse = nfa(true).map_err(too_big)?;
     // A DFA this small fits the lazy DFA's cache whatever the string: about a unit per byte.
@@ -1182,30 +1184,145 @@ mod tests {
             .warnings()
             .any(|w| w.field == "stimulusTriggers[0].payloadSchema"));
     }
-}
 
-#[cfg(test)]
-mod explore {
+    fn manifest_with(schemas: &[Value]) -> Value {
+        let triggers: Vec<Value> = schemas
+            .iter()
+            .enumerate()
+            .map(|(i, s)| json!({"ref": format!("t.n{i}"), "payloadSchema": s}))
+            .collect();
+        let stimuli: Vec<Value> = (0..schemas.len())
+            .map(|i| json!({"ref": format!("t.n{i}"), "operation": "read", "land": "user"}))
+            .collect();
+        json!({"id": "p", "kind": "sense_only", "stimulusTriggers": triggers,
+            "policy": {"stimuli": stimuli}, "binding": {"mode": "public", "hub": "none"}})
+    }
+
+    fn lint_at(m: &Value, max_payload_bytes: usize) -> Vec<crate::domain::pack::Finding> {
+        crate::domain::pack::lint_within(m, crate::domain::pack::Bounds { max_payload_bytes })
+            .errors()
+            .cloned()
+            .collect()
+    }
+
     #[test]
-    fn explore_pattern_costs() {
+    fn realistic_patterns_cost_a_unit_per_byte() {
         for p in [
             "^[a-z0-9-]{1,64}$",
             "^[A-Z]+-[0-9]+$",
             "^[^@\\s]+@[^@\\s]+\\.[^@\\s]+$",
             "^[a-zA-Z0-9.!#$%&'*+/=?^_`{|}~-]+@[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(?:\\.[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$",
             "^\\d{4}-\\d{2}-\\d{2}$",
-            "^\\w+$",
-            "^\\p{L}{1,64}$",
             "^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$",
-            "a[ab]{20}c",
-            "a[ab]{30}c",
-            "a[ab]{300}c",
-            "a[ab]{3637}c",
-            "(a|b)*a(a|b){12}",
+            "^\\w+$",
         ] {
-            let t = std::time::Instant::now();
-            let c = super::pattern_cost(p, "");
-            eprintln!("{p}: {c:?} in {:?}", t.elapsed());
+            let c = pattern_cost(p, "/pattern").expect(p);
+            assert_eq!(c.per_byte, 1, "{p}: {c:?}");
+            let m = manifest_with(&[json!({"properties": {"a": {"pattern": p}}})]);
+            assert_eq!(lint_at(&m, 64 * 1024), Vec::new(), "{p}");
         }
+        // The tracker's schema, at a payload limit of 1 MiB.
+        assert_eq!(lint_at(&manifest_with(&[tracker()]), 1 << 20), Vec::new());
+    }
+
+    #[test]
+    fn a_pattern_whose_dfa_blows_up_is_charged_by_its_nfa_at_the_payload_limit() {
+        // Unanchored, a class counted n times before a literal: a DFA of 2^n states.
+        let big = pattern_cost("a[ab]{3637}c", "").expect("compiles");
+        assert!(big.nfa_states > 3637, "{big:?}");
+        assert_eq!(
+            big.per_byte,
+            big.nfa_states as u64 * NFA_UNITS_PER_STATE,
+            "{big:?}"
+        );
+        let m = manifest_with(&[json!({"properties": {"a": {"pattern": "a[ab]{3637}c"}}})]);
+        let e = lint_at(&m, 64 * 1024);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(
+            e[0].field,
+            "stimulusTriggers[0].payloadSchema/properties/a/pattern"
+        );
+        assert!(e[0].message.contains("65536 bytes"), "{}", e[0].message);
+        assert!(
+            e[0].message.contains(&MAX_PATTERN_WORK.to_string()),
+            "{}",
+            e[0].message
+        );
+        // At the boundary: the budget over the payload limit, n bytes accepted, n + 1 refused.
+        let p = "a[ab]{20}c";
+        let rate = pattern_cost(p, "").expect("compiles").per_byte;
+        assert!(rate > 1);
+        let schema = json!({"properties": {"a": {"pattern": p}}});
+        let at = (MAX_PATTERN_WORK / rate) as usize;
+        assert_eq!(lint_at(&manifest_with(&[schema.clone()]), at), Vec::new());
+        let e = lint_at(&manifest_with(&[schema.clone()]), at + 1);
+        assert_eq!(
+            e[0].field,
+            "stimulusTriggers[0].payloadSchema/properties/a/pattern"
+        );
+        // Patterns that may meet one value add up: two at the same value, double the rate.
+        let both = json!({"properties": {"a": {"pattern": p, "allOf": [{"pattern": p}]}}});
+        let w = PayloadSchema::compile(&both).expect("compiles").work;
+        assert_eq!(w.per_byte, 2 * rate);
+        // Under different members, only one meets a given value.
+        let apart = json!({"properties": {"a": {"pattern": p}, "b": {"pattern": p}}});
+        assert_eq!(
+            PayloadSchema::compile(&apart)
+                .expect("compiles")
+                .work
+                .per_byte,
+            rate
+        );
+    }
+
+    #[test]
+    fn a_packs_patterns_are_bounded_in_count_and_compiled_bytes() {
+        let schema = |n: usize, p: &str| {
+            let props: Map<String, Value> = (0..n)
+                .map(|i| (format!("p{i}"), json!({ "pattern": p })))
+                .collect();
+            json!({ "properties": props })
+        };
+        // Count: spread over two triggers, n accepted, n + 1 refused at the schema that passes it.
+        let half = MAX_PACK_PATTERNS / 2;
+        let ok = manifest_with(&[schema(half, "^x"), schema(MAX_PACK_PATTERNS - half, "^y")]);
+        assert_eq!(lint_at(&ok, 64 * 1024), Vec::new());
+        let over = manifest_with(&[
+            schema(half, "^x"),
+            schema(MAX_PACK_PATTERNS - half + 1, "^y"),
+        ]);
+        let e = lint_at(&over, 64 * 1024);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].field, "stimulusTriggers[1].payloadSchema");
+        assert!(
+            e[0].message.contains(&MAX_PACK_PATTERNS.to_string()),
+            "{}",
+            e[0].message
+        );
+        // Compiled bytes: patterns cheap to run but large to hold.
+        let p = "^(?:[a-z]{2}[0-9]{3}){150}$";
+        let one = pattern_cost(p, "").expect("compiles");
+        assert_eq!(one.per_byte, 1, "{one:?}");
+        let fit = MAX_PACK_PATTERN_BYTES / one.bytes;
+        assert!(fit < MAX_PACK_PATTERNS, "{one:?}");
+        let per = fit.div_ceil(2);
+        assert_eq!(
+            lint_at(
+                &manifest_with(&[schema(per, p), schema(fit - per, p)]),
+                64 * 1024
+            ),
+            Vec::new()
+        );
+        let e = lint_at(
+            &manifest_with(&[schema(per, p), schema(fit - per + 1, p)]),
+            64 * 1024,
+        );
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].field, "stimulusTriggers[1].payloadSchema");
+        assert!(
+            e[0].message.contains(&MAX_PACK_PATTERN_BYTES.to_string()),
+            "{}",
+            e[0].message
+        );
     }
 }
