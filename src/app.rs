@@ -737,6 +737,11 @@ fn service_limits(config: &Config) -> Limits {
         // A batch past the call's own deadline can no longer answer anyone.
         batch_timeout: config.request_timeout,
         sink_writers: config.sink_writers,
+        checks: crate::service::checks::CheckLimits {
+            threads: config.check_threads,
+            queue: config.check_queue,
+            deadline: crate::service::checks::CheckLimits::deadline_for(config.request_timeout),
+        },
         watch: crate::service::WatchLimits {
             max_behind: config.watch_max_behind,
             max_lag: config.watch_max_lag,

@@ -179,6 +179,25 @@ pub struct Config {
     #[arg(long, env = "HCP_SENSE_SINK_WRITERS", value_name = "N", default_value_t = DEFAULT_SINK_WRITERS)]
     pub sink_writers: usize,
 
+    /// Threads that check payloads against their schemas and lint manifests, off the
+    /// runtime's workers and at a lower priority (nice 10), 1 to 64.
+    #[arg(
+        long,
+        env = "HCP_SENSE_CHECK_THREADS",
+        value_name = "N",
+        default_value_t = 1
+    )]
+    pub check_threads: usize,
+
+    /// Checks that may wait for a check thread, 1 to 65536; one more is answered UNAVAILABLE at once.
+    #[arg(
+        long,
+        env = "HCP_SENSE_CHECK_QUEUE",
+        value_name = "N",
+        default_value_t = 64
+    )]
+    pub check_queue: usize,
+
     /// Seconds to wait for in-flight calls after SIGINT/SIGTERM before exiting.
     #[arg(long = "shutdown-grace-secs", env = "HCP_SENSE_SHUTDOWN_GRACE_SECS", value_name = "SECS", value_parser = secs, default_value = "30")]
     pub shutdown_grace: Duration,
@@ -516,6 +535,18 @@ impl Config {
             anyhow::bail!(
                 "--sink-writers must be from 1 to {MAX_SINK_WRITERS}, not {}",
                 self.sink_writers
+            );
+        }
+        if !(1..=64).contains(&self.check_threads) {
+            anyhow::bail!(
+                "--check-threads must be from 1 to 64, not {}",
+                self.check_threads
+            );
+        }
+        if !(1..=65_536).contains(&self.check_queue) {
+            anyhow::bail!(
+                "--check-queue must be from 1 to 65536, not {}",
+                self.check_queue
             );
         }
         self.tls.files()?;

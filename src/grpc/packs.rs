@@ -8,7 +8,7 @@ use super::paging::{fingerprint, PageTokens};
 use super::pb::{self, pack_service_server::PackService};
 use crate::auth::{Caller, Role};
 use crate::domain::catalog::TriggerTypeView;
-use crate::domain::pack::{lint, parse_manifest_text, Severity};
+use crate::domain::pack::{parse_manifest_text, Severity};
 use crate::error::Error;
 use crate::service::{detached, Policy};
 
@@ -107,7 +107,7 @@ impl PackService for PacksApi {
         req: Request<pb::LintPackRequest>,
     ) -> Result<Response<pb::LintPackResponse>, Status> {
         let manifest = lint_source(req.into_inner().source)?;
-        let report = lint(&manifest);
+        let report = self.policy.lint(&manifest).await?;
         Ok(Response::new(pb::LintPackResponse {
             valid: report.is_valid(),
             // Errors first, then warnings, each in manifest order.

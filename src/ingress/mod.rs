@@ -539,7 +539,11 @@ impl Ingress {
         // Every trigger of the message carries the one payload under one ref: it conforms to
         // the ref's schema for all or none.
         if let Some(t) = triggers.first() {
-            if let Err(e) = crate::service::conforms(&view, &t.pack_id, &t.r#ref, &payload) {
+            if let Err(e) = self
+                .delivery
+                .conforms(&view, &t.pack_id, &t.r#ref, &payload)
+                .await
+            {
                 if !self.delivery.all_recorded(&triggers).await? {
                     return Err(e);
                 }

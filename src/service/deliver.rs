@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
+use super::checks::{Checks, INLINE_UNITS};
 use super::drops::DropLog;
 use super::{Limits, PolicyState};
 use crate::domain::decide::{binding_degraded, decide, validate};
@@ -74,17 +75,25 @@ fn conflict(trigger_id: &str) -> Error {
     ))
 }
 
-/// Whether `payload` conforms to the schema its pack declares for `ref` (none: it does): a
-/// violation is INVALID_ARGUMENT naming `payload` and the instance's JSON pointer.
-pub fn conforms(view: &PolicyView, pack_id: &str, r#ref: &str, payload: &Value) -> Result<()> {
-    match schema_of(view, pack_id, r#ref) {
-        Some(schema) => refused(r#ref, schema.check(payload)),
-        None => Ok(()),
-    }
+fn schema_of(view: &PolicyView, pack_id: &str, r#ref: &str) -> Option<Arc<PayloadSchema>> {
+    view.pack(pack_id)?.catalog.schema_arc(r#ref)
 }
 
-fn schema_of<'v>(view: &'v PolicyView, pack_id: &str, r#ref: &str) -> Option<&'v PayloadSchema> {
-    view.pack(pack_id)?.catalog.schema(r#ref)
+/// Bytes of `v`'s JSON text, counted without writing it.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// The violations of a payload against the schema of `ref` as INVALID_ARGUMENT; none: Ok.
@@ -111,21 +120,6 @@ fn refused(r#ref: &str, violations: Vec<PayloadViolation>) -> Result<()> {
             })
             .collect(),
     ))
-}
-
-/// `conforms` for a validated trigger, whose payload is lent to the validator as a JSON value
-/// and given back (no copy).
-fn conforms_trigger(view: &PolicyView, t: &mut Trigger) -> Result<()> {
-    // A ref without a schema leaves the payload untouched.
-    let Some(schema) = schema_of(view, &t.pack_id, &t.r#ref) else {
-        return Ok(());
-    };
-    let payload = Value::Object(std::mem::take(&mut t.payload));
-    let violations = schema.check(&payload);
-    if let Value::Object(m) = payload {
-        t.payload = m;
-    }
-    refused(&t.r#ref, violations)
 }
 
 /// A record for a trigger; its id and receive time are stamped when it is written.
@@ -157,10 +151,75 @@ pub struct Delivery {
     pub(super) sink: Sink,
     pub(super) quotas: Arc<super::quota::Quotas>,
     pub(super) limits: Arc<Limits>,
+    pub(super) checks: Arc<Checks>,
     pub metrics: Arc<Metrics>,
 }
 
 impl Delivery {
+    /// Whether `payload` conforms to the schema its pack declares for `ref` (none: it does): a
+    /// violation is INVALID_ARGUMENT naming `payload` and the instance's JSON pointer. A
+    /// check too large to run inline runs on the check pool (UNAVAILABLE when it is full or
+    /// slow).
+    pub async fn conforms(
+        &self,
+        view: &PolicyView,
+        pack_id: &str,
+        r#ref: &str,
+        payload: &Value,
+    ) -> Result<()> {
+        let Some(schema) = schema_of(view, pack_id, r#ref) else {
+            return Ok(());
+        };
+        let violations = if self.inline(&schema, payload) {
+            schema.check(payload)
+        } else {
+            let payload = payload.clone();
+            self.checks
+                .run(&format!("the payload of `{ref}`"), move || {
+                    schema.check(&payload)
+                })
+                .await?
+        };
+        refused(r#ref, violations)
+    }
+
+    /// Whether checking `payload` against `schema` is cheap enough to run on this thread:
+    /// its reckoned work at the payload's size (or at the largest payload) is small.
+    fn inline(&self, schema: &PayloadSchema, payload: &Value) -> bool {
+        schema.work.check_work(self.limits.max_payload_bytes) <= INLINE_UNITS
+            || schema.work.check_work(json_len(payload)) <= INLINE_UNITS
+    }
+
+    /// `conforms` for a validated trigger, whose payload is lent to the validator as a JSON
+    /// value and given back (no copy); lost only when the check is refused as UNAVAILABLE.
+    async fn conforms_trigger(&self, view: &PolicyView, t: &mut Trigger) -> Result<()> {
+        // A ref without a schema leaves the payload untouched.
+        let Some(schema) = schema_of(view, &t.pack_id, &t.r#ref) else {
+            return Ok(());
+        };
+        let payload = Value::Object(std::mem::take(&mut t.payload));
+        let (payload, violations) = if self.inline(&schema, &payload) {
+            let v = schema.check(&payload);
+            (payload, v)
+        } else {
+            self.checks
+                .run(&format!("the payload of `{}`", t.r#ref), move || {
+                    let v = schema.check(&payload);
+                    (payload, v)
+                })
+                .await?
+        };
+        if let Value::Object(m) = payload {
+            t.payload = m;
+        }
+        refused(&t.r#ref, violations)
+    }
+
+    /// The check pool, for other work that grows with a request's input (lint).
+    pub fn checks(&self) -> &Checks {
+        &self.checks
+    }
+
     /// Longest a call may wait on the store (`--request-timeout-secs`); an ingress request or
     /// message that takes longer is answered as the store being unavailable.
     pub fn call_timeout(&self) -> std::time::Duration {
@@ -190,7 +249,7 @@ impl Delivery {
         let started = Instant::now();
         let mut t = self.admissible(raw)?;
         let view = self.policy.view.load_full();
-        let conformed = conforms_trigger(&view, &mut t);
+        let conformed = self.conforms_trigger(&view, &mut t).await;
         // Validation (the payload's schema with it) counts in the decision's time.
         let checked = started.elapsed();
         self.unless_recorded(&t, conformed).await?;
@@ -339,7 +398,7 @@ impl Delivery {
     pub async fn explain(&self, raw: RawTrigger) -> Result<Explained> {
         let mut t = self.admissible(raw)?;
         let view = self.policy.view.load_full();
-        let conformed = conforms_trigger(&view, &mut t);
+        let conformed = self.conforms_trigger(&view, &mut t).await;
         self.unless_recorded(&t, conformed).await?;
         let explanation = explain(&view, &t);
         let quota = self.quota_check(&view, &t.pack_id, &t.principal).await?;

@@ -1,4 +1,5 @@
 //! The service's capabilities between the edges and the store — Delivery, Policy, Records — started together by `Hub::start`; admin writes keep the policy view in step with the store.
+pub mod checks;
 mod deliver;
 mod drops;
 mod packs;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-pub use deliver::{conforms, decision_span, Delivery};
+pub use deliver::{decision_span, Delivery};
 pub use drops::DropLog;
 pub use packs::Registered;
 pub use policy::{PackState, Policy};
@@ -49,6 +50,8 @@ pub struct Limits {
     pub sink_writers: usize,
     /// Bounds on WatchRecords streams.
     pub watch: WatchLimits,
+    /// The pool that runs payload checks and lint off the runtime's workers.
+    pub checks: checks::CheckLimits,
 }
 
 impl Default for Limits {
@@ -62,6 +65,7 @@ impl Default for Limits {
             batch_timeout: std::time::Duration::from_secs(30),
             sink_writers: crate::config::DEFAULT_SINK_WRITERS,
             watch: WatchLimits::default(),
+            checks: checks::CheckLimits::default(),
         }
     }
 }
@@ -154,8 +158,10 @@ impl Hub {
             current: std::sync::atomic::AtomicBool::new(current),
             current_tx: tokio::sync::watch::channel(current).0,
         });
+        let checks = Arc::new(checks::Checks::start(limits.checks));
         let limits = Arc::new(limits);
         let delivery = Delivery {
+            checks,
             store: store.delivery_tables(),
             policy: state.clone(),
             drops: drops.clone(),

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::{unknown_pack, valid_id, valid_pack_id, Policy};
 use crate::domain::catalog::{trigger_types, TriggerTypeView};
-use crate::domain::pack::{lint, LintReport, RegisteredPack};
+use crate::domain::pack::{lint_within, Bounds, LintReport, RegisteredPack};
 use crate::domain::policy::PackPolicy;
 use crate::error::{Error, Result, Violation};
 use crate::store::now_micros;
@@ -43,9 +43,23 @@ impl Policy {
         Ok(trigger_types(&view, pack_id, after, limit, principal))
     }
 
+    /// Lints a manifest against this service's limits (the payload limit its schemas'
+    /// patterns are reckoned at), on the check pool: compiling a pack's schemas and reckoning
+    /// its patterns is work that grows with the manifest.
+    pub async fn lint(&self, manifest: &Value) -> Result<LintReport> {
+        let bounds = Bounds {
+            max_payload_bytes: self.delivery.max_payload_bytes(),
+        };
+        let manifest = manifest.clone();
+        self.delivery
+            .checks()
+            .run("the manifest", move || lint_within(&manifest, bounds))
+            .await
+    }
+
     /// Lints and stores a manifest. Any lint error refuses the whole manifest and nothing is written.
     pub async fn register_pack(&self, actor: &Actor, manifest: &Value) -> Result<Registered> {
-        let report = lint(manifest);
+        let report = self.lint(manifest).await?;
         let Some(m) = report.manifest.as_ref().filter(|_| report.is_valid()) else {
             return Err(lint_failure(&report));
         };

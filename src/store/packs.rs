@@ -162,6 +162,8 @@ impl PolicyTables {
             super::audit::json(&serde_json::json!({ "pack_id": pack_id, "registered": true }));
         super::audit::record(txn, actor, Some(pack_id), None, before, None).await?;
         w.commit_announcing(pack_id).await?;
+        // Its compiled schemas go with it: nothing else holds them once the view lets go.
+        self.forget_catalog(pack_id);
         Ok(true)
     }
 

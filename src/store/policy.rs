@@ -161,6 +161,14 @@ impl PolicyTables {
             .all(&self.db)
             .await
             .map_err(classify)?;
+        // Catalogs of packs deleted while this replica was not listening go too.
+        {
+            let known: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+            self.catalogs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|id, _| known.contains(id.as_str()));
+        }
         let mut all = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(p) = self.load_pack_policy(&id).await? {
@@ -187,6 +195,23 @@ impl PolicyTables {
         Ok(c)
     }
 
+    /// Drops the compiled catalog of a pack that is no longer registered, so its memory is
+    /// returned once no policy view holds it.
+    pub fn forget_catalog(&self, pack_id: &str) {
+        self.catalogs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(pack_id);
+    }
+
+    /// Packs whose catalog is compiled in this process.
+    pub fn catalogs_held(&self) -> usize {
+        self.catalogs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
     /// One pack's policy with every principal's grant, Binding and activation;
     /// `None` when the pack is not registered.
     pub async fn load_pack_policy(&self, pack_id: &str) -> Result<Option<PackPolicy>> {
@@ -196,6 +221,8 @@ impl PolicyTables {
             .await
             .map_err(classify)?
         else {
+            // Deleted (on another replica, when this one hears of it): its catalog goes too.
+            self.forget_catalog(pack_id);
             return Ok(None);
         };
         let refs: Vec<String> = pack_triggers::Entity::find()

@@ -631,3 +631,115 @@ async fn run_a_page_of_trigger_types_has_a_byte_bound(kind: StoreKind) {
     assert!(!small.next_page_token.is_empty());
 }
 on_both_stores!(a_page_of_trigger_types_has_a_byte_bound => run_a_page_of_trigger_types_has_a_byte_bound);
+
+/// The costs of patterns at the payload limit: a pattern whose worst case over the largest
+/// payload is over the budget is refused at registration, naming its pointer and the numbers;
+/// one within it is accepted, and a payload large enough to be checked on the check pool is
+/// answered as inline (refused naming the pointer, or recorded). Manifest text nested past its
+/// bound is refused naming `manifest_text`. A deleted pack's compiled catalog is let go.
+async fn run_pattern_costs_are_bounded_at_the_payload_limit(kind: StoreKind) {
+    let app = crate::helpers::spawn_app(kind).await;
+    set_up_tracker(&app.channel).await;
+    let mut packs = app.packs.clone();
+    let mut m = example("tracker.pack.yaml");
+    m["stimulusTriggers"][1]["payloadSchema"] =
+        json!({"properties": {"a": {"pattern": "a[ab]{3637}c"}}});
+    let e = packs
+        .register_pack(crate::packs::register_req(&m))
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let v = violations(&e);
+    assert_eq!(
+        v[0].0, "stimulusTriggers[1].payloadSchema/properties/a/pattern",
+        "{v:?}"
+    );
+    assert!(
+        v[0].1.contains("65536 bytes") && v[0].1.contains("budget"),
+        "{v:?}"
+    );
+    // 40,000 levels of YAML: refused before it is parsed.
+    let e = packs
+        .register_pack(pb::RegisterPackRequest {
+            source: Some(pb::register_pack_request::Source::ManifestText(
+                "- ".repeat(40_000) + "x\n",
+            )),
+        })
+        .await
+        .expect_err("too deep");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let v = violations(&e);
+    assert_eq!(v[0].0, "manifest_text", "{v:?}");
+    assert!(v[0].1.contains("64 levels"), "{v:?}");
+    // Within the budget: accepted; a 60 KB string is checked off the workers.
+    m["stimulusTriggers"][1]["payloadSchema"] =
+        json!({"properties": {"a": {"pattern": "a[ab]{20}c"}}});
+    packs
+        .register_pack(crate::packs::register_req(&m))
+        .await
+        .expect("accepted");
+    let closed = |a: String, id: &str| {
+        let mut t = with_payload(
+            trigger("tracker", "ticket.closed", "alice", "user"),
+            json!({ "a": a }),
+        );
+        t.trigger_id = id.into();
+        t
+    };
+    let mut ingest = app.ingest.clone();
+    let e = ingest
+        .deliver_trigger(closed("ab".repeat(30_000), "big-1"))
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(violations(&e)[0].0, "payload/a");
+    let ok = ingest
+        .deliver_trigger(closed(
+            "ab".repeat(30_000) + "a" + &"b".repeat(20) + "c",
+            "big-2",
+        ))
+        .await
+        .expect("recorded")
+        .into_inner();
+    assert_eq!(ok.disposition, pb::Disposition::RecordedInbox as i32);
+    assert_eq!(app.count("records").await, 1);
+}
+on_both_stores!(pattern_costs_are_bounded_at_the_payload_limit => run_pattern_costs_are_bounded_at_the_payload_limit);
+
+/// A deleted pack's compiled catalog is not kept by the store, on the replica that deleted it
+/// and on one that reloads its view after.
+async fn run_a_deleted_packs_catalog_is_let_go(kind: StoreKind) {
+    let db = crate::helpers::TestDb::create(kind).await;
+    let store = db.store(2).await;
+    store.migrate_up().await.expect("migrated");
+    let other = db.store(2).await;
+    let tables = store.policy_tables();
+    let m = hcp_sense::domain::pack::lint(&example("tracker.pack.yaml"))
+        .manifest
+        .expect("valid");
+    let actor = hcp_sense::store::audit::Actor {
+        subject: "t".into(),
+        role: "admin".into(),
+        rpc: "RegisterPack".into(),
+    };
+    tables.put_pack(&actor, &m, 1).await.expect("stored");
+    let p = tables.load_pack_policy("tracker").await.expect("loaded");
+    assert!(p.is_some_and(|p| p.catalog.schema("ticket.created").is_some()));
+    other.policy_tables().load_policy().await.expect("view");
+    assert_eq!(
+        (
+            tables.catalogs_held(),
+            other.policy_tables().catalogs_held()
+        ),
+        (1, 1)
+    );
+    assert!(tables
+        .delete_pack(&actor, "tracker")
+        .await
+        .expect("deleted"));
+    assert_eq!(tables.catalogs_held(), 0);
+    // The other replica hears of it (or reloads the whole view): let go there too.
+    other.policy_tables().load_policy().await.expect("view");
+    assert_eq!(other.policy_tables().catalogs_held(), 0);
+}
+on_both_stores!(a_deleted_packs_catalog_is_let_go => run_a_deleted_packs_catalog_is_let_go);

@@ -4,7 +4,7 @@ use serde_json::Value;
 mod lint;
 pub mod schema;
 pub use super::trigger::TriggerSource;
-pub use lint::lint;
+pub use lint::{lint, lint_within, Bounds};
 
 /// The ref of the trigger that reports Binding health (§7.7).
 pub const BINDING_DEGRADED: &str = "binding.degraded";
@@ -116,8 +116,21 @@ impl LintReport {
     }
 }
 
-/// Parses manifest text as JSON, or failing that as YAML (s7_1_1).
+/// Deepest manifest text may nest (mappings, sequences and flow collections), checked by a
+/// linear scan before any parser reads it: a manifest nests 4 levels down to a payload schema,
+/// which may nest `schema::MAX_SCHEMA_DEPTH` (32) more.
+pub const MAX_MANIFEST_DEPTH: usize = 64;
+
+/// Parses manifest text as JSON, or failing that as YAML (s7_1_1). Text nested deeper than
+/// MAX_MANIFEST_DEPTH is refused before either parser reads it: the YAML parser's work grows
+/// faster than the text with nesting.
 pub fn parse_manifest_text(text: &str) -> Result<Value, String> {
+    let (depth, line) = nesting(text, MAX_MANIFEST_DEPTH);
+    if depth > MAX_MANIFEST_DEPTH {
+        return Err(format!(
+            "manifest nests deeper than {MAX_MANIFEST_DEPTH} levels (line {line}): manifests may nest at most {MAX_MANIFEST_DEPTH} levels of mappings, sequences and flow collections"
+        ));
+    }
     match serde_json::from_str::<Value>(text) {
         Ok(v) => Ok(v),
         Err(json_err) => match serde_yaml::from_str::<Value>(text) {
@@ -127,6 +140,166 @@ pub fn parse_manifest_text(text: &str) -> Result<Value, String> {
             )),
         },
     }
+}
+
+/// How deep YAML (or JSON) text nests, reckoned in one pass over its bytes, and the line
+/// (from 1) where it first got that deep; the scan stops once the depth passes `stop`.
+///
+/// The depth is that of the value the text parses to (a mapping or sequence, or a flow
+/// collection, is a level): block collections by their indentation and `- ` entries, flow
+/// collections by their open `[` and `{`. Quoted scalars, comments and block scalars (`|`,
+/// `>`) are text, as they are to the parser. Where it cannot tell it errs on the side of more:
+/// a bracket opening a plain scalar's continuation line counts.
+pub fn nesting(text: &str, stop: usize) -> (usize, usize) {
+    /// A block collection open at a column: its depth, and whether it is a mapping whose last
+    /// key has its value on the lines below (where a `- ` at the same column is nested).
+    struct Open {
+        col: usize,
+        depth: usize,
+        awaits: bool,
+    }
+    let mut max = (0usize, 0usize);
+    let mut open: Vec<Open> = Vec::new();
+    let mut flow = 0usize;
+    // The depth a flow collection opened on.
+    let mut base = 0usize;
+    // The quote a scalar spanning lines is still inside.
+    let mut quote: Option<u8> = None;
+    // The indentation of the line that opened a block scalar still being read.
+    let mut block_scalar: Option<usize> = None;
+    // Whether the next token starts a value (where a quote or bracket is an indicator, not
+    // part of a plain scalar).
+    let mut value_start = true;
+    for (n, line) in text.lines().enumerate() {
+        let b = line.as_bytes();
+        let ind = b.iter().take_while(|&&c| c == b' ').count();
+        let mut i = ind;
+        let note = |d: usize, max: &mut (usize, usize)| {
+            if d > max.0 {
+                *max = (d, n + 1);
+            }
+        };
+        // The depth of the block collection this line's content is in, and where its key
+        // starts when it has one.
+        let mut depth = base;
+        let mut key_col = None;
+        if quote.is_none() && flow == 0 {
+            let body = &b[ind..];
+            if let Some(at) = block_scalar {
+                if body.iter().all(u8::is_ascii_whitespace) || ind > at {
+                    continue;
+                }
+                block_scalar = None;
+            }
+            if body.is_empty() || body[0] == b'#' {
+                continue;
+            }
+            if body.starts_with(b"---") || body.starts_with(b"...") {
+                open.clear();
+                i += 3;
+            }
+            let dash = |i: usize| {
+                b.get(i) == Some(&b'-') && matches!(b.get(i + 1), None | Some(b' ' | b'\t'))
+            };
+            while let Some(top) = open.last() {
+                if top.col < ind || (top.col == ind && top.awaits && dash(i)) {
+                    break;
+                }
+                open.pop();
+            }
+            depth = open.last().map_or(0, |o| o.depth);
+            // Entries: `- - x` opens two sequences on one line.
+            loop {
+                while b.get(i).is_some_and(|c| *c == b' ' || *c == b'\t') {
+                    i += 1;
+                }
+                if !dash(i) {
+                    break;
+                }
+                depth += 1;
+                open.push(Open {
+                    col: i,
+                    depth,
+                    awaits: false,
+                });
+                i += 1;
+            }
+            key_col = Some(i);
+            base = depth;
+            value_start = true;
+        }
+        note(depth + flow, &mut max);
+        let mut last = b' ';
+        while i < b.len() {
+            let c = b[i];
+            i += 1;
+            if let Some(q) = quote {
+                if (c == b'\\' && q == b'"') || (c == q && q == b'\'' && b.get(i) == Some(&b'\'')) {
+                    i += 1;
+                } else if c == q {
+                    quote = None;
+                    value_start = false;
+                }
+                last = c;
+                continue;
+            }
+            match c {
+                b'#' if last == b' ' || last == b'\t' => break,
+                b' ' | b'\t' => {}
+                b'"' | b'\'' if value_start => quote = Some(c),
+                b'[' | b'{' if value_start || flow > 0 => {
+                    if flow == 0 {
+                        base = depth;
+                    }
+                    flow += 1;
+                    note(base + flow, &mut max);
+                    value_start = true;
+                }
+                b']' | b'}' if flow > 0 => {
+                    flow -= 1;
+                    value_start = false;
+                }
+                b',' if flow > 0 => value_start = true,
+                b':' if matches!(b.get(i), None | Some(b' ' | b'\t')) => {
+                    // A block key: a mapping, one deeper than what holds it.
+                    if let Some(col) = key_col.take().filter(|_| flow == 0) {
+                        depth += 1;
+                        let rest = line[i..].trim_start();
+                        open.push(Open {
+                            col,
+                            depth,
+                            awaits: rest.is_empty() || rest.starts_with('#'),
+                        });
+                        note(depth, &mut max);
+                    }
+                    value_start = true;
+                }
+                // An explicit key, or an anchor or tag before a value: the value follows.
+                b'?' if value_start => {}
+                b'&' | b'!' if value_start => {
+                    while b.get(i).is_some_and(|c| *c != b' ' && *c != b'\t') {
+                        i += 1;
+                    }
+                }
+                _ => value_start = false,
+            }
+            last = c;
+        }
+        if max.0 > stop {
+            return max;
+        }
+        if quote.is_none() && flow == 0 {
+            // `key: |`, `- >-`: the lines below, indented deeper, are the scalar's text.
+            let t = line.split(" #").next().unwrap_or_default().trim_end();
+            let t = t.trim_end_matches(|c: char| c == '+' || c == '-' || c.is_ascii_digit());
+            if [" |", " >", "\t|", "\t>"].iter().any(|e| t.ends_with(e))
+                || matches!(t.trim_start(), "|" | ">")
+            {
+                block_scalar = Some(ind);
+            }
+        }
+    }
+    max
 }
 
 #[cfg(test)]
@@ -198,6 +371,98 @@ mod tests {
             errors(&not_obj),
             vec![("s7_1_1", "stimulusTriggers[0]".to_string())]
         );
+    }
+
+    fn value_depth(v: &Value) -> usize {
+        match v {
+            Value::Array(a) => 1 + a.iter().map(value_depth).max().unwrap_or(0),
+            Value::Object(o) => 1 + o.values().map(value_depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn s7_1_1_the_nesting_scan_reckons_the_depth_the_parser_builds() {
+        let mut texts: Vec<String> =
+            std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/examples"))
+                .expect("examples")
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "json"))
+                .map(|p| std::fs::read_to_string(p).expect("read"))
+                .collect();
+        assert!(!texts.is_empty());
+        texts.extend(
+            [
+                "a:\n- b:\n  - c:\n    - d: 1\n- e\nf: [1, {g: [2]}]\n",
+                "- - - x\n- y\n",
+                "k: &anchor [[1], {a: b}]\nl: !!seq [x]\n",
+                "'q: [': \"[[[[\" # [[[[\nr: don't [stop]\n",
+                "s: |\n  [[[[ text\n      - - - deeper text\nt:\n  u: >-\n    {{{{\n  v: 1\n",
+                "{\"a\": {\"b\": [1, {\"c\": \"]]]\"}]}}",
+                "---\nw:\n  x:\n    - 1\n",
+                "a:\n  - b: 1\n    c:\n      d: [e]\n",
+            ]
+            .map(str::to_owned),
+        );
+        for t in &texts {
+            let v = parse_manifest_text(t).unwrap_or_else(|e| panic!("{t}: {e}"));
+            assert_eq!(nesting(t, usize::MAX).0, value_depth(&v), "{t}");
+        }
+    }
+
+    #[test]
+    fn s7_1_1_manifest_text_nests_at_most_its_bound_before_any_parser_reads_it() {
+        let block = |n: usize| {
+            (0..n)
+                .map(|i| format!("{}a:", "  ".repeat(i)))
+                .collect::<Vec<_>>()
+                .join("\n")
+                + " 1\n"
+        };
+        let flow = |n: usize| format!("{}1{}", "{\"a\": ".repeat(n), "}".repeat(n));
+        let entries = |n: usize| format!("{}x\n", "- ".repeat(n));
+        for (kind, text) in [
+            ("block", &block as &dyn Fn(usize) -> String),
+            ("flow", &flow),
+            ("entries", &entries),
+        ] {
+            let ok = parse_manifest_text(&text(MAX_MANIFEST_DEPTH))
+                .unwrap_or_else(|e| panic!("{kind}: n accepted: {e}"));
+            assert_eq!(value_depth(&ok), MAX_MANIFEST_DEPTH, "{kind}");
+            let e = parse_manifest_text(&text(MAX_MANIFEST_DEPTH + 1)).expect_err(kind);
+            assert!(e.contains("nests deeper than 64 levels"), "{kind}: {e}");
+        }
+        // Deep: refused by the scan, which stops on the first line past the bound.
+        let deep = block(1_000);
+        assert_eq!(
+            nesting(&deep, MAX_MANIFEST_DEPTH),
+            (MAX_MANIFEST_DEPTH + 1, MAX_MANIFEST_DEPTH + 1)
+        );
+        assert!(parse_manifest_text(&deep)
+            .expect_err("deep")
+            .contains("line 65"));
+        // 40,000 levels in 80 KB and 320 KB.
+        let deep = entries(40_000);
+        assert!(parse_manifest_text(&deep)
+            .expect_err("deep")
+            .contains("64 levels"));
+        let deep = flow(40_000);
+        assert!(parse_manifest_text(&deep)
+            .expect_err("deep")
+            .contains("64 levels"));
+        // Schemas nested past their own bound inside a manifest that is not: lint names them.
+        let mut schema = json!({"type": "string"});
+        for _ in 0..40 {
+            schema = json!({ "items": schema });
+        }
+        let mut m = valid();
+        m["stimulusTriggers"][0]["payloadSchema"] = schema;
+        let text = m.to_string();
+        assert!(nesting(&text, usize::MAX).0 <= MAX_MANIFEST_DEPTH);
+        let e = lint(&parse_manifest_text(&text).expect("parses"));
+        assert!(e
+            .errors()
+            .any(|f| f.field == "stimulusTriggers[0].payloadSchema" && f.message.contains("nest")));
     }
 
     #[test]

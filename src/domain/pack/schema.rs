@@ -35,6 +35,23 @@ const PATTERN_COST: u64 = 8;
 /// Most characters of a violation's description: the validator's words quote the failing
 /// value, which may be the whole payload.
 pub const MAX_DESCRIPTION_CHARS: usize = 200;
+/// Units of work (about a nanosecond of one core each) a payload's patterns may cost at the
+/// largest payload accepted (`--max-payload-bytes`): a pattern whose automaton determinizes
+/// within DFA_TEST_BYTES costs one unit per byte of the string it meets (the lazy DFA never
+/// thrashes); any other runs on the NFA simulation, NFA_UNITS_PER_STATE units per NFA state
+/// per byte. Lint refuses a schema whose patterns could cost more at one payload.
+pub const MAX_PATTERN_WORK: u64 = 1 << 25;
+/// Units per NFA state per byte of a pattern that does not determinize within DFA_TEST_BYTES.
+pub const NFA_UNITS_PER_STATE: u64 = 16;
+/// Largest DFA (bytes of transition table) a pattern may need to count as one unit per byte:
+/// a quarter of the lazy DFA's cache (PATTERN_SIZE_LIMIT), so its states stay cached.
+pub const DFA_TEST_BYTES: usize = PATTERN_SIZE_LIMIT / 4;
+/// Most patterns (`pattern` keywords and `patternProperties` keys) in all of a pack's payload
+/// schemas.
+pub const MAX_PACK_PATTERNS: usize = 256;
+/// Most bytes a pack's compiled patterns may hold together (their NFAs, each compiled once
+/// forward and once reversed by the matcher).
+pub const MAX_PACK_PATTERN_BYTES: usize = 4 * 1024 * 1024;
 /// How deep a payload the cost is reckoned for: the most nesting the service accepts.
 pub const COST_DEPTH: usize = 64;
 /// Most violations reported for one payload.
@@ -137,10 +154,61 @@ pub struct PayloadViolation {
     pub message: String,
 }
 
+/// What one pattern costs to run and to hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatternCost {
+    /// Its JSON pointer in the schema.
+    pub pointer: String,
+    /// Units of work per byte of a string it is matched against.
+    pub per_byte: u64,
+    /// States of its NFA.
+    pub nfa_states: usize,
+    /// Bytes its compiled form holds (forward and reverse NFA).
+    pub bytes: usize,
+}
+
+/// The work a schema may ask for, as reckoned before it is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SchemaWork {
+    /// Most steps (subschemas applied, enum values compared) at one value of a payload.
+    pub per_node: u64,
+    /// Most pattern units per byte of one string of a payload: every pattern that may apply
+    /// to one value (or key) at once.
+    pub per_byte: u64,
+    /// Every pattern, with its cost.
+    pub patterns: Vec<PatternCost>,
+}
+
+impl SchemaWork {
+    /// The most units the patterns could cost on a payload of `bytes` bytes of JSON.
+    pub fn pattern_work(&self, bytes: usize) -> u64 {
+        self.per_byte.saturating_mul(bytes as u64)
+    }
+
+    /// An estimate of the whole check's units on a payload of `bytes` bytes: its patterns,
+    /// and its steps at every value (a value per two bytes, a step about 16 units).
+    pub fn check_work(&self, bytes: usize) -> u64 {
+        self.pattern_work(bytes)
+            .saturating_add(self.per_node.saturating_mul(8).saturating_mul(bytes as u64))
+    }
+
+    /// The pattern that costs the most per byte, if any.
+    pub fn costliest(&self) -> Option<&PatternCost> {
+        self.patterns.iter().max_by_key(|p| p.per_byte)
+    }
+
+    /// Bytes the compiled patterns hold together.
+    pub fn pattern_bytes(&self) -> usize {
+        self.patterns.iter().map(|p| p.bytes).sum()
+    }
+}
+
 /// A schema that passed its bounds, compiled.
 pub struct PayloadSchema {
     /// The schema as declared.
     pub raw: Value,
+    /// The work it may ask for.
+    pub work: SchemaWork,
     validator: Validator,
 }
 
@@ -163,7 +231,7 @@ impl Eq for PayloadSchema {}
 impl PayloadSchema {
     /// Checks the bounds, then compiles; every error found, with its pointer in the schema.
     pub fn compile(raw: &Value) -> Result<PayloadSchema, Vec<SchemaError>> {
-        bounded(raw)?;
+        let work = bounded(raw)?;
         let options = jsonschema::options()
             .with_draft(Draft::Draft202012)
             .with_pattern_options(
@@ -185,6 +253,7 @@ impl PayloadSchema {
             })?;
         Ok(PayloadSchema {
             raw: raw.clone(),
+            work,
             validator,
         })
     }
@@ -263,6 +332,11 @@ impl Catalog {
         self.get(r#ref).and_then(|t| t.schema.as_deref())
     }
 
+    /// The payload schema of `ref`, shared, if it has one.
+    pub fn schema_arc(&self, r#ref: &str) -> Option<Arc<PayloadSchema>> {
+        self.get(r#ref).and_then(|t| t.schema.clone())
+    }
+
     pub fn get(&self, r#ref: &str) -> Option<&TriggerType> {
         self.types.get(r#ref)
     }
@@ -300,6 +374,8 @@ struct Node {
     pointer: String,
     /// Own work at an instance: one, the `enum`'s values, the pattern.
     weight: u64,
+    /// Own pattern units per byte of a string instance (or key).
+    rate: u64,
     /// Subschemas applied to the same instance (including `$ref` targets, resolved later).
     in_place: Vec<usize>,
     refs: Vec<(String, String)>,
@@ -328,6 +404,7 @@ struct Walk {
     anchors: HashMap<String, usize>,
     errors: Vec<SchemaError>,
     enum_values: usize,
+    patterns: Vec<PatternCost>,
 }
 
 impl Walk {
@@ -337,6 +414,7 @@ impl Walk {
         self.nodes.push(Node {
             pointer: pointer.clone(),
             weight: 1,
+            rate: 0,
             in_place: Vec::new(),
             refs: Vec::new(),
             children: Default::default(),
@@ -470,6 +548,7 @@ impl Walk {
     }
 
     /// A pattern must compile on the `regex` crate within its size limit: linear-time matching.
+    /// Its cost per byte is charged to the node it applies at.
     fn pattern(&mut self, at: usize, p: &str, pointer: &str) {
         self.nodes[at].weight += PATTERN_COST;
         if p.len() > MAX_PATTERN_BYTES {
@@ -494,6 +573,14 @@ impl Walk {
                 _ => format!("pattern `{p}` must be a regular expression without lookaround or backreferences (patterns run in linear time): {e}"),
             };
             self.errors.push(err(pointer, why));
+            return;
+        }
+        match pattern_cost(p, pointer) {
+            Ok(c) => {
+                self.nodes[at].rate = self.nodes[at].rate.saturating_add(c.per_byte);
+                self.patterns.push(c);
+            }
+            Err(why) => self.errors.push(err(pointer, why)),
         }
     }
 
@@ -528,6 +615,74 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// What matching `pattern` costs per byte, and what its compiled form holds, reckoned on the
+/// form the validator compiles (its ECMA-262 translation, with counts at an edge collapsed).
+pub fn pattern_cost(pattern: &str, pointer: &str) -> Result<PatternCost, String> {
+    use jsonschema_regex::Search;
+    use regex_automata::dfa::{dense, StartKind};
+    use regex_automata::nfa::thompson::{self, NFA};
+
+    let translated = jsonschema_regex::to_rust_regex(pattern)
+        .map_err(|()| format!("pattern `{pattern}` is not an ECMA-262 regular expression"))?;
+    let form = match jsonschema_regex::search_form(pattern, &translated) {
+        // A class repeated: matched by counting characters, one unit per byte.
+        Some(Search::RepeatedClass(_)) => {
+            return Ok(PatternCost {
+                pointer: pointer.to_owned(),
+                per_byte: 1,
+                nfa_states: 0,
+                bytes: 0,
+            })
+        }
+        Some(Search::Collapsed(c)) => c,
+        None => translated.into_owned(),
+    };
+    let nfa = |reverse: bool| {
+        NFA::compiler()
+            .configure(
+                thompson::Config::new()
+                    .nfa_size_limit(Some(PATTERN_SIZE_LIMIT))
+                    .which_captures(if reverse {
+                        thompson::WhichCaptures::None
+                    } else {
+                        thompson::WhichCaptures::All
+                    })
+                    .reverse(reverse),
+            )
+            .build(&form)
+            .map_err(|e| {
+                format!(
+                    "pattern `{pattern}` does not compile within {PATTERN_SIZE_LIMIT} bytes: {e}"
+                )
+            })
+    };
+    let forward = nfa(false)?;
+    let reverse = nfa(true)?;
+    // A DFA this small fits the lazy DFA's cache whatever the string: about a unit per byte.
+    // Larger, a string can make the lazy DFA give up, and the NFA simulation costs per state.
+    let small_dfa = dense::Builder::new()
+        .configure(
+            dense::Config::new()
+                .start_kind(StartKind::Unanchored)
+                .minimize(false)
+                .determinize_size_limit(Some(DFA_TEST_BYTES))
+                .dfa_size_limit(Some(DFA_TEST_BYTES)),
+        )
+        .build_from_nfa(&forward)
+        .is_ok();
+    let states = forward.states().len();
+    Ok(PatternCost {
+        pointer: pointer.to_owned(),
+        per_byte: if small_dfa {
+            1
+        } else {
+            (states as u64).saturating_mul(NFA_UNITS_PER_STATE)
+        },
+        nfa_states: states,
+        bytes: forward.memory_usage() + reverse.memory_usage(),
+    })
+}
+
 fn json_depth(v: &Value) -> usize {
     match v {
         Value::Array(a) => 1 + a.iter().map(json_depth).max().unwrap_or(0),
@@ -539,12 +694,19 @@ fn json_depth(v: &Value) -> usize {
 /// The most work `raw` can ask for at one node of a payload nested at most COST_DEPTH deep,
 /// or the errors that keep it from being reckoned.
 pub fn cost(raw: &Value) -> Result<u64, Vec<SchemaError>> {
+    work(raw).map(|w| w.per_node)
+}
+
+/// The work `raw` can ask for at one node of a payload nested at most COST_DEPTH deep (steps,
+/// and pattern units per byte), or the errors that keep it from being reckoned.
+pub fn work(raw: &Value) -> Result<SchemaWork, Vec<SchemaError>> {
     let mut w = Walk {
         nodes: Vec::new(),
         by_pointer: HashMap::new(),
         anchors: HashMap::new(),
         errors: Vec::new(),
         enum_values: 0,
+        patterns: Vec::new(),
     };
     w.node(raw, String::new());
     if w.nodes.len() > MAX_SUBSCHEMAS {
@@ -580,9 +742,24 @@ pub fn cost(raw: &Value) -> Result<u64, Vec<SchemaError>> {
     // Subschemas applied to one instance must not lead back to themselves without descending
     // into the payload: that evaluation would never end.
     let order = in_place_order(&w.nodes)?;
+    Ok(SchemaWork {
+        per_node: worst_at_one_value(&w.nodes, &order, |n| n.weight, MAX_COST_PER_NODE),
+        per_byte: worst_at_one_value(&w.nodes, &order, |n| n.rate, u64::MAX),
+        patterns: w.patterns,
+    })
+}
+
+/// The most `weight` that the subschemas applied at one instance add up to, over instances
+/// at every depth up to COST_DEPTH (reckoning stops once it passes `enough`).
+fn worst_at_one_value(
+    nodes: &[Node],
+    order: &[usize],
+    weight: impl Fn(&Node) -> u64,
+    enough: u64,
+) -> u64 {
     // at[k][n]: the work of node n's applications at an instance k levels below where n is
     // applied, worst case over which child. Children are reckoned before parents (`order`).
-    let n = w.nodes.len();
+    let n = nodes.len();
     // Below the instance, every subschema applied in place meets the same child, which is an
     // item (the instance is an array) or a member (an object): each kind is reckoned apart,
     // `by_kind`, and the worst of the two is the node's.
@@ -591,10 +768,10 @@ pub fn cost(raw: &Value) -> Result<u64, Vec<SchemaError>> {
     for k in 0..=COST_DEPTH {
         let mut here = vec![0u64; n];
         let mut by_kind = vec![[0u64; 2]; n];
-        for &i in &order {
-            let node = &w.nodes[i];
+        for &i in order {
+            let node = &nodes[i];
             if k == 0 {
-                let mut c = node.weight;
+                let mut c = weight(node);
                 for &t in &node.in_place {
                     c = c.saturating_add(here[t]);
                 }
@@ -618,12 +795,12 @@ pub fn cost(raw: &Value) -> Result<u64, Vec<SchemaError>> {
             here[i] = c[ITEMS].max(c[MEMBERS]);
         }
         worst = worst.max(here[0]);
-        if worst > MAX_COST_PER_NODE {
+        if worst > enough {
             break;
         }
         below = here;
     }
-    Ok(worst)
+    worst
 }
 
 /// Nodes ordered so that every in-place target comes before what applies it; an in-place
@@ -668,7 +845,7 @@ fn in_place_order(nodes: &[Node]) -> Result<Vec<usize>, Vec<SchemaError>> {
 }
 
 /// Every bound a payload schema must keep, checked before it is compiled.
-pub fn bounded(raw: &Value) -> Result<(), Vec<SchemaError>> {
+pub fn bounded(raw: &Value) -> Result<SchemaWork, Vec<SchemaError>> {
     let size = serde_json::to_vec(raw).map_or(usize::MAX, |b| b.len());
     if size > MAX_SCHEMA_BYTES {
         return Err(vec![err(
@@ -685,14 +862,14 @@ pub fn bounded(raw: &Value) -> Result<(), Vec<SchemaError>> {
     if !raw.is_object() {
         return Err(vec![err("", "a payload schema must be a JSON object")]);
     }
-    let c = cost(raw)?;
-    if c > MAX_COST_PER_NODE {
+    let w = work(raw)?;
+    if w.per_node > MAX_COST_PER_NODE {
         return Err(vec![err(
             "",
             format!("validating one payload value against this schema could take more than {MAX_COST_PER_NODE} steps (a step per subschema applied and enum value compared, {PATTERN_COST} per pattern matched) at some depth up to {COST_DEPTH}: simplify it"),
         )]);
     }
-    Ok(())
+    Ok(w)
 }
 
 #[cfg(test)]
@@ -1008,5 +1185,147 @@ mod tests {
         assert!(declared
             .warnings()
             .any(|w| w.field == "stimulusTriggers[0].payloadSchema"));
+    }
+
+    fn manifest_with(schemas: &[Value]) -> Value {
+        let triggers: Vec<Value> = schemas
+            .iter()
+            .enumerate()
+            .map(|(i, s)| json!({"ref": format!("t.n{i}"), "payloadSchema": s}))
+            .collect();
+        let stimuli: Vec<Value> = (0..schemas.len())
+            .map(|i| json!({"ref": format!("t.n{i}"), "operation": "read", "land": "user"}))
+            .collect();
+        json!({"id": "p", "kind": "sense_only", "stimulusTriggers": triggers,
+            "policy": {"stimuli": stimuli}, "binding": {"mode": "public", "hub": "none"}})
+    }
+
+    fn lint_at(m: &Value, max_payload_bytes: usize) -> Vec<crate::domain::pack::Finding> {
+        crate::domain::pack::lint_within(m, crate::domain::pack::Bounds { max_payload_bytes })
+            .errors()
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn realistic_patterns_cost_a_unit_per_byte() {
+        for p in [
+            "^[a-z0-9-]{1,64}$",
+            "^[A-Z]+-[0-9]+$",
+            "^[^@\\s]+@[^@\\s]+\\.[^@\\s]+$",
+            "^[a-zA-Z0-9.!#$%&'*+/=?^_`{|}~-]+@[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(?:\\.[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$",
+            "^\\d{4}-\\d{2}-\\d{2}$",
+            "^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$",
+            "^\\w+$",
+        ] {
+            let c = pattern_cost(p, "/pattern").expect(p);
+            assert_eq!(c.per_byte, 1, "{p}: {c:?}");
+            let m = manifest_with(&[json!({"properties": {"a": {"pattern": p}}})]);
+            assert_eq!(lint_at(&m, 64 * 1024), Vec::new(), "{p}");
+        }
+        // The tracker's schema, at a payload limit of 1 MiB.
+        assert_eq!(lint_at(&manifest_with(&[tracker()]), 1 << 20), Vec::new());
+    }
+
+    #[test]
+    fn a_pattern_whose_dfa_blows_up_is_charged_by_its_nfa_at_the_payload_limit() {
+        // Unanchored, a class counted n times before a literal: a DFA of 2^n states.
+        let big = pattern_cost("a[ab]{3637}c", "").expect("compiles");
+        assert!(big.nfa_states > 3637, "{big:?}");
+        assert_eq!(
+            big.per_byte,
+            big.nfa_states as u64 * NFA_UNITS_PER_STATE,
+            "{big:?}"
+        );
+        let m = manifest_with(&[json!({"properties": {"a": {"pattern": "a[ab]{3637}c"}}})]);
+        let e = lint_at(&m, 64 * 1024);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(
+            e[0].field,
+            "stimulusTriggers[0].payloadSchema/properties/a/pattern"
+        );
+        assert!(e[0].message.contains("65536 bytes"), "{}", e[0].message);
+        assert!(
+            e[0].message.contains(&MAX_PATTERN_WORK.to_string()),
+            "{}",
+            e[0].message
+        );
+        // At the boundary: the budget over the payload limit, n bytes accepted, n + 1 refused.
+        let p = "a[ab]{20}c";
+        let rate = pattern_cost(p, "").expect("compiles").per_byte;
+        assert!(rate > 1);
+        let schema = json!({"properties": {"a": {"pattern": p}}});
+        let at = (MAX_PATTERN_WORK / rate) as usize;
+        let m = manifest_with(std::slice::from_ref(&schema));
+        assert_eq!(lint_at(&m, at), Vec::new());
+        let e = lint_at(&m, at + 1);
+        assert_eq!(
+            e[0].field,
+            "stimulusTriggers[0].payloadSchema/properties/a/pattern"
+        );
+        // Patterns that may meet one value add up: two at the same value, double the rate.
+        let both = json!({"properties": {"a": {"pattern": p, "allOf": [{"pattern": p}]}}});
+        let w = PayloadSchema::compile(&both).expect("compiles").work;
+        assert_eq!(w.per_byte, 2 * rate);
+        // Under different members, only one meets a given value.
+        let apart = json!({"properties": {"a": {"pattern": p}, "b": {"pattern": p}}});
+        assert_eq!(
+            PayloadSchema::compile(&apart)
+                .expect("compiles")
+                .work
+                .per_byte,
+            rate
+        );
+    }
+
+    #[test]
+    fn a_packs_patterns_are_bounded_in_count_and_compiled_bytes() {
+        let schema = |n: usize, p: &str| {
+            let props: Map<String, Value> = (0..n)
+                .map(|i| (format!("p{i}"), json!({ "pattern": p })))
+                .collect();
+            json!({ "properties": props })
+        };
+        // Count: spread over two triggers, n accepted, n + 1 refused at the schema that passes it.
+        let half = MAX_PACK_PATTERNS / 2;
+        let ok = manifest_with(&[schema(half, "^x"), schema(MAX_PACK_PATTERNS - half, "^y")]);
+        assert_eq!(lint_at(&ok, 64 * 1024), Vec::new());
+        let over = manifest_with(&[
+            schema(half, "^x"),
+            schema(MAX_PACK_PATTERNS - half + 1, "^y"),
+        ]);
+        let e = lint_at(&over, 64 * 1024);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].field, "stimulusTriggers[1].payloadSchema");
+        assert!(
+            e[0].message.contains(&MAX_PACK_PATTERNS.to_string()),
+            "{}",
+            e[0].message
+        );
+        // Compiled bytes: patterns cheap to run but large to hold.
+        let p = "^(?:[a-z]{2}[0-9]{3}){150}$";
+        let one = pattern_cost(p, "").expect("compiles");
+        assert_eq!(one.per_byte, 1, "{one:?}");
+        let fit = MAX_PACK_PATTERN_BYTES / one.bytes;
+        assert!(fit < MAX_PACK_PATTERNS, "{one:?}");
+        let per = fit.div_ceil(2);
+        assert_eq!(
+            lint_at(
+                &manifest_with(&[schema(per, p), schema(fit - per, p)]),
+                64 * 1024
+            ),
+            Vec::new()
+        );
+        let e = lint_at(
+            &manifest_with(&[schema(per, p), schema(fit - per + 1, p)]),
+            64 * 1024,
+        );
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].field, "stimulusTriggers[1].payloadSchema");
+        assert!(
+            e[0].message.contains(&MAX_PACK_PATTERN_BYTES.to_string()),
+            "{}",
+            e[0].message
+        );
     }
 }

@@ -11,8 +11,28 @@ use serde_json::{Map, Value};
 
 use super::{Finding, LintReport, Manifest, Severity};
 
+/// What lint reckons a manifest's work against: the service's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Largest payload the service accepts (`--max-payload-bytes`): a schema's patterns are
+    /// reckoned at a payload this large.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            max_payload_bytes: 64 * 1024,
+        }
+    }
+}
+
 struct Linter {
     findings: Vec<Finding>,
+    bounds: Bounds,
+    /// Patterns in the payload schemas seen so far, and the bytes they compile to.
+    patterns: usize,
+    pattern_bytes: usize,
 }
 
 impl Linter {
@@ -77,11 +97,19 @@ impl Linter {
     }
 }
 
+/// Lints a manifest against the default bounds (a payload limit of 64 KiB).
+pub fn lint(raw: &Value) -> LintReport {
+    lint_within(raw, Bounds::default())
+}
+
 /// Lints a manifest. Every error and warning is reported, not only the first;
 /// the manifest is returned only when there is no error.
-pub fn lint(raw: &Value) -> LintReport {
+pub fn lint_within(raw: &Value, bounds: Bounds) -> LintReport {
     let mut l = Linter {
         findings: Vec::new(),
+        bounds,
+        patterns: 0,
+        pattern_bytes: 0,
     };
     let Some(obj) = raw.as_object() else {
         l.error("s7_1_1", "", "the manifest must be an object");

@@ -5,7 +5,9 @@ use serde_json::{Map, Value};
 
 use super::Linter;
 use crate::domain::names::check_ref;
-use crate::domain::pack::schema::PayloadSchema;
+use crate::domain::pack::schema::{
+    PayloadSchema, MAX_PACK_PATTERNS, MAX_PACK_PATTERN_BYTES, MAX_PATTERN_WORK,
+};
 use crate::domain::pack::{DeclaredTrigger, TriggerSource, BINDING_DEGRADED};
 
 /// The declared triggers, the field of each one's ref, and every valid ref declared.
@@ -128,8 +130,54 @@ fn payload_schema(l: &mut Linter, t: &Map<String, Value>, path: &str, r: &str) -
         );
         return None;
     }
+    // Counted before anything is compiled: a pack's patterns are held in memory while it is
+    // registered, on every replica.
+    l.patterns = l.patterns.saturating_add(patterns_in(schema));
+    if l.patterns > MAX_PACK_PATTERNS {
+        l.error(
+            "s7_1_1",
+            field,
+            format!(
+                "payload schema of `{r}`: a pack's payload schemas may hold at most {MAX_PACK_PATTERNS} patterns (`pattern` and `patternProperties` keys) in all; with this one they hold {}",
+                l.patterns
+            ),
+        );
+        return None;
+    }
     match PayloadSchema::compile(schema) {
-        Ok(_) => Some(schema.clone()),
+        Ok(s) => {
+            let max = l.bounds.max_payload_bytes;
+            let worst = s.work.pattern_work(max);
+            if let (true, Some(p)) = (worst > MAX_PATTERN_WORK, s.work.costliest()) {
+                let how = if p.per_byte <= 1 {
+                    "1 unit per byte".to_owned()
+                } else {
+                    format!("{} units per byte: its automaton does not determinize within {} bytes, so it runs on an NFA of {} states at {} units per state per byte", p.per_byte, crate::domain::pack::schema::DFA_TEST_BYTES, p.nfa_states, crate::domain::pack::schema::NFA_UNITS_PER_STATE)
+                };
+                l.error(
+                    "s7_1_1",
+                    format!("{field}{}", p.pointer),
+                    format!(
+                        "payload schema of `{r}`: the patterns that may meet one string of a payload cost {} units per byte (this one {how}); at the largest payload accepted ({max} bytes, --max-payload-bytes) that is {worst} units, over the budget of {MAX_PATTERN_WORK}: simplify the pattern",
+                        s.work.per_byte
+                    ),
+                );
+                return None;
+            }
+            l.pattern_bytes = l.pattern_bytes.saturating_add(s.work.pattern_bytes());
+            if l.pattern_bytes > MAX_PACK_PATTERN_BYTES {
+                l.error(
+                    "s7_1_1",
+                    field,
+                    format!(
+                        "payload schema of `{r}`: a pack's compiled patterns may hold at most {MAX_PACK_PATTERN_BYTES} bytes in all; with this schema's they hold {}",
+                        l.pattern_bytes
+                    ),
+                );
+                return None;
+            }
+            Some(schema.clone())
+        }
         Err(errors) => {
             for e in errors {
                 l.error(
@@ -141,4 +189,28 @@ fn payload_schema(l: &mut Linter, t: &Map<String, Value>, path: &str, r: &str) -
             None
         }
     }
+}
+
+/// The patterns a schema holds: every string `pattern` and every `patternProperties` key,
+/// wherever they are (a count that may only be too high, never too low).
+pub(crate) fn patterns_in(schema: &Value) -> usize {
+    let mut n = 0usize;
+    let mut stack = vec![schema];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Object(o) => {
+                for (k, v) in o {
+                    match (k.as_str(), v) {
+                        ("pattern", Value::String(_)) => n += 1,
+                        ("patternProperties", Value::Object(p)) => n += p.len(),
+                        _ => {}
+                    }
+                    stack.push(v);
+                }
+            }
+            Value::Array(a) => stack.extend(a),
+            _ => {}
+        }
+    }
+    n
 }
