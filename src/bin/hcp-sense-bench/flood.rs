@@ -26,7 +26,7 @@ fn of_pack(pack: usize, n: usize, pop: Population, tag: &str) -> crate::pb::Deli
 
 /// What a paced series calls.
 #[derive(Clone, Copy)]
-enum Call {
+pub enum Call {
     /// The pack's DeliverTrigger.
     Deliver(usize),
     /// The same trigger to BenchService's no-op: decoded and answered, nothing decided or
@@ -44,7 +44,7 @@ impl From<Option<usize>> for Call {
 /// A call every `every` until `stop`, each on its own (open loop: a slow answer does not
 /// delay the next call): a quiet pack's DeliverTrigger (`pack` Some) or Health/Check (None).
 /// Latency counts from each call's scheduled start.
-async fn paced(
+pub async fn paced(
     ch: Channel,
     pack: impl Into<Call>,
     pop: Population,
