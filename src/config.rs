@@ -297,7 +297,7 @@ pub struct Config {
     pub max_reflection_streams_per_peer: usize,
 
     /// A connection is not shed at a connection cap within this many seconds of being accepted or of its last call's end (its next call may be on the way); 0 for none.
-    #[arg(long = "shed-grace-secs", env = "HCP_SENSE_SHED_GRACE_SECS", value_name = "SECS", value_parser = secs, default_value = "2")]
+    #[arg(long = "shed-grace-secs", env = "HCP_SENSE_SHED_GRACE_SECS", value_name = "SECS", value_parser = secs, default_value = "1")]
     pub shed_grace: Duration,
 
     /// Most open WatchRecords streams on this server; past it, RESOURCE_EXHAUSTED.

@@ -65,6 +65,10 @@ impl std::fmt::Display for Peer {
     }
 }
 
+/// Sockets one peer may have waiting for room at least, whatever its cap: a burst of new
+/// connections from one host (a pool starting) waits rather than fails.
+pub const MIN_WAITING_PER_PEER: usize = 256;
+
 /// Set in `Slot::busy` when the socket is shed: a request starting after it is on a socket
 /// that is closing.
 const SHED: usize = 1 << (usize::BITS - 1);
@@ -284,31 +288,44 @@ impl Sockets {
     }
 
     /// Milliseconds from the listener's epoch before which a socket must have started waiting
-    /// to be shed now.
-    fn grace_ms(&self) -> u64 {
-        let now = self.epoch.elapsed().saturating_sub(self.caps.grace);
-        u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
+    /// to be shed now; `None` when none can have (the listener is younger than the grace).
+    fn grace_ms(&self) -> Option<u64> {
+        let now = self.epoch.elapsed().checked_sub(self.caps.grace)?;
+        Some(u64::try_from(now.as_millis()).unwrap_or(u64::MAX))
     }
 
-    /// A place among the sockets of `ip`'s peer waiting for room. A peer has at most its cap
-    /// of them: past it, the one that has waited longest is told to go (`Waiting::gone`), as
-    /// a socket shed at a cap would be. It returns whether one was.
-    pub fn wait_turn(self: &Arc<Self>, ip: IpAddr) -> (Waiting, bool) {
+    /// Sockets one peer may have waiting for room: past it, its oldest waiting goes.
+    pub fn waiting_per_peer(&self) -> usize {
+        self.caps.per_peer.max(MIN_WAITING_PER_PEER)
+    }
+
+    /// A place among the sockets of `ip`'s peer waiting for room, and whether another had to
+    /// go for it. A peer has at most `waiting_per_peer` of them: past it, the one that has
+    /// waited longest is told to go (`Waiting::gone`), as a socket shed at a cap would be.
+    /// The listener has at most its cap of them in all: past it, `None` (the socket closes).
+    pub fn wait_turn(self: &Arc<Self>, ip: IpAddr) -> Option<(Waiting, bool)> {
         let peer = Peer::of(ip);
+        let per_peer = self.waiting_per_peer();
         let mut open = self.lock();
         let id = open.next_id;
         open.next_id += 1;
+        let in_all: usize = open.waiting.values().map(VecDeque::len).sum();
         let queue = open.waiting.entry(peer).or_default();
         let mut dropped = false;
-        if queue.len() >= self.caps.per_peer {
+        if queue.len() >= per_peer {
             if let Some((_, gone)) = queue.pop_front() {
                 gone.notify_one();
                 dropped = true;
             }
+        } else if in_all >= self.caps.total {
+            if queue.is_empty() {
+                open.waiting.remove(&peer);
+            }
+            return None;
         }
         let gone = Arc::new(Notify::new());
         queue.push_back((id, gone.clone()));
-        (
+        Some((
             Waiting {
                 peer,
                 id,
@@ -316,7 +333,7 @@ impl Sockets {
                 sockets: self.clone(),
             },
             dropped,
-        )
+        ))
     }
 
     /// Sockets of `ip`'s peer waiting for room now.
@@ -362,7 +379,8 @@ impl Drop for Waiting {
 /// The socket to shed, marked SHED: of those not serving a request (of `peer`, when given)
 /// and waiting since before `before` (ms from the epoch: past their grace), the one waiting
 /// longest. A socket whose request starts meanwhile is passed over.
-fn victim(open: &Open, peer: Option<Peer>, before: u64) -> Option<u64> {
+fn victim(open: &Open, peer: Option<Peer>, before: Option<u64>) -> Option<u64> {
+    let before = before?;
     let idle = || {
         open.slots
             .values()
@@ -506,7 +524,7 @@ mod tests {
     #[test]
     fn a_socket_within_its_grace_is_not_shed_and_one_with_only_open_streams_is() {
         let s = Sockets::new(Caps {
-            total: 100,
+            total: 1000,
             per_peer: 2,
             grace: Duration::from_millis(300),
         });
@@ -514,21 +532,32 @@ mod tests {
         let (b, _) = admitted(s.admit(ip("10.0.0.1")));
         // Both just accepted: within their grace, neither goes; the third waits its turn.
         assert!(matches!(s.admit(ip("10.0.0.1")), Admission::PeerBusy));
-        let turns: Vec<Waiting> = (0..2)
+        let n = s.waiting_per_peer();
+        assert_eq!(n, MIN_WAITING_PER_PEER);
+        let turns: Vec<Waiting> = (0..n)
             .map(|_| {
-                let (w, dropped) = s.wait_turn(ip("10.0.0.1"));
-                assert!(!dropped, "n = 2 wait");
+                let (w, dropped) = s.wait_turn(ip("10.0.0.1")).expect("a turn");
+                assert!(!dropped, "n wait");
                 w
             })
             .collect();
-        let (newest, dropped) = s.wait_turn(ip("10.0.0.1"));
+        let (newest, dropped) = s.wait_turn(ip("10.0.0.1")).expect("a turn");
         assert!(dropped, "n + 1 waiting: the oldest goes");
-        assert_eq!(s.waiting(ip("10.0.0.1")), 2);
-        let (_other, dropped) = s.wait_turn(ip("10.0.0.2"));
+        assert_eq!(s.waiting(ip("10.0.0.1")), n);
+        let (_other, dropped) = s.wait_turn(ip("10.0.0.2")).expect("a turn");
         assert!(!dropped, "another peer has its own");
         drop(turns);
         drop(newest);
         assert_eq!(s.waiting(ip("10.0.0.1")), 0, "given back");
+        // At most the listener's cap wait in all.
+        let small = Sockets::new(Caps {
+            total: 2,
+            per_peer: 1,
+            grace: Duration::ZERO,
+        });
+        let _w1 = small.wait_turn(ip("10.0.0.1")).expect("1 of 2");
+        let _w2 = small.wait_turn(ip("10.0.0.2")).expect("2 of 2");
+        assert!(small.wait_turn(ip("10.0.0.3")).is_none(), "n + 1 in all");
         // Past the grace: `a` only holds an open stream, so it may go; `b` serves a call.
         let _stream = a.slot.begin_stream();
         let _busy = b.slot.begin();

@@ -389,7 +389,11 @@ pub fn incoming(
             let Some(held) = held else {
                 // Every connection of the peer is busy or within its grace: wait for room
                 // off the accept loop, so other peers are not held up.
-                let (turn, dropped) = sockets.wait_turn(remote.ip());
+                let Some((turn, dropped)) = sockets.wait_turn(remote.ip()) else {
+                    metrics.socket_shed("grpc", "peer_busy");
+                    tracing::debug!(%remote, "connection refused: as many connections as the cap wait for room");
+                    continue;
+                };
                 if dropped {
                     metrics.socket_shed("grpc", "peer_busy");
                 }

@@ -304,7 +304,7 @@ mod tests {
             .admit(peer("10.0.0.3"), Kind::Reflection)
             .err()
             .expect("n + 1");
-        assert!(e.to_string().contains("--max-reflection-streams "), "{e}");
+        assert!(e.to_string().contains("(--max-reflection-streams)"), "{e}");
         drop(_a);
         assert_eq!(s.len(), 1, "a dropped stream gives its place back");
         stream(&s, peer("10.0.0.3"), Kind::Reflection).expect("room again");
@@ -341,7 +341,7 @@ mod tests {
             .admit(peer("10.0.0.3"), Kind::HealthWatch)
             .err()
             .expect("n + 1 in all");
-        assert!(e.to_string().contains("--max-streams "), "{e}");
+        assert!(e.to_string().contains("(--max-streams)"), "{e}");
         let _r = stream(&s, peer("10.0.0.3"), Kind::Authenticated).expect("room made in all");
         assert_eq!(s.len(), 4);
         // With only authenticated streams of the peer, another is refused.

@@ -419,11 +419,6 @@ impl Records {
         }
     }
 
-    /// Watches open on this replica now (their slots taken).
-    pub fn open_watches(&self) -> usize {
-        self.tail.watchers.load(Ordering::Acquire)
-    }
-
     /// Takes a watcher slot; RESOURCE_EXHAUSTED when `max_watchers` are open.
     fn watcher_slot(&self) -> Result<Slot> {
         let tail = self.tail.clone();
