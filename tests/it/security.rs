@@ -1015,12 +1015,23 @@ async fn a_watch_that_never_reads_ends_at_its_jwts_expiry(kind: StoreKind) {
     let (app, _dir) = secured_with(kind, |c| c.max_watches = 1).await;
     let ch = app.channel.clone();
     crate::identity::set_up(&ch, ADMIN, &["alice"]).await;
-    let exp = now() + 4;
+    let exp = now() + 5;
     let due = (exp + JWT_LEEWAY_SECS as i64) as f64;
     let slow = small_window(&app).await;
     let mut watch = watch_as(&slow, &jwt_until("reader", "alice", exp)).await;
-    // Far more than 64 KiB of records, none read.
-    let before = deliver_until(&ch, due - 2.0, 600, "before").await;
+    // Far more than 64 KiB of records, none read: four producers at once.
+    let producers: Vec<_> = (0..4)
+        .map(|p| {
+            let ch = ch.clone();
+            tokio::spawn(
+                async move { deliver_until(&ch, due - 2.0, 200, &format!("before{p}")).await },
+            )
+        })
+        .collect();
+    let mut before = Vec::new();
+    for p in producers {
+        before.extend(p.await.expect("producer"));
+    }
     assert!(before.len() >= 300, "{} delivered", before.len());
     assert!(now_f64() < due - 0.5);
     assert_eq!(
