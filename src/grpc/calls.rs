@@ -1,4 +1,4 @@
-//! Per-call rules at the edge: a call keeps its connection busy until its answer ends, health Watch streams are bounded, and every call is answered before its deadline.
+//! Per-call rules at the edge: a call keeps its connection busy until its answer ends (an unauthenticated long-lived stream keeps it open but not busy), health Watch streams are bounded, and every call is answered before its deadline.
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -334,7 +334,8 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Accepts connections until the returned stream is dropped. At a cap it sheds (crate::sockets):
 /// the connection with no call in flight that has waited longest is closed to make room; with every one busy it
-/// waits for one to close; a peer whose every connection is busy is refused another. After an
+/// waits for one to close; a peer whose every connection is busy (or within the shed grace) has its
+/// new one wait for room off the loop (see crate::sockets). After an
 /// accept error it pauses, doubling up to a second, instead of retrying at once.
 pub fn incoming(
     listener: TcpListener,
