@@ -590,9 +590,9 @@ impl Config {
                 anyhow::bail!("{flag} must be at least 1");
             }
         }
-        if self.shed_grace >= self.first_request_timeout {
+        if self.shed_grace > self.first_request_timeout {
             anyhow::bail!(
-                "--shed-grace-secs ({} s) must be less than --first-request-timeout-secs ({} s): a connection waiting for room waits at most that long",
+                "--shed-grace-secs ({} s) must be at most --first-request-timeout-secs ({} s): a connection waiting for room waits at most that long",
                 self.shed_grace.as_secs(),
                 self.first_request_timeout.as_secs()
             );
@@ -844,6 +844,23 @@ mod tests {
             cfg.database.url.expose_secret(),
             "postgres://u:hunter2-db@127.0.0.1/x"
         );
+    }
+
+    #[test]
+    fn stream_caps_are_at_least_one_and_the_shed_grace_at_most_the_first_request_timeout() {
+        for flag in [
+            "--max-streams",
+            "--max-streams-per-peer",
+            "--max-reflection-streams",
+            "--max-reflection-streams-per-peer",
+        ] {
+            let e = serve(&[flag, "0"]).err().expect("0 refused");
+            assert!(e.to_string().contains(flag), "{flag}: {e}");
+            serve(&[flag, "1"]).unwrap_or_else(|e| panic!("{flag} 1: {e}"));
+        }
+        serve(&["--shed-grace-secs", "10"]).expect("the grace = the first-request timeout");
+        let e = serve(&["--shed-grace-secs", "11"]).err().expect("n + 1");
+        assert!(e.to_string().contains("--shed-grace-secs"), "{e}");
     }
 
     #[test]
