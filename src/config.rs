@@ -854,12 +854,12 @@ mod tests {
             "--max-reflection-streams",
             "--max-reflection-streams-per-peer",
         ] {
-            let e = serve(&[flag, "0"]).err().expect("0 refused");
+            let e = serve(&[flag, "0"]).expect_err("0 refused");
             assert!(e.to_string().contains(flag), "{flag}: {e}");
             serve(&[flag, "1"]).unwrap_or_else(|e| panic!("{flag} 1: {e}"));
         }
         serve(&["--shed-grace-secs", "10"]).expect("the grace = the first-request timeout");
-        let e = serve(&["--shed-grace-secs", "11"]).err().expect("n + 1");
+        let e = serve(&["--shed-grace-secs", "11"]).expect_err("n + 1");
         assert!(e.to_string().contains("--shed-grace-secs"), "{e}");
     }
 

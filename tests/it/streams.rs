@@ -91,13 +91,10 @@ async fn reflection_streams_are_capped_per_peer_and_in_all() {
                 .unwrap_or_else(|e| panic!("{i} of the peer's 2: {e:?}")),
         );
     }
-    let e = reflection(&a)
-        .await
-        .err()
-        .expect("the peer's third (n + 1)");
+    let e = reflection(&a).await.expect_err("the peer's third (n + 1)");
     names(&e, "(--max-reflection-streams-per-peer)");
     held.push(reflection(&b).await.expect("3 of 3 in all"));
-    let e = reflection(&c).await.err().expect("a fourth in all (n + 1)");
+    let e = reflection(&c).await.expect_err("a fourth in all (n + 1)");
     names(&e, "(--max-reflection-streams)");
     // A stream that ends gives its place back.
     let (tx, mut stream) = held.remove(0);
@@ -141,7 +138,7 @@ async fn an_authenticated_stream_ends_the_oldest_open_one_at_a_stream_cap(kind: 
                 .unwrap_or_else(|e| panic!("{i} of 3: {e:?}")),
         );
     }
-    let e = health_watch(&a).await.err().expect("n + 1 of the peer");
+    let e = health_watch(&a).await.expect_err("n + 1 of the peer");
     names(&e, "(--max-streams-per-peer)");
     let watch_records = |ch: Channel| async move {
         pb::record_service_client::RecordServiceClient::new(ch)
@@ -162,8 +159,7 @@ async fn an_authenticated_stream_ends_the_oldest_open_one_at_a_stream_cap(kind: 
     })
     .await
     .expect("the oldest open stream ends")
-    .err()
-    .expect("with a status");
+    .expect_err("with a status");
     assert_eq!(end.code(), Code::Unavailable, "{end:?}");
     assert!(end.message().contains("make room"), "{}", end.message());
     // The total: 3 of 127.0.0.2 and 2 of 127.0.0.3 fill 5.
@@ -173,7 +169,7 @@ async fn an_authenticated_stream_ends_the_oldest_open_one_at_a_stream_cap(kind: 
         more.push(health_watch(&b).await.expect("within 5 in all"));
     }
     let c = from(&app, 4).await;
-    let e = health_watch(&c).await.err().expect("n + 1 in all");
+    let e = health_watch(&c).await.expect_err("n + 1 in all");
     names(&e, "(--max-streams)");
     let _other = watch_records(c.clone()).await.expect("room made in all");
     // With every stream of a peer authenticated, nothing is ended for another of its own.
@@ -183,8 +179,7 @@ async fn an_authenticated_stream_ends_the_oldest_open_one_at_a_stream_cap(kind: 
     let _r3 = watch_records(a.clone()).await.expect("ends its third");
     let e = watch_records(a.clone())
         .await
-        .err()
-        .expect("nothing left to end");
+        .expect_err("nothing left to end");
     names(&e, "(--max-streams-per-peer)");
     app.stop().await;
 }
