@@ -70,6 +70,7 @@ struct ServerLimits {
     keepalive_interval: Option<Duration>,
     keepalive_timeout: Duration,
     watches: HealthWatchLimits,
+    streams: crate::grpc::streams::StreamCaps,
 }
 
 impl App {
@@ -222,6 +223,7 @@ impl App {
                 l.rate_per_sec,
                 l.auth_failures_per_sec,
                 metrics.clone(),
+                crate::grpc::streams::Streams::new(l.streams),
             ))
             .add_routes(routes)
             .serve_with_incoming_shutdown(
@@ -719,6 +721,7 @@ fn http_limits(config: &Config) -> crate::http::HttpLimits {
         caps: crate::sockets::Caps {
             total: crate::http::MAX_CONNECTIONS,
             per_peer: config.http_max_connections_per_peer,
+            grace: std::time::Duration::ZERO,
         },
         idle: config.http_idle_timeout,
         header_timeout: config.http_header_timeout,
@@ -763,12 +766,19 @@ fn server_limits(config: &Config) -> ServerLimits {
             max_per_peer: config.max_connections_per_peer,
             first_request_timeout: config.first_request_timeout,
             idle_timeout: config.idle_timeout,
+            shed_grace: config.shed_grace,
         },
         keepalive_interval: config.http2_keepalive_interval,
         keepalive_timeout: config.http2_keepalive_timeout,
         watches: HealthWatchLimits {
             per_connection: config.max_health_watches_per_connection,
             total: config.max_health_watches,
+        },
+        streams: crate::grpc::streams::StreamCaps {
+            total: config.max_streams,
+            per_peer: config.max_streams_per_peer,
+            reflection: config.max_reflection_streams,
+            reflection_per_peer: config.max_reflection_streams_per_peer,
         },
     }
 }

@@ -279,6 +279,46 @@ pub struct Config {
     )]
     pub max_health_watches: usize,
 
+    /// Most long-lived streams (reflection, health Watch, WatchRecords, DeliverTriggers) open at once in all; past it an unauthenticated stream is refused RESOURCE_EXHAUSTED, and an authenticated one ends the oldest unauthenticated stream to make room.
+    #[arg(
+        long,
+        env = "HCP_SENSE_MAX_STREAMS",
+        value_name = "N",
+        default_value_t = 10_000
+    )]
+    pub max_streams: usize,
+
+    /// Most long-lived streams of one peer (an IPv4 address, an IPv6 /64); past it as with --max-streams, among that peer's streams.
+    #[arg(
+        long,
+        env = "HCP_SENSE_MAX_STREAMS_PER_PEER",
+        value_name = "N",
+        default_value_t = 256
+    )]
+    pub max_streams_per_peer: usize,
+
+    /// Most open reflection streams in all; past it, RESOURCE_EXHAUSTED.
+    #[arg(
+        long,
+        env = "HCP_SENSE_MAX_REFLECTION_STREAMS",
+        value_name = "N",
+        default_value_t = 64
+    )]
+    pub max_reflection_streams: usize,
+
+    /// Most open reflection streams of one peer; past it, RESOURCE_EXHAUSTED.
+    #[arg(
+        long,
+        env = "HCP_SENSE_MAX_REFLECTION_STREAMS_PER_PEER",
+        value_name = "N",
+        default_value_t = 4
+    )]
+    pub max_reflection_streams_per_peer: usize,
+
+    /// A connection is not shed at a connection cap within this many seconds of being accepted or of its last call's end (its next call may be on the way); 0 for none.
+    #[arg(long = "shed-grace-secs", env = "HCP_SENSE_SHED_GRACE_SECS", value_name = "SECS", value_parser = secs, default_value = "1")]
+    pub shed_grace: Duration,
+
     /// Most open WatchRecords streams on this server; past it, RESOURCE_EXHAUSTED.
     #[arg(
         long,
@@ -567,6 +607,27 @@ impl Config {
         if let Some(url) = &self.nats_url {
             nats_urls(url).map_err(|why| anyhow::anyhow!("--nats-url: {why}"))?;
         }
+        for (flag, n) in [
+            ("--max-streams", self.max_streams),
+            ("--max-streams-per-peer", self.max_streams_per_peer),
+            ("--max-reflection-streams", self.max_reflection_streams),
+            (
+                "--max-reflection-streams-per-peer",
+                self.max_reflection_streams_per_peer,
+            ),
+            ("--max-connections-per-peer", self.max_connections_per_peer),
+        ] {
+            if n == 0 {
+                anyhow::bail!("{flag} must be at least 1");
+            }
+        }
+        if self.shed_grace > self.first_request_timeout {
+            anyhow::bail!(
+                "--shed-grace-secs ({} s) must be at most --first-request-timeout-secs ({} s): a connection waiting for room waits at most that long",
+                self.shed_grace.as_secs(),
+                self.first_request_timeout.as_secs()
+            );
+        }
         if self.watch_max_behind == 0 {
             anyhow::bail!("--watch-max-behind must be at least 1");
         }
@@ -814,6 +875,23 @@ mod tests {
             cfg.database.url.expose_secret(),
             "postgres://u:hunter2-db@127.0.0.1/x"
         );
+    }
+
+    #[test]
+    fn stream_caps_are_at_least_one_and_the_shed_grace_at_most_the_first_request_timeout() {
+        for flag in [
+            "--max-streams",
+            "--max-streams-per-peer",
+            "--max-reflection-streams",
+            "--max-reflection-streams-per-peer",
+        ] {
+            let e = serve(&[flag, "0"]).expect_err("0 refused");
+            assert!(e.to_string().contains(flag), "{flag}: {e}");
+            serve(&[flag, "1"]).unwrap_or_else(|e| panic!("{flag} 1: {e}"));
+        }
+        serve(&["--shed-grace-secs", "10"]).expect("the grace = the first-request timeout");
+        let e = serve(&["--shed-grace-secs", "11"]).expect_err("n + 1");
+        assert!(e.to_string().contains("--shed-grace-secs"), "{e}");
     }
 
     #[test]

@@ -7,12 +7,21 @@
 //! drip or a half handshake has waited since it connected; a client that keeps a socket
 //! alive with a request now and then has waited since its last one; a real sender's new
 //! socket has waited least, so it is the last to go. Sockets serving a request are never
-//! shed; a peer whose every socket is serving one is refused another.
-use std::collections::{BTreeMap, HashMap};
+//! shed. A socket whose only work is an unauthenticated long-lived stream (reflection, health
+//! Watch) is not serving a request: it has waited since it was accepted or its last request
+//! ended, and may go with its streams.
+//!
+//! Closing a socket cannot say GOAWAY, so a socket is never shed within a grace period of
+//! being accepted or of its last request's end: a client that has just connected, or just
+//! been answered, has its next request on the way. A socket that finds its peer's (or the
+//! listener's) every socket serving a request or within its grace waits for room, up to the
+//! first-request timeout, instead of being closed; a peer may have at most its cap of sockets
+//! waiting so, and further ones are closed.
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -56,6 +65,10 @@ impl std::fmt::Display for Peer {
     }
 }
 
+/// Sockets one peer may have waiting for room at least, whatever its cap: a burst of new
+/// connections from one host (a pool starting) waits rather than fails.
+pub const MIN_WAITING_PER_PEER: usize = 256;
+
 /// Set in `Slot::busy` when the socket is shed: a request starting after it is on a socket
 /// that is closing.
 const SHED: usize = 1 << (usize::BITS - 1);
@@ -74,6 +87,9 @@ pub struct Slot {
     waiting_since: AtomicU64,
     /// A request has started on the socket at some time.
     pub served: AtomicBool,
+    /// Unauthenticated long-lived streams open on the socket: they keep it open, but do not
+    /// keep it from being shed.
+    streams: AtomicUsize,
     /// Notified once when the socket is shed; its connection closes.
     pub shed: Arc<Notify>,
 }
@@ -84,6 +100,19 @@ impl Slot {
         self.served.store(true, Ordering::Relaxed);
         self.busy.fetch_add(1, Ordering::AcqRel);
         Busy(self.clone())
+    }
+
+    /// An unauthenticated long-lived stream starts: the socket has served, and stays open
+    /// while it lasts, but may be shed (see the module's opening).
+    pub fn begin_stream(self: &Arc<Self>) -> Streaming {
+        self.served.store(true, Ordering::Relaxed);
+        self.streams.fetch_add(1, Ordering::AcqRel);
+        Streaming(self.clone())
+    }
+
+    /// Unauthenticated long-lived streams open now.
+    pub fn streams(&self) -> usize {
+        self.streams.load(Ordering::Acquire)
     }
 
     /// Requests in flight now.
@@ -115,6 +144,16 @@ impl Drop for Busy {
     }
 }
 
+/// An unauthenticated long-lived stream open on a socket.
+#[derive(Debug)]
+pub struct Streaming(Arc<Slot>);
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Which cap a shed socket made room under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cap {
@@ -136,6 +175,8 @@ impl Cap {
 pub struct Caps {
     pub total: usize,
     pub per_peer: usize,
+    /// A socket is not shed within this of being accepted or of its last request's end.
+    pub grace: Duration,
 }
 
 #[derive(Debug)]
@@ -143,6 +184,8 @@ struct Open {
     /// By id: ids grow with time, so the first is the oldest.
     slots: BTreeMap<u64, Arc<Slot>>,
     per_peer: HashMap<Peer, usize>,
+    /// Sockets of each peer waiting for room, oldest first: its id and how it is told to go.
+    waiting: HashMap<Peer, VecDeque<(u64, Arc<Notify>)>>,
     next_id: u64,
 }
 
@@ -177,11 +220,13 @@ impl Sockets {
             caps: Caps {
                 total: caps.total.max(1),
                 per_peer: caps.per_peer.max(1),
+                grace: caps.grace,
             },
             epoch: Instant::now(),
             open: Mutex::new(Open {
                 slots: BTreeMap::new(),
                 per_peer: HashMap::new(),
+                waiting: HashMap::new(),
                 next_id: 0,
             }),
             closed: Notify::new(),
@@ -200,13 +245,14 @@ impl Sockets {
         let mut open = self.lock();
         let of_peer = open.per_peer.get(&peer).copied().unwrap_or(0);
         let mut shed = None;
+        let grace = self.grace_ms();
         if of_peer >= self.caps.per_peer {
-            match victim(&open, Some(peer)) {
+            match victim(&open, Some(peer), grace) {
                 Some(v) => shed = Some((remove(&mut open, v), Cap::Peer)),
                 None => return Admission::PeerBusy,
             }
         } else if open.slots.len() >= self.caps.total {
-            match victim(&open, None) {
+            match victim(&open, None, grace) {
                 Some(v) => shed = Some((remove(&mut open, v), Cap::Total)),
                 None => return Admission::Full,
             }
@@ -220,6 +266,7 @@ impl Sockets {
             busy: AtomicUsize::new(0),
             waiting_since: AtomicU64::new(0),
             served: AtomicBool::new(false),
+            streams: AtomicUsize::new(0),
             shed: Arc::new(Notify::new()),
         });
         slot.waiting_since.store(slot.now_ms(), Ordering::Relaxed);
@@ -240,6 +287,63 @@ impl Sockets {
         }
     }
 
+    /// Milliseconds from the listener's epoch before which a socket must have started waiting
+    /// to be shed now; `None` when none can have (the listener is younger than the grace).
+    fn grace_ms(&self) -> Option<u64> {
+        let now = self.epoch.elapsed().checked_sub(self.caps.grace)?;
+        Some(u64::try_from(now.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// Sockets one peer may have waiting for room: past it, its oldest waiting goes.
+    pub fn waiting_per_peer(&self) -> usize {
+        self.caps.per_peer.max(MIN_WAITING_PER_PEER)
+    }
+
+    /// A place among the sockets of `ip`'s peer waiting for room, and whether another had to
+    /// go for it. A peer has at most `waiting_per_peer` of them: past it, the one that has
+    /// waited longest is told to go (`Waiting::gone`), as a socket shed at a cap would be.
+    /// The listener has at most its cap of them in all: past it, `None` (the socket closes).
+    pub fn wait_turn(self: &Arc<Self>, ip: IpAddr) -> Option<(Waiting, bool)> {
+        let peer = Peer::of(ip);
+        let per_peer = self.waiting_per_peer();
+        let mut open = self.lock();
+        let id = open.next_id;
+        open.next_id += 1;
+        let in_all: usize = open.waiting.values().map(VecDeque::len).sum();
+        let queue = open.waiting.entry(peer).or_default();
+        let mut dropped = false;
+        if queue.len() >= per_peer {
+            if let Some((_, gone)) = queue.pop_front() {
+                gone.notify_one();
+                dropped = true;
+            }
+        } else if in_all >= self.caps.total {
+            if queue.is_empty() {
+                open.waiting.remove(&peer);
+            }
+            return None;
+        }
+        let gone = Arc::new(Notify::new());
+        queue.push_back((id, gone.clone()));
+        Some((
+            Waiting {
+                peer,
+                id,
+                gone,
+                sockets: self.clone(),
+            },
+            dropped,
+        ))
+    }
+
+    /// Sockets of `ip`'s peer waiting for room now.
+    pub fn waiting(&self, ip: IpAddr) -> usize {
+        self.lock()
+            .waiting
+            .get(&Peer::of(ip))
+            .map_or(0, VecDeque::len)
+    }
+
     /// Sockets open now.
     pub fn len(&self) -> usize {
         self.lock().slots.len()
@@ -250,14 +354,39 @@ impl Sockets {
     }
 }
 
-/// The socket to shed, marked SHED: of those not serving a request (of `peer`, when given),
-/// the one waiting longest. A socket whose request starts meanwhile is passed over.
-fn victim(open: &Open, peer: Option<Peer>) -> Option<u64> {
+/// A socket waiting for room, counted against its peer's cap of them until dropped.
+#[derive(Debug)]
+pub struct Waiting {
+    peer: Peer,
+    id: u64,
+    /// Notified when a newer socket of the peer took its place.
+    pub gone: Arc<Notify>,
+    sockets: Arc<Sockets>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut open = self.sockets.lock();
+        if let Some(q) = open.waiting.get_mut(&self.peer) {
+            q.retain(|(id, _)| *id != self.id);
+            if q.is_empty() {
+                open.waiting.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// The socket to shed, marked SHED: of those not serving a request (of `peer`, when given)
+/// and waiting since before `before` (ms from the epoch: past their grace), the one waiting
+/// longest. A socket whose request starts meanwhile is passed over.
+fn victim(open: &Open, peer: Option<Peer>, before: Option<u64>) -> Option<u64> {
+    let before = before?;
     let idle = || {
         open.slots
             .values()
             .filter(move |s| peer.is_none_or(|p| s.peer == p))
             .filter(|s| s.busy.load(Ordering::Acquire) == 0)
+            .filter(move |s| s.waiting_since.load(Ordering::Relaxed) <= before)
     };
     let shed = |s: &Arc<Slot>| {
         s.busy
@@ -330,6 +459,7 @@ mod tests {
         let s = Sockets::new(Caps {
             total: 100,
             per_peer: 3,
+            grace: Duration::ZERO,
         });
         let held: Vec<Held> = (0..3)
             .map(|_| admitted(s.admit(ip("10.0.0.1"))).0)
@@ -370,6 +500,7 @@ mod tests {
         let s = Sockets::new(Caps {
             total: 2,
             per_peer: 10,
+            grace: Duration::ZERO,
         });
         let (a, _) = admitted(s.admit(ip("10.0.0.1")));
         let (b, _) = admitted(s.admit(ip("10.0.0.2")));
@@ -383,10 +514,58 @@ mod tests {
         let p = Sockets::new(Caps {
             total: 10,
             per_peer: 1,
+            grace: Duration::ZERO,
         });
         let (only, _) = admitted(p.admit(ip("10.0.0.1")));
         let _busy = only.slot.begin();
         assert!(matches!(p.admit(ip("10.0.0.1")), Admission::PeerBusy));
+    }
+
+    #[test]
+    fn a_socket_within_its_grace_is_not_shed_and_one_with_only_open_streams_is() {
+        let s = Sockets::new(Caps {
+            total: 1000,
+            per_peer: 2,
+            grace: Duration::from_millis(300),
+        });
+        let (a, _) = admitted(s.admit(ip("10.0.0.1")));
+        let (b, _) = admitted(s.admit(ip("10.0.0.1")));
+        // Both just accepted: within their grace, neither goes; the third waits its turn.
+        assert!(matches!(s.admit(ip("10.0.0.1")), Admission::PeerBusy));
+        let n = s.waiting_per_peer();
+        assert_eq!(n, MIN_WAITING_PER_PEER);
+        let turns: Vec<Waiting> = (0..n)
+            .map(|_| {
+                let (w, dropped) = s.wait_turn(ip("10.0.0.1")).expect("a turn");
+                assert!(!dropped, "n wait");
+                w
+            })
+            .collect();
+        let (newest, dropped) = s.wait_turn(ip("10.0.0.1")).expect("a turn");
+        assert!(dropped, "n + 1 waiting: the oldest goes");
+        assert_eq!(s.waiting(ip("10.0.0.1")), n);
+        let (_other, dropped) = s.wait_turn(ip("10.0.0.2")).expect("a turn");
+        assert!(!dropped, "another peer has its own");
+        drop(turns);
+        drop(newest);
+        assert_eq!(s.waiting(ip("10.0.0.1")), 0, "given back");
+        // At most the listener's cap wait in all.
+        let small = Sockets::new(Caps {
+            total: 2,
+            per_peer: 1,
+            grace: Duration::ZERO,
+        });
+        let _w1 = small.wait_turn(ip("10.0.0.1")).expect("1 of 2");
+        let _w2 = small.wait_turn(ip("10.0.0.2")).expect("2 of 2");
+        assert!(small.wait_turn(ip("10.0.0.3")).is_none(), "n + 1 in all");
+        // Past the grace: `a` only holds an open stream, so it may go; `b` serves a call.
+        let _stream = a.slot.begin_stream();
+        let _busy = b.slot.begin();
+        std::thread::sleep(Duration::from_millis(350));
+        let (_c, shed) = admitted(s.admit(ip("10.0.0.1")));
+        assert_eq!(shed, Some((Peer::of(ip("10.0.0.1")), Cap::Peer)));
+        assert!(!s.lock().slots.contains_key(&a.slot.id));
+        assert!(s.lock().slots.contains_key(&b.slot.id));
     }
 
     #[test]

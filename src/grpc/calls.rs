@@ -1,4 +1,4 @@
-//! Per-call rules at the edge: a call keeps its connection busy until its answer ends, health Watch streams are bounded, and every call is answered before its deadline.
+//! Per-call rules at the edge: a call keeps its connection busy until its answer ends (an unauthenticated long-lived stream keeps it open but not busy), health Watch streams are bounded, and every call is answered before its deadline.
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -189,7 +189,16 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let conn = ConnInfo::of(req.extensions());
-        let in_flight = conn.as_ref().map(|c| c.state.begin());
+        // An unauthenticated long-lived stream keeps its connection open but not busy: a
+        // connection whose only work is one may be shed (crate::sockets).
+        let open_stream = super::streams::Kind::of(req.uri().path()).is_some();
+        let in_flight = conn.as_ref().map(|c| {
+            if open_stream {
+                c.state.begin_stream()
+            } else {
+                c.state.begin()
+            }
+        });
         let watch = if req.uri().path() == HEALTH_WATCH {
             match WatchSlot::take(&self.layer, conn) {
                 Ok(slot) => Some(slot),

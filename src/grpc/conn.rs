@@ -21,7 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
 use crate::metrics::Metrics;
-use crate::sockets::{Admission, Busy, Caps, Held, Slot, Sockets};
+use crate::sockets::{Admission, Busy, Caps, Held, Slot, Sockets, Streaming};
 
 /// Limits on client connections.
 #[derive(Debug, Clone, Copy)]
@@ -34,6 +34,8 @@ pub struct ConnLimits {
     pub first_request_timeout: Duration,
     /// A connection with no call in flight for this long is closed.
     pub idle_timeout: Duration,
+    /// A connection is not shed within this of being accepted or of its last call's end.
+    pub shed_grace: Duration,
 }
 
 /// What is known of one connection, shared between the socket and the calls it carries.
@@ -58,11 +60,25 @@ impl ConnState {
         }
     }
 
+    /// Who the connection counts against.
+    pub fn peer(&self) -> crate::sockets::Peer {
+        self.slot.peer()
+    }
+
     /// A call starts; the connection is busy until the returned guard is dropped.
     pub fn begin(self: &Arc<Self>) -> InFlight {
         InFlight {
             state: self.clone(),
-            _busy: self.slot.begin(),
+            _busy: Work::Call(self.slot.begin()),
+        }
+    }
+
+    /// An unauthenticated long-lived stream starts: the connection stays open while it lasts,
+    /// but is not busy (it may be shed; see crate::sockets).
+    pub fn begin_stream(self: &Arc<Self>) -> InFlight {
+        InFlight {
+            state: self.clone(),
+            _busy: Work::Stream(self.slot.begin_stream()),
         }
     }
 
@@ -72,7 +88,7 @@ impl ConnState {
 
     /// When the connection may be closed, if nothing starts meanwhile.
     fn close_at(&self, limits: &ConnLimits) -> Option<Instant> {
-        if self.slot.in_flight() > 0 {
+        if self.slot.in_flight() > 0 || self.slot.streams() > 0 {
             return None;
         }
         if !self.started() {
@@ -87,7 +103,14 @@ impl ConnState {
 #[derive(Debug)]
 pub struct InFlight {
     state: Arc<ConnState>,
-    _busy: Busy,
+    _busy: Work,
+}
+
+/// What a call holds on its connection's place.
+#[derive(Debug)]
+enum Work {
+    Call(#[allow(dead_code)] Busy),
+    Stream(#[allow(dead_code)] Streaming),
 }
 
 impl Drop for InFlight {
@@ -236,12 +259,83 @@ pub fn effective_max_connections(configured: usize) -> usize {
     }
 }
 
+/// How often a connection waiting for room looks again (as well as whenever one closes).
+const ROOM_POLL: Duration = Duration::from_millis(50);
+
+fn note_shed(metrics: &Metrics, shed: Option<(crate::sockets::Peer, crate::sockets::Cap)>) {
+    if let Some((peer, cap)) = shed {
+        tracing::debug!(%peer, cap = cap.as_str(), "connection shed to make room");
+        metrics.socket_shed("grpc", cap.as_str());
+    }
+}
+
+/// An admitted socket, ready to serve.
+fn conn_of(io: TcpStream, remote: SocketAddr, held: Held, limits: ConnLimits) -> Conn {
+    // Without TCP_NODELAY a multi-frame answer waits for a delayed ACK (~40 ms).
+    let _ = io.set_nodelay(true);
+    let state = Arc::new(ConnState::new(held.slot.clone()));
+    let first = Instant::now() + limits.first_request_timeout;
+    Conn {
+        io,
+        info: ConnInfo {
+            remote: Some(remote),
+            peer: format!("peer:{}", remote.ip()).into(),
+            state,
+        },
+        limits,
+        timer: Box::pin(tokio::time::sleep_until(first.into())),
+        shed: Box::pin(held.slot.shed.clone().notified_owned()),
+        _held: held,
+    }
+}
+
+/// A socket whose peer had no room: admitted once a connection of the peer closes or may be
+/// shed, or closed after the first-request timeout.
+async fn wait_for_room(
+    io: TcpStream,
+    remote: SocketAddr,
+    turn: crate::sockets::Waiting,
+    sockets: Arc<Sockets>,
+    limits: ConnLimits,
+    metrics: Arc<Metrics>,
+    tx: mpsc::Sender<Result<Conn, io::Error>>,
+) {
+    let deadline = tokio::time::Instant::now() + limits.first_request_timeout;
+    loop {
+        let closed = sockets.closed.notified();
+        match sockets.admit(remote.ip()) {
+            Admission::In { held, shed } => {
+                drop(turn);
+                note_shed(&metrics, shed);
+                let _ = tx.send(Ok(conn_of(io, remote, held, limits))).await;
+                return;
+            }
+            Admission::PeerBusy | Admission::Full => {}
+        }
+        tokio::select! {
+            _ = tx.closed() => return,
+            _ = closed => {}
+            _ = tokio::time::sleep(ROOM_POLL) => {}
+            _ = turn.gone.notified() => {
+                tracing::debug!(%remote, "connection closed: newer ones of its peer wait for room");
+                return;
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                metrics.socket_shed("grpc", "peer_busy");
+                tracing::debug!(%remote, "connection closed: no room for it within the first-request timeout");
+                return;
+            }
+        }
+    }
+}
+
 /// Longest pause after an accept error (out of file descriptors, for one).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Accepts connections until the returned stream is dropped. At a cap it sheds (crate::sockets):
 /// the connection with no call in flight that has waited longest is closed to make room; with every one busy it
-/// waits for one to close; a peer whose every connection is busy is refused another. After an
+/// waits for one to close; a peer whose every connection is busy (or within the shed grace) has its
+/// new one wait for room off the loop (see crate::sockets). After an
 /// accept error it pauses, doubling up to a second, instead of retrying at once.
 pub fn incoming(
     listener: TcpListener,
@@ -252,6 +346,7 @@ pub fn incoming(
     let sockets = Sockets::new(Caps {
         total: limits.max_connections,
         per_peer: limits.max_per_peer,
+        grace: limits.shed_grace,
     });
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(5);
@@ -278,47 +373,47 @@ pub fn incoming(
             let held = loop {
                 match sockets.admit(remote.ip()) {
                     Admission::In { held, shed } => {
-                        if let Some((peer, cap)) = shed {
-                            tracing::debug!(%peer, cap = cap.as_str(), "connection shed to make room");
-                            metrics.socket_shed("grpc", cap.as_str());
-                        }
+                        note_shed(&metrics, shed);
                         break Some(held);
                     }
-                    Admission::PeerBusy => {
-                        metrics.socket_shed("grpc", "peer_busy");
-                        break None;
-                    }
+                    Admission::PeerBusy => break None,
                     Admission::Full => {
                         let closed = sockets.closed.notified();
                         tokio::select! {
                             _ = tx.closed() => return,
                             _ = closed => {}
-                            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                            _ = tokio::time::sleep(ROOM_POLL) => {}
                         }
                     }
                 }
             };
             let Some(held) = held else {
-                tracing::debug!(%remote, "connection refused: every connection of its peer has a call in flight");
+                // Every connection of the peer is busy or within its grace: wait for room
+                // off the accept loop, so other peers are not held up.
+                let Some((turn, dropped)) = sockets.wait_turn(remote.ip()) else {
+                    metrics.socket_shed("grpc", "peer_busy");
+                    tracing::debug!(%remote, "connection refused: as many connections as the cap wait for room");
+                    continue;
+                };
+                if dropped {
+                    metrics.socket_shed("grpc", "peer_busy");
+                }
+                tokio::spawn(wait_for_room(
+                    io,
+                    remote,
+                    turn,
+                    sockets.clone(),
+                    limits,
+                    metrics.clone(),
+                    tx.clone(),
+                ));
                 continue;
             };
-            // Without TCP_NODELAY a multi-frame answer waits for a delayed ACK (~40 ms).
-            let _ = io.set_nodelay(true);
-            let state = Arc::new(ConnState::new(held.slot.clone()));
-            let first = Instant::now() + limits.first_request_timeout;
-            let conn = Conn {
-                io,
-                info: ConnInfo {
-                    remote: Some(remote),
-                    peer: format!("peer:{}", remote.ip()).into(),
-                    state,
-                },
-                limits,
-                timer: Box::pin(tokio::time::sleep_until(first.into())),
-                shed: Box::pin(held.slot.shed.clone().notified_owned()),
-                _held: held,
-            };
-            if tx.send(Ok(conn)).await.is_err() {
+            if tx
+                .send(Ok(conn_of(io, remote, held, limits)))
+                .await
+                .is_err()
+            {
                 return;
             }
         }

@@ -14,7 +14,8 @@ use tonic::Status;
 
 use super::calls::BoxFuture;
 use super::conn::ConnInfo;
-use super::lifetime::UntilExpiry;
+use super::lifetime::Endable;
+use super::streams::{Kind, StreamSlot, Streams};
 use crate::auth::{allowed, is_open, Authenticator, CalledMethod, Caller, Precheck, Unverified};
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -50,6 +51,8 @@ pub struct GuardLayer {
     metrics: Arc<Metrics>,
     /// Methods that answer with a stream: it ends when the caller's credential does.
     streaming: Arc<HashSet<String>>,
+    /// Long-lived streams, capped per peer and in all.
+    streams: Arc<Streams>,
 }
 
 impl GuardLayer {
@@ -60,6 +63,7 @@ impl GuardLayer {
         rate_per_sec: f64,
         failures_per_sec: f64,
         metrics: Arc<Metrics>,
+        streams: Arc<Streams>,
     ) -> GuardLayer {
         GuardLayer {
             auth,
@@ -68,6 +72,7 @@ impl GuardLayer {
             over_budget: Arc::new(Semaphore::new(OVER_BUDGET_CHECKS)),
             metrics,
             streaming: Arc::new(super::layer::streaming_methods()),
+            streams,
         }
     }
 
@@ -262,13 +267,26 @@ where
         // The service that was made ready is the one that must be called.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let conn = ConnInfo::of(req.extensions());
+        let socket_peer = conn.as_ref().map(|c| c.state.peer());
         if is_open(&path) {
             // Health and reflection need no credentials, so none are read: a JWT sent to
-            // them costs no signature check, and their streams are not bounded by one.
+            // them costs no signature check, and their streams are not bounded by one. Their
+            // streams count against the stream caps, and are the first to go.
+            let slot = match Kind::of(&path).map(|k| self.layer.streams.admit(socket_peer, k)) {
+                Some(Err(e)) => return super::calls::answer(e),
+                Some(Ok(slot)) => Some(slot),
+                None => None,
+            };
             req.extensions_mut().insert(CalledMethod(path));
-            return Box::pin(inner.call(req));
+            return Box::pin(async move {
+                let answer = inner.call(req).await?;
+                Ok(match slot {
+                    Some(slot) => bounded(answer, slot, None),
+                    None => answer,
+                })
+            });
         }
-        let conn = ConnInfo::of(req.extensions());
         let peer: Arc<str> = conn.map_or_else(|| Arc::from("peer:unknown"), |c| c.peer);
         let header = req
             .headers()
@@ -321,19 +339,43 @@ where
                     bucket,
                 });
             }
+            let stream = layer.streaming.contains(&path);
             let expires = match &caller {
-                Caller::Known(id) if layer.streaming.contains(&path) => id.expires,
+                Caller::Known(id) if stream => id.expires,
                 _ => None,
+            };
+            let slot = if stream {
+                match layer.streams.admit(socket_peer, Kind::Authenticated) {
+                    Ok(slot) => Some(slot),
+                    Err(e) => return Ok(Status::from(e).into_http()),
+                }
+            } else {
+                None
             };
             req.extensions_mut().insert(caller);
             req.extensions_mut().insert(CalledMethod(path));
             let answer = inner.call(req).await?;
-            Ok(match expires {
-                Some(at) => answer.map(|body| tonic::body::Body::new(UntilExpiry::new(body, at))),
+            Ok(match slot {
+                Some(slot) => bounded(answer, slot, expires),
                 None => answer,
             })
         })
     }
+}
+
+/// A long-lived stream's answer, holding its slot until it ends, ended when it is shed or
+/// at `expires` (its credential's end).
+fn bounded(
+    answer: http::Response<tonic::body::Body>,
+    slot: StreamSlot,
+    expires: Option<i64>,
+) -> http::Response<tonic::body::Body> {
+    answer.map(|body| {
+        let (body, ender) = Endable::new(body, expires);
+        slot.set_ender(ender);
+        body.hold(Box::new(slot));
+        tonic::body::Body::new(body)
+    })
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub mod policy;
 pub mod records;
 pub mod routes;
 pub mod status;
+pub mod streams;
 
 use crate::auth::{CalledMethod, Caller};
 use crate::store::audit::Actor;

@@ -1,4 +1,5 @@
 //! RecordService: ListRecords and ListDropReports with keyset pagination, and WatchRecords continuing a listing as records commit.
+use std::future::Future;
 use std::pin::Pin;
 
 use tokio_stream::{Stream, StreamExt};
@@ -181,10 +182,12 @@ impl RecordService for RecordsApi {
             }
         };
         let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tokio::spawn(watch.run(filter, from, tx));
+        let (ended_tx, ended) = tokio::sync::oneshot::channel();
+        tokio::spawn(watch.run(filter, from, tx, ended_tx));
         let this = self.clone();
-        let stream =
-            tokio_stream::wrappers::ReceiverStream::new(rx).map(move |event| match event {
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
+            .chain(Ended(Some(ended)))
+            .map(move |event| match event {
                 WatchEvent::Sent { records, position } => Ok(pb::WatchRecordsResponse {
                     // The last look before the records go out: none erased since they were read.
                     records: records
@@ -258,5 +261,23 @@ impl RecordService for RecordsApi {
             drop_reports,
             next_page_token,
         }))
+    }
+}
+
+/// The end of a watch, told once its messages are read.
+struct Ended(Option<tokio::sync::oneshot::Receiver<WatchEvent>>);
+
+impl Stream for Ended {
+    type Item = WatchEvent;
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<WatchEvent>> {
+        let Some(rx) = self.0.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        let out = std::task::ready!(Pin::new(rx).poll(cx)).ok();
+        self.0 = None;
+        std::task::Poll::Ready(out)
     }
 }

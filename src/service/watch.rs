@@ -452,8 +452,16 @@ pub struct Watch {
 
 impl Watch {
     /// Sends every record matching `filter` committed after `from`, then new ones as they
-    /// commit, until the receiver goes or the watch is ended (the last event says why).
-    pub async fn run(self, filter: RecordFilter, from: Position, out: mpsc::Sender<WatchEvent>) {
+    /// commit, until the receiver goes or the watch is ended: why goes to `ended`, not after
+    /// the records in `out`, so a reader that takes nothing does not hold the watch (its slot
+    /// and this task) past the lag bound. Its reader reads `ended` once `out` is empty.
+    pub async fn run(
+        self,
+        filter: RecordFilter,
+        from: Position,
+        out: mpsc::Sender<WatchEvent>,
+        ended: tokio::sync::oneshot::Sender<WatchEvent>,
+    ) {
         let mut w = Watcher {
             svc: &self.svc,
             filter,
@@ -473,14 +481,12 @@ impl Watch {
             }
         };
         let position = w.cursor;
-        let _ = w
-            .out
-            .send(WatchEvent::Ended {
-                cause: end.0,
-                why: end.1,
-                position,
-            })
-            .await;
+        // Told before `out` is dropped (with `w`): the reader finds it when `out` ends.
+        let _ = ended.send(WatchEvent::Ended {
+            cause: end.0,
+            why: end.1,
+            position,
+        });
     }
 }
 

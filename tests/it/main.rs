@@ -24,6 +24,7 @@ mod quota;
 mod security;
 mod sense;
 mod slowloris;
+mod streams;
 mod support;
 mod telemetry;
 mod trace;

@@ -951,6 +951,153 @@ async fn idle_streams_end_when_their_jwts_expire(kind: StoreKind) {
 }
 on_both_stores!(idle_streams_end_when_their_jwts_expire => idle_streams_end_when_their_jwts_expire);
 
+/// A channel whose receive windows are HTTP/2's smallest: a stream it does not read stops
+/// the server's sending after 64 KiB.
+async fn small_window(app: &TestApp) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{}", app.addr))
+        .expect("uri")
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// Delivers alice's triggers until `until` (Unix seconds) or `most` of them: each record's id
+/// and when its delivery was answered.
+async fn deliver_until(ch: &Channel, until: f64, most: usize, tag: &str) -> Vec<(String, f64)> {
+    let mut runtime = IngestServiceClient::new(bearer(ch, RUNTIME));
+    let mut sent = Vec::new();
+    for i in 0..most {
+        if now_f64() > until {
+            break;
+        }
+        let r = runtime
+            .deliver_trigger(DeliverTriggerRequest {
+                trigger_id: format!("{tag}-{i}"),
+                ..crate::identity::opened("alice")
+            })
+            .await
+            .expect("deliver")
+            .into_inner();
+        sent.push((r.record_id, now_f64()));
+    }
+    sent
+}
+
+/// Tries to open a watch with a fresh JWT every 100 ms until `until` (Unix seconds): when one
+/// opened, if any.
+async fn opens_by(ch: &Channel, until: f64) -> Option<f64> {
+    let fresh = jwt("reader", "alice", 600);
+    loop {
+        match RecordServiceClient::new(bearer(ch, &fresh))
+            .watch_records(pb::WatchRecordsRequest {
+                principal: "alice".into(),
+                start: Some(pb::watch_records_request::Start::FromNow(true)),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(_) => return Some(now_f64()),
+            Err(e) => assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}"),
+        }
+        if now_f64() > until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A watch whose reader never reads (its window full) is still ended at its JWT's expiry: its
+/// slot (`--max-watches 1`) is free again by then, and reading afterwards yields only records
+/// committed before the expiry, then UNAUTHENTICATED.
+async fn a_watch_that_never_reads_ends_at_its_jwts_expiry(kind: StoreKind) {
+    let (app, _dir) = secured_with(kind, |c| c.max_watches = 1).await;
+    let ch = app.channel.clone();
+    crate::identity::set_up(&ch, ADMIN, &["alice"]).await;
+    let exp = now() + 5;
+    let due = (exp + JWT_LEEWAY_SECS as i64) as f64;
+    let slow = small_window(&app).await;
+    let mut watch = watch_as(&slow, &jwt_until("reader", "alice", exp)).await;
+    // Far more than 64 KiB of records, none read: four producers at once.
+    let producers: Vec<_> = (0..4)
+        .map(|p| {
+            let ch = ch.clone();
+            tokio::spawn(
+                async move { deliver_until(&ch, due - 2.0, 200, &format!("before{p}")).await },
+            )
+        })
+        .collect();
+    let mut before = Vec::new();
+    for p in producers {
+        before.extend(p.await.expect("producer"));
+    }
+    assert!(before.len() >= 300, "{} delivered", before.len());
+    assert!(now_f64() < due - 0.5);
+    assert_eq!(
+        opens_by(&ch, 0.0).await,
+        None,
+        "the unread watch holds the only slot before its expiry"
+    );
+    let opened = opens_by(&ch, due + 3.0).await.expect("the slot given back");
+    assert!(
+        opened >= due - 0.5 && opened <= due + 1.5,
+        "the slot came back {:+.3} s from the expiry",
+        opened - due
+    );
+    let after = deliver_until(&ch, f64::MAX, 5, "after").await;
+    let (got, end, _) = until_status(&mut watch, Duration::from_secs(30)).await;
+    assert_eq!(end.code(), Code::Unauthenticated, "{end:?}");
+    assert!(end.message().contains("expired"), "{}", end.message());
+    let ok: std::collections::HashSet<&String> = before.iter().map(|(id, _)| id).collect();
+    let streamed: Vec<String> = got
+        .iter()
+        .flat_map(|(m, _)| m.records.iter().map(|r| r.record_id.clone()))
+        .collect();
+    assert!(
+        !streamed.is_empty(),
+        "what was sent before the expiry is read"
+    );
+    assert!(
+        streamed.len() < before.len(),
+        "not everything: the window held"
+    );
+    assert!(
+        streamed.iter().all(|id| ok.contains(id)),
+        "only records committed before the expiry"
+    );
+    assert!(after
+        .iter()
+        .all(|(id, _)| !streamed.iter().any(|s| s == id)));
+}
+on_both_stores!(s7_5_a_watch_that_never_reads_ends_at_its_jwts_expiry => a_watch_that_never_reads_ends_at_its_jwts_expiry);
+
+/// A watch whose reader never reads gives its slot back at `--watch-max-lag-secs`, without
+/// waiting for the reader to take its end: with `--max-watches 1` another opens then.
+async fn a_watch_that_never_reads_gives_its_slot_back_at_the_lag_bound(kind: StoreKind) {
+    let (app, _dir) = secured_with(kind, |c| {
+        c.max_watches = 1;
+        c.watch_max_lag = Duration::from_secs(1);
+    })
+    .await;
+    let ch = app.channel.clone();
+    crate::identity::set_up(&ch, ADMIN, &["alice"]).await;
+    let slow = small_window(&app).await;
+    let mut watch = watch_as(&slow, READER).await;
+    let before = deliver_until(&ch, f64::MAX, 400, "lag").await;
+    let delivered = now_f64();
+    let opened = opens_by(&ch, delivered + 6.0)
+        .await
+        .expect("the slot given back after the lag bound");
+    assert!(opened - delivered < 5.0, "{:.3} s", opened - delivered);
+    let (got, end, _) = until_status(&mut watch, Duration::from_secs(30)).await;
+    assert_ne!(end.code(), Code::Ok, "{end:?}");
+    assert!(end.message().contains("resume"), "{}", end.message());
+    let streamed = got.iter().map(|(m, _)| m.records.len()).sum::<usize>();
+    assert!(streamed < before.len(), "{streamed} of {}", before.len());
+}
+on_both_stores!(s7_5_a_watch_that_never_reads_gives_its_slot_back_at_the_lag_bound => a_watch_that_never_reads_gives_its_slot_back_at_the_lag_bound);
+
 // --- Failed authentications from others never lock out valid callers ---
 
 /// JWT signature checks so far, `(checks, seconds)` for callers within their address's budget

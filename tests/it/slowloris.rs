@@ -267,6 +267,8 @@ async fn a_peer_at_its_socket_cap_sheds_its_own_oldest_and_no_other_peers() {
         c.first_request_timeout = Duration::from_secs(30);
         c.http_max_connections_per_peer = 4;
         c.max_connections_per_peer = 4;
+        // The order of shedding, not the grace a new socket has (tests/it/streams.rs).
+        c.shed_grace = Duration::ZERO;
     })
     .await;
     for (listener, addr) in [
