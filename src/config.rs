@@ -189,7 +189,7 @@ pub struct Config {
     )]
     pub check_threads: usize,
 
-    /// Checks that may wait for a check thread, 1 to 65536; one more is answered UNAVAILABLE at once.
+    /// Checks that may wait for a check thread, 1 to 65536, a pack's lane at most a quarter of them (the lanes take turns); one more is answered UNAVAILABLE at once.
     #[arg(
         long,
         env = "HCP_SENSE_CHECK_QUEUE",

@@ -2,15 +2,18 @@
 //!
 //! A check that is cheap for its input (its schema's reckoned work at the payload's size is
 //! under `INLINE_UNITS`) runs where it is asked for: handing it over would cost more. Anything
-//! larger is queued; a full queue is UNAVAILABLE at once, and a check not answered by its
-//! deadline (shorter than the call's) is UNAVAILABLE too, so a caller never waits into its own
-//! deadline. The work of any one check is bounded by lint (`schema::MAX_PATTERN_WORK`,
+//! larger is queued in its pack's lane, and the threads take the lanes in turn (the sink's round
+//! robin, `Rounds`), so one pack's flood of costly payloads delays another pack's check by a
+//! check or so, not by the flood's backlog. A lane holds at most a quarter of the queue and the
+//! queue at most `--check-queue`; past either the check is UNAVAILABLE at once, and a check not
+//! answered by its deadline (shorter than the call's) is UNAVAILABLE too, so a caller never
+//! waits into its own deadline. The work of any one check is bounded by lint (`schema::MAX_PATTERN_WORK`,
 //! `schema::MAX_COST_PER_NODE`), so a check that outlives its deadline still ends soon.
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::store::fair::Rounds;
 
 /// Units of work (about a nanosecond each; see `schema::SchemaWork::check_work`) below which a
 /// check runs inline on the caller's thread: about a tenth of a millisecond.
@@ -29,12 +32,19 @@ pub struct CheckLimits {
     /// Threads running checks (`--check-threads`).
     pub threads: usize,
     /// Checks that may wait for a thread (`--check-queue`); one more is UNAVAILABLE at once.
+    /// One pack's lane holds at most a quarter of them (`lane_bound`).
     pub queue: usize,
     /// Longest a check may wait and run before its caller is answered UNAVAILABLE.
     pub deadline: Duration,
 }
 
 impl CheckLimits {
+    /// Checks one lane (a pack's payloads, or lint) may hold waiting: a quarter of the queue,
+    /// so three other packs always find room.
+    pub fn lane_bound(&self) -> usize {
+        self.queue.div_ceil(4).max(1)
+    }
+
     /// The deadline of a check for calls that time out after `request_timeout`: half of it,
     /// at most MAX_CHECK_DEADLINE.
     pub fn deadline_for(request_timeout: Duration) -> Duration {
@@ -52,46 +62,83 @@ impl Default for CheckLimits {
     }
 }
 
+/// The lanes of checks waiting, and whether the pool is stopped.
+#[derive(Default)]
+struct Lanes {
+    rounds: Rounds<Job>,
+    stopped: bool,
+}
+
+/// The queue the pool's threads take from.
+#[derive(Default)]
+struct Queue {
+    lanes: Mutex<Lanes>,
+    ready: Condvar,
+}
+
+impl Queue {
+    fn lanes(&self) -> MutexGuard<'_, Lanes> {
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// The pool's threads and its queue. Its threads end when the last handle is dropped.
-#[derive(Debug)]
 pub struct Checks {
-    tx: SyncSender<Job>,
+    queue: Arc<Queue>,
     limits: CheckLimits,
+}
+
+impl std::fmt::Debug for Checks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checks")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Checks {
+    fn drop(&mut self) {
+        self.queue.lanes().stopped = true;
+        self.queue.ready.notify_all();
+    }
 }
 
 impl Checks {
     pub fn start(limits: CheckLimits) -> Checks {
-        let (tx, rx) = sync_channel::<Job>(limits.queue);
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new(Queue::default());
         for i in 0..limits.threads.max(1) {
-            let rx = rx.clone();
+            let queue = queue.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("hcp-check-{i}"))
-                .spawn(move || run_jobs(&rx));
+                .spawn(move || run_jobs(&queue));
             if let Err(e) = spawned {
                 tracing::error!(error = %e, "a check thread could not be started");
             }
         }
-        Checks { tx, limits }
+        Checks { queue, limits }
     }
 
     pub fn limits(&self) -> CheckLimits {
         self.limits
     }
 
-    /// `f`'s answer, computed on the pool; `what` names the check in a refusal. UNAVAILABLE
-    /// when the queue is full, or when the answer is not there by the deadline.
+    /// `f`'s answer, computed on the pool in `lane` (a pack's id; lint's is empty); `what`
+    /// names the check in a refusal. UNAVAILABLE when the queue or the lane is full, or when
+    /// the answer is not there by the deadline.
     pub async fn run<T: Send + 'static>(
         &self,
+        lane: &str,
         what: &str,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T> {
-        self.queue(what, f)?.answer().await
+        self.queue(lane, what, f)?.answer().await
     }
 
-    /// `f`, queued for the pool: UNAVAILABLE at once when the queue is full.
+    /// `f`, queued for the pool in `lane`: UNAVAILABLE at once when the queue or the lane is
+    /// full.
     pub fn queue<T: Send + 'static>(
         &self,
+        lane: &str,
         what: &str,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<Pending<T>> {
@@ -105,21 +152,33 @@ impl Checks {
                 let _ = done.send(f());
             }
         });
-        match self.tx.try_send(job) {
-            Ok(()) => Ok(Pending {
-                answer,
-                deadline,
-                what: what.to_owned(),
-                limits: self.limits,
-            }),
-            Err(TrySendError::Full(_)) => Err(Error::Unavailable(format!(
+        let mut lanes = self.queue.lanes();
+        if lanes.stopped {
+            return Err(Error::Unavailable(format!(
+                "{what}: the check pool is stopped"
+            )));
+        }
+        if lanes.rounds.len() >= self.limits.queue {
+            return Err(Error::Unavailable(format!(
                 "{what}: the check queue is full ({} checks waiting, --check-queue); retry",
                 self.limits.queue
-            ))),
-            Err(TrySendError::Disconnected(_)) => Err(Error::Unavailable(format!(
-                "{what}: the check pool is stopped"
-            ))),
+            )));
         }
+        if lanes.rounds.queued(lane) >= self.limits.lane_bound() {
+            return Err(Error::Unavailable(format!(
+                "{what}: this pack's checks fill its share of the check queue ({} waiting, a quarter of --check-queue); retry",
+                self.limits.lane_bound()
+            )));
+        }
+        lanes.rounds.push(lane, "", job);
+        drop(lanes);
+        self.queue.ready.notify_one();
+        Ok(Pending {
+            answer,
+            deadline,
+            what: what.to_owned(),
+            limits: self.limits,
+        })
     }
 }
 
@@ -147,20 +206,26 @@ impl<T> Pending<T> {
     }
 }
 
-fn run_jobs(rx: &Mutex<Receiver<Job>>) {
+fn run_jobs(queue: &Queue) {
     // On Linux the nice value is the calling thread's own.
     if let Err(e) = rustix::process::setpriority_process(None, CHECK_NICE) {
         tracing::debug!(error = %e, "check thread keeps its priority");
     }
+    let mut next = Vec::with_capacity(1);
     loop {
-        let job = {
-            let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
-            match rx.recv() {
-                Ok(job) => job,
-                Err(_) => return,
+        {
+            let mut lanes = queue.lanes();
+            while lanes.rounds.is_empty() && !lanes.stopped {
+                lanes = queue.ready.wait(lanes).unwrap_or_else(|p| p.into_inner());
             }
-        };
-        job();
+            if lanes.rounds.is_empty() {
+                return;
+            }
+            lanes.rounds.take(&mut next, 1);
+        }
+        for (_, job) in next.drain(..) {
+            job();
+        }
     }
 }
 
@@ -180,7 +245,7 @@ mod tests {
         let checks = Arc::new(checks);
         // One running (until released), one queued: the next is refused at once.
         let first = checks
-            .queue("first", move || {
+            .queue("pack-a", "first", move || {
                 let _ = started.send(());
                 let _ = held.recv();
                 1
@@ -190,8 +255,11 @@ mod tests {
             .await
             .expect("joined")
             .expect("started");
-        let second = checks.queue("second", || 2).expect("queued");
-        let e = checks.run("third", || 3).await.expect_err("refused");
+        let second = checks.queue("pack-a", "second", || 2).expect("queued");
+        let e = checks
+            .run("pack-b", "third", || 3)
+            .await
+            .expect_err("refused");
         assert!(
             matches!(&e, Error::Unavailable(m) if m.contains("--check-queue")),
             "{e:?}"
@@ -208,12 +276,68 @@ mod tests {
         // Free again once the thread has passed over the second: answered.
         let answered = tokio::time::timeout(Duration::from_secs(10), async {
             loop {
-                if let Ok(v) = checks.run("fourth", || 4).await {
+                if let Ok(v) = checks.run("pack-a", "fourth", || 4).await {
                     return v;
                 }
                 tokio::task::yield_now().await;
             }
         });
         assert_eq!(answered.await.expect("answered"), 4);
+    }
+    #[tokio::test]
+    async fn a_packs_lane_holds_a_quarter_of_the_queue_and_lanes_take_turns() {
+        let checks = Arc::new(Checks::start(CheckLimits {
+            threads: 1,
+            queue: 8,
+            deadline: Duration::from_secs(30),
+        }));
+        assert_eq!(checks.limits().lane_bound(), 2);
+        let (hold, held) = std::sync::mpsc::channel::<()>();
+        let (started, running) = std::sync::mpsc::channel::<()>();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let first = checks
+            .queue("flood", "held", move || {
+                let _ = started.send(());
+                let _ = held.recv();
+            })
+            .expect("queued");
+        tokio::task::spawn_blocking(move || running.recv())
+            .await
+            .expect("joined")
+            .expect("started");
+        let mut pending = Vec::new();
+        for (lane, n) in [("flood", 1), ("flood", 2)] {
+            let order = order.clone();
+            pending.push(
+                checks
+                    .queue(lane, "flood", move || order.lock().expect("order").push(n))
+                    .expect("within the lane's share"),
+            );
+        }
+        // The lane's share is full: its next check is refused at once, naming why.
+        let e = checks
+            .run("flood", "third", || ())
+            .await
+            .expect_err("over the lane's share");
+        assert!(
+            matches!(&e, Error::Unavailable(m) if m.contains("share") && m.contains("--check-queue")),
+            "{e:?}"
+        );
+        // Another pack still finds room, and its turn comes before the flood's backlog.
+        let quiet = {
+            let order = order.clone();
+            checks
+                .queue("quiet", "quiet", move || {
+                    order.lock().expect("order").push(0)
+                })
+                .expect("another lane")
+        };
+        let _ = hold.send(());
+        first.answer().await.expect("held one");
+        quiet.answer().await.expect("quiet");
+        for p in pending {
+            p.answer().await.expect("flood");
+        }
+        assert_eq!(*order.lock().expect("order"), vec![1, 0, 2]);
     }
 }

@@ -175,7 +175,7 @@ impl Delivery {
         } else {
             let payload = payload.clone();
             self.checks
-                .run(&format!("the payload of `{ref}`"), move || {
+                .run(pack_id, &format!("the payload of `{ref}`"), move || {
                     schema.check(&payload)
                 })
                 .await?
@@ -203,10 +203,14 @@ impl Delivery {
             (payload, v)
         } else {
             self.checks
-                .run(&format!("the payload of `{}`", t.r#ref), move || {
-                    let v = schema.check(&payload);
-                    (payload, v)
-                })
+                .run(
+                    &t.pack_id,
+                    &format!("the payload of `{}`", t.r#ref),
+                    move || {
+                        let v = schema.check(&payload);
+                        (payload, v)
+                    },
+                )
                 .await?
         };
         if let Value::Object(m) = payload {
