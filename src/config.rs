@@ -315,8 +315,8 @@ pub struct Config {
     )]
     pub max_reflection_streams_per_peer: usize,
 
-    /// A connection is not shed at a connection cap within this many seconds of being accepted or of its last call's end (its next call may be on the way); 0 for none.
-    #[arg(long = "shed-grace-secs", env = "HCP_SENSE_SHED_GRACE_SECS", value_name = "SECS", value_parser = secs, default_value = "1")]
+    /// A connection is not shed at a connection cap within this many milliseconds of being accepted or of its last call's end (its next call may be on the way); 0 for none. Past it a socket that sent no call is fair game: a real client's call follows its connect within a round trip, a flood of idle sockets waits no longer than this to be shed.
+    #[arg(long = "shed-grace-ms", env = "HCP_SENSE_SHED_GRACE_MS", value_name = "MS", value_parser = millis, default_value = "250")]
     pub shed_grace: Duration,
 
     /// Most open WatchRecords streams on this server; past it, RESOURCE_EXHAUSTED.
@@ -497,6 +497,12 @@ impl TlsOptions {
     }
 }
 
+fn millis(s: &str) -> Result<Duration, String> {
+    s.parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|_| "must be a whole number of milliseconds".to_owned())
+}
+
 fn secs(s: &str) -> Result<Duration, String> {
     s.parse::<u64>()
         .map(Duration::from_secs)
@@ -623,8 +629,8 @@ impl Config {
         }
         if self.shed_grace > self.first_request_timeout {
             anyhow::bail!(
-                "--shed-grace-secs ({} s) must be at most --first-request-timeout-secs ({} s): a connection waiting for room waits at most that long",
-                self.shed_grace.as_secs(),
+                "--shed-grace-ms ({} ms) must be at most --first-request-timeout-secs ({} s): a connection waiting for room waits at most that long",
+                self.shed_grace.as_millis(),
                 self.first_request_timeout.as_secs()
             );
         }
@@ -889,9 +895,9 @@ mod tests {
             assert!(e.to_string().contains(flag), "{flag}: {e}");
             serve(&[flag, "1"]).unwrap_or_else(|e| panic!("{flag} 1: {e}"));
         }
-        serve(&["--shed-grace-secs", "10"]).expect("the grace = the first-request timeout");
-        let e = serve(&["--shed-grace-secs", "11"]).expect_err("n + 1");
-        assert!(e.to_string().contains("--shed-grace-secs"), "{e}");
+        serve(&["--shed-grace-ms", "10000"]).expect("the grace = the first-request timeout");
+        let e = serve(&["--shed-grace-ms", "10001"]).expect_err("n + 1");
+        assert!(e.to_string().contains("--shed-grace-ms"), "{e}");
     }
 
     #[test]

@@ -238,14 +238,17 @@ mod tests {
     async fn an_ender_ends_once_and_not_after_the_inner_end() {
         let (body, ender) = Endable::new(tonic::body::Body::empty(), None);
         drop(body);
-        assert!(!ender.end(Status::unavailable("x")), "nothing left to end");
+        assert!(
+            !ender.end(Status::from(Error::Unavailable("x".into()))),
+            "nothing left to end"
+        );
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Status>>(1);
         let inner = tonic::body::Body::new(http_body_util::StreamBody::new(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         ));
         let (mut body, ender) = Endable::new(inner, None);
-        assert!(ender.end(Status::unavailable("shed")));
-        assert!(!ender.end(Status::unavailable("again")));
+        assert!(ender.end(Status::from(Error::Unavailable("shed".into()))));
+        assert!(!ender.end(Status::from(Error::Unavailable("again".into()))));
         assert!(tx.is_closed());
         let trailers = body
             .frame()

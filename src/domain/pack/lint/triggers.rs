@@ -149,16 +149,23 @@ fn payload_schema(l: &mut Linter, t: &Map<String, Value>, path: &str, r: &str) -
             let max = l.bounds.max_payload_bytes;
             let worst = s.work.pattern_work(max);
             if let (true, Some(p)) = (worst > MAX_PATTERN_WORK, s.work.costliest()) {
+                // The numbers first: a violation is cut at MAX_DESCRIPTION_CHARS.
                 let how = if p.per_byte <= 1 {
-                    "1 unit per byte".to_owned()
+                    "this one: 1 unit/byte".to_owned()
                 } else {
-                    format!("{} units per byte: its automaton does not determinize within {} bytes, so it runs on an NFA of {} states at {} units per state per byte", p.per_byte, crate::domain::pack::schema::DFA_TEST_BYTES, p.nfa_states, crate::domain::pack::schema::NFA_UNITS_PER_STATE)
+                    format!(
+                        "this one {}: its DFA passes {} bytes, an NFA of {} states × {}",
+                        p.per_byte,
+                        crate::domain::pack::schema::DFA_TEST_BYTES,
+                        p.nfa_states,
+                        crate::domain::pack::schema::NFA_UNITS_PER_STATE
+                    )
                 };
                 l.error(
                     "s7_1_1",
                     format!("{field}{}", p.pointer),
                     format!(
-                        "payload schema of `{r}`: the patterns that may meet one string of a payload cost {} units per byte (this one {how}); at the largest payload accepted ({max} bytes, --max-payload-bytes) that is {worst} units, over the budget of {MAX_PATTERN_WORK}: simplify the pattern",
+                        "payload schema of `{r}`: patterns cost {} units/byte; at --max-payload-bytes {max} that is {worst}, over the budget of {MAX_PATTERN_WORK} ({how})",
                         s.work.per_byte
                     ),
                 );
