@@ -180,6 +180,15 @@ fn state_of(rows: &[ingress_ledger::Model], digest: &str, now: i64) -> Option<Le
     None
 }
 
+/// An update of a delivery's rows in the scopes it claimed, while they hold no answer.
+fn unanswered(d: &LedgerKey<'_>) -> sea_orm::UpdateMany<ingress_ledger::Entity> {
+    use ingress_ledger::Column as C;
+    ingress_ledger::Entity::update_many()
+        .filter(C::DeliveryKey.eq(d.key))
+        .filter(C::Scope.is_in(d.scopes.iter().cloned()))
+        .filter(C::Answer.eq(""))
+}
+
 impl IngressTables {
     async fn ledger_rows<C: sea_orm::ConnectionTrait>(
         conn: &C,
@@ -288,13 +297,10 @@ impl IngressTables {
     ) -> Result<()> {
         use ingress_ledger::Column as C;
         let w = self.begin_write().await?;
-        ingress_ledger::Entity::update_many()
+        unanswered(d)
             .col_expr(C::Answer, Expr::value(answer))
             .col_expr(C::ClaimUntil, Expr::value(Option::<i64>::None))
             .col_expr(C::DecideTime, Expr::value(now))
-            .filter(C::DeliveryKey.eq(d.key))
-            .filter(C::Scope.is_in(d.scopes.iter().cloned()))
-            .filter(C::Answer.eq(""))
             .exec(&w.txn)
             .await
             .map_err(classify)?;
@@ -304,13 +310,12 @@ impl IngressTables {
     /// Lets go of a claimed delivery whose request was refused before any decision: a retry
     /// with the same content may claim it at once; other content is still refused.
     pub async fn release_ingress_delivery(&self, d: &LedgerKey<'_>) -> Result<()> {
-        use ingress_ledger::Column as C;
         let w = self.begin_write().await?;
-        ingress_ledger::Entity::update_many()
-            .col_expr(C::ClaimUntil, Expr::value(Option::<i64>::None))
-            .filter(C::DeliveryKey.eq(d.key))
-            .filter(C::Scope.is_in(d.scopes.iter().cloned()))
-            .filter(C::Answer.eq(""))
+        unanswered(d)
+            .col_expr(
+                ingress_ledger::Column::ClaimUntil,
+                Expr::value(Option::<i64>::None),
+            )
             .exec(&w.txn)
             .await
             .map_err(classify)?;
