@@ -1,7 +1,7 @@
 //! The benchmark binary: a client of the public gRPC API that runs every phase and reports JSON.
 use std::process::Command;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::helpers::repo_path;
 
@@ -197,6 +197,33 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
                 assert_eq!(phase["errors"], 0, "{store} {load} {kind}: {phase}");
             }
         }
+        // The hostile phase: the costliest pattern lint accepts found by bisection (far below
+        // what the size limit alone let in), its worst payload refused or shed, never
+        // recorded, and Health and the quiet pack answered throughout.
+        let h = find(store, "hostile");
+        let n = h["pattern_repeat"].as_u64().unwrap_or(0);
+        assert!(n > 0 && n < 100, "{h}");
+        assert_eq!(
+            (&h["health_errors"], &h["quiet_errors"]),
+            (&json!(0), &json!(0)),
+            "{h}"
+        );
+        assert!(
+            h["health_p99_ms"].as_f64().is_some_and(f64::is_finite),
+            "{h}"
+        );
+        assert!(
+            h["quiet_p99_ms"].as_f64().is_some_and(f64::is_finite),
+            "{h}"
+        );
+        let codes = h["hostile_codes"].as_object().expect("codes");
+        assert!(!codes.is_empty(), "{h}");
+        assert!(
+            codes
+                .keys()
+                .all(|c| c == "InvalidArgument" || c == "Unavailable"),
+            "{h}"
+        );
         // The flood phase: the quiet pack and Health measured beside a flood, the flood's rate
         // alone and beside it, and every pack of the spread recorded.
         let f = find(store, "flood");

@@ -217,22 +217,16 @@ pub async fn run(
     stop.store(true, Ordering::Relaxed);
     let (per, errors, refused) = f.await.unwrap_or_default();
     let secs = started.elapsed().as_secs_f64();
-    let empty = || Paced {
-        calls: 0,
-        errors: 0,
-        secs: 0.0,
-        lat_us: Vec::new(),
-    };
     Measured {
         quiet: match q {
-            Some(q) => q.await.unwrap_or_else(|_| empty()),
-            None => empty(),
+            Some(q) => q.await.unwrap_or_default(),
+            None => Paced::default(),
         },
         noop: match noop {
-            Some(q) => q.await.unwrap_or_else(|_| empty()),
-            None => empty(),
+            Some(q) => q.await.unwrap_or_default(),
+            None => Paced::default(),
         },
-        health: h.await.unwrap_or_else(|_| empty()),
+        health: h.await.unwrap_or_default(),
         recorded: per.values().sum(),
         rates: per.into_iter().map(|(p, n)| (p, n as f64 / secs)).collect(),
         errors,

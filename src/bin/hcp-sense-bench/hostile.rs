@@ -187,14 +187,8 @@ pub async fn run(
         }
     }
     lat.sort_unstable();
-    let empty = || Paced {
-        calls: 0,
-        errors: 0,
-        secs: 0.0,
-        lat_us: Vec::new(),
-    };
-    let quiet = q.await.unwrap_or_else(|_| empty());
-    let health = h.await.unwrap_or_else(|_| empty());
+    let quiet = q.await.unwrap_or_default();
+    let health = h.await.unwrap_or_default();
     let answers = Paced {
         calls: lat.len(),
         errors: 0,

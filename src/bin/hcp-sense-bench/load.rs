@@ -14,6 +14,7 @@ use crate::pb::{
 };
 
 /// Latency samples and throughput of one phase.
+#[derive(Default)]
 pub struct Phase {
     pub calls: usize,
     pub errors: usize,
