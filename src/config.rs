@@ -315,7 +315,7 @@ pub struct Config {
     )]
     pub max_reflection_streams_per_peer: usize,
 
-    /// A connection is not shed at a connection cap within this many milliseconds of being accepted or of its last call's end (its next call may be on the way); 0 for none. Past it a socket that sent no call is fair game: a real client's call follows its connect within a round trip, a flood of idle sockets waits no longer than this to be shed.
+    /// A connection is not shed at a connection cap within this many milliseconds of being accepted or of its last call's end (its next call may be on the way); 0 for none. Past it the socket with no call in flight that has waited longest goes: a real client's call follows its connect within a round trip, and a flood of fresh idle sockets keeps a new caller waiting no longer than this.
     #[arg(long = "shed-grace-ms", env = "HCP_SENSE_SHED_GRACE_MS", value_name = "MS", value_parser = millis, default_value = "250")]
     pub shed_grace: Duration,
 
