@@ -80,6 +80,7 @@ fn receivable(
         principal: principal.to_owned(),
         land: land.unwrap_or_default().to_owned(),
         payload: Map::new(),
+        payload_bytes: 2,
         project: None,
         trigger_id: None,
     };

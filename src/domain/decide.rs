@@ -28,6 +28,7 @@ pub fn deliverable(view: &PolicyView, pack_id: &str, principal: &str) -> bool {
         principal: principal.to_owned(),
         land: String::new(),
         payload: Map::new(),
+        payload_bytes: 2,
         project: None,
         trigger_id: None,
     };
@@ -73,6 +74,7 @@ pub fn binding_degraded(
         r#ref: BINDING_DEGRADED.to_owned(),
         principal: principal.to_owned(),
         land,
+        payload_bytes: crate::domain::trigger::json_len(&payload),
         payload,
         project: None,
         trigger_id: None,
@@ -148,7 +150,7 @@ pub fn validate(
     if payload.values().map(depth).max().unwrap_or(0) + 1 > max_depth {
         v.push(("payload", format!("nests deeper than {max_depth} levels")));
     }
-    let size = serde_json::to_vec(&payload).map_or(usize::MAX, |b| b.len());
+    let size = crate::domain::trigger::json_len(&payload);
     if size > max_payload_bytes {
         v.push((
             "payload",
@@ -179,6 +181,7 @@ pub fn validate(
         principal: raw.principal,
         land: raw.land,
         payload,
+        payload_bytes: size,
         project,
         trigger_id,
     })
@@ -279,6 +282,7 @@ mod tests {
                 .as_object()
                 .cloned()
                 .unwrap_or_default(),
+            payload_bytes: 12,
             project: None,
             trigger_id: None,
         };

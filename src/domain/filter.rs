@@ -259,6 +259,7 @@ mod tests {
             r#ref: r.into(),
             principal: "alice".into(),
             land: "user".into(),
+            payload_bytes: crate::domain::trigger::json_len(&payload),
             payload: payload.as_object().cloned().unwrap_or_default(),
             project: None,
             trigger_id: None,

@@ -37,8 +37,30 @@ pub struct Trigger {
     pub principal: String,
     pub land: String,
     pub payload: Map<String, Value>,
+    /// Bytes of the payload's JSON text, counted once when the trigger is validated: the
+    /// payload limit and the payload schema's check (inline or on the pool) both read it.
+    pub payload_bytes: usize,
     pub project: Option<String>,
     pub trigger_id: Option<String>,
+}
+
+/// Bytes of `v`'s JSON text, counted without writing it anywhere.
+pub fn json_len(v: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    match serde_json::to_writer(&mut c, v) {
+        Ok(()) => c.0,
+        Err(_) => usize::MAX,
+    }
 }
 
 /// What a trigger id stands for within its pack: the trigger's principal, ref and land. A

@@ -15,7 +15,7 @@ use crate::domain::explain::{explain, Explanation};
 use crate::domain::model::{Binding, Record};
 use crate::domain::pack::schema::{PayloadSchema, PayloadViolation};
 use crate::domain::policy::{BindingRef, PolicyView, Route};
-use crate::domain::trigger::{Decision, Outcome, RawTrigger, Trigger};
+use crate::domain::trigger::{json_len, Decision, Outcome, RawTrigger, Trigger};
 use crate::error::{Error, Result, Violation};
 use crate::metrics::Metrics;
 use crate::store::Stored;
@@ -80,22 +80,6 @@ fn schema_of(view: &PolicyView, pack_id: &str, r#ref: &str) -> Option<Arc<Payloa
 }
 
 /// Bytes of `v`'s JSON text, counted without writing it.
-fn json_len(v: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0 += b.len();
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut c = Count(0);
-    let _ = serde_json::to_writer(&mut c, v);
-    c.0
-}
-
 /// The violations of a payload against the schema of `ref` as INVALID_ARGUMENT; none: Ok.
 fn refused(r#ref: &str, violations: Vec<PayloadViolation>) -> Result<()> {
     if violations.is_empty() {
@@ -170,7 +154,7 @@ impl Delivery {
         let Some(schema) = schema_of(view, pack_id, r#ref) else {
             return Ok(());
         };
-        let violations = if self.inline(&schema, payload) {
+        let violations = if self.inline(&schema, || json_len(payload)) {
             schema.check(payload)
         } else {
             let payload = payload.clone();
@@ -185,9 +169,10 @@ impl Delivery {
 
     /// Whether checking `payload` against `schema` is cheap enough to run on this thread:
     /// its reckoned work at the payload's size (or at the largest payload) is small.
-    fn inline(&self, schema: &PayloadSchema, payload: &Value) -> bool {
+    /// `bytes` is asked for only when the largest payload would not be cheap.
+    fn inline(&self, schema: &PayloadSchema, bytes: impl FnOnce() -> usize) -> bool {
         schema.work.check_work(self.limits.max_payload_bytes) <= INLINE_UNITS
-            || schema.work.check_work(json_len(payload)) <= INLINE_UNITS
+            || schema.work.check_work(bytes()) <= INLINE_UNITS
     }
 
     /// `conforms` for a validated trigger, whose payload is lent to the validator as a JSON
@@ -198,7 +183,7 @@ impl Delivery {
             return Ok(());
         };
         let payload = Value::Object(std::mem::take(&mut t.payload));
-        let (payload, violations) = if self.inline(&schema, &payload) {
+        let (payload, violations) = if self.inline(&schema, || t.payload_bytes) {
             let v = schema.check(&payload);
             (payload, v)
         } else {

@@ -93,6 +93,24 @@ pub async fn paced(
     }
 }
 
+/// Health/Check every `every` until `stop`, on the last of `chs` (the quiet pack's calls go
+/// on the first).
+pub fn health_every(
+    chs: &[Channel],
+    pop: Population,
+    every: Duration,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Paced> {
+    tokio::spawn(paced(
+        chs[chs.len() - 1].clone(),
+        None,
+        pop,
+        every,
+        stop,
+        String::new(),
+    ))
+}
+
 /// The pack of flooding caller `w` among `spread` packs, as many callers on each.
 fn pack_of(w: usize, spread: usize) -> usize {
     w % spread.max(1)
@@ -200,14 +218,7 @@ pub async fn run(
             format!("{tag}-noop"),
         ))
     });
-    let h = tokio::spawn(paced(
-        chs[chs.len() - 1].clone(),
-        None,
-        pop,
-        every,
-        stop.clone(),
-        String::new(),
-    ));
+    let h = health_every(chs, pop, every, stop.clone());
     let started = Instant::now();
     let f = {
         let (chs, stop, tag) = (chs.to_vec(), stop.clone(), tag.to_owned());

@@ -8,7 +8,7 @@ use prost_types::{value::Kind, Struct, Value};
 use serde_json::json;
 use tonic::transport::Channel;
 
-use crate::flood::{paced, Paced};
+use crate::flood::{health_every, paced, Paced};
 use crate::load::Population;
 use crate::pb::ingest_service_client::IngestServiceClient;
 use crate::pb::pack_service_client::PackServiceClient;
@@ -146,14 +146,7 @@ pub async fn run(
         stop.clone(),
         format!("{tag}-quiet"),
     ));
-    let h = tokio::spawn(paced(
-        chs[chs.len() - 1].clone(),
-        None,
-        pop,
-        every,
-        stop.clone(),
-        String::new(),
-    ));
+    let h = health_every(chs, pop, every, stop.clone());
     let mut tasks = Vec::new();
     for w in 0..callers {
         let mut ingest = IngestServiceClient::new(chs[w % chs.len()].clone())
