@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "hcp/sense/v1/bench.proto",
         "hcp/sense/v1/audit.proto",
         "hcp/sense/v1/ingress.proto",
+        "hcp/sense/v1/decisions.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={}", root.join(f).display());

@@ -22,14 +22,15 @@ use crate::grpc::packs::PacksApi;
 use crate::grpc::paging::PageTokens;
 use crate::grpc::pb::{
     self, audit_service_server::AuditServiceServer, bench_service_server::BenchServiceServer,
-    ingest_service_server::IngestServiceServer, ingress_service_server::IngressServiceServer,
-    pack_service_server::PackServiceServer, policy_service_server::PolicyServiceServer,
-    record_service_server::RecordServiceServer,
+    decision_service_server::DecisionServiceServer, ingest_service_server::IngestServiceServer,
+    ingress_service_server::IngressServiceServer, pack_service_server::PackServiceServer,
+    policy_service_server::PolicyServiceServer, record_service_server::RecordServiceServer,
 };
 use crate::grpc::policy::PolicyApi;
 use crate::grpc::records::RecordsApi;
 use crate::grpc::routes::IngressApi;
 use crate::ingress::Ingress;
+use crate::lifecycle::{EndOnDrop, Signal};
 use crate::metrics::Metrics;
 use crate::service::{Hub, Limits, Policy};
 use crate::store::Store;
@@ -56,6 +57,9 @@ pub struct App {
     limits: ServerLimits,
     tls: Option<ServerTlsConfig>,
     pages: PageTokens,
+    /// Built and never run (or its run cancelled), the service still has every task and
+    /// thread end.
+    end_on_drop: EndOnDrop,
 }
 
 /// Transport limits of the gRPC server.
@@ -115,6 +119,7 @@ impl App {
         };
         let metrics = Arc::new(Metrics::new(config.metrics_max_packs));
         let hub = Hub::start(store.clone(), service_limits(&config), metrics).await?;
+        let end_on_drop = hub.lifecycle().ends_on_drop();
         let ingress = Ingress::new(
             store.ingress_tables(),
             hub.delivery.clone(),
@@ -136,6 +141,7 @@ impl App {
             tls,
             limits: server_limits(&config),
             pages,
+            end_on_drop,
         })
     }
 
@@ -161,8 +167,10 @@ impl App {
         &self.hub
     }
 
-    /// Serves until `shutdown` completes, then stops accepting, lets calls in
-    /// flight finish for up to the grace period, and closes the store.
+    /// Serves until `shutdown` completes, then shuts down in the lifecycle's order
+    /// (`crate::lifecycle`): stops taking (gRPC, HTTP, NATS), answers what was taken within
+    /// the grace period, flushes the sink and the drop log, and closes the store. The edges'
+    /// tasks are started here, through the hub's lifecycle, as the gRPC server starts.
     pub async fn run_until(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -173,12 +181,18 @@ impl App {
             .set_service_status(LIVENESS, tonic_health::ServingStatus::Serving)
             .await;
         let routes = self.grpc_routes()?.add_service(health_service);
-        let stop_rx = self.hub.stopping();
-        let ready_rx = self.start_following(&health, &stop_rx).await;
-        let hub = self.hub.clone();
-        tokio::spawn(async move {
-            shutdown.await;
-            hub.begin_stop();
+        let life = self.hub.lifecycle().clone();
+        let ready_rx = self.start_following(&health).await;
+        let stopping = life.stopping();
+        life.spawn({
+            let (life, stopping) = (life.clone(), stopping.clone());
+            async move {
+                tokio::select! {
+                    () = shutdown => life.begin_stop(),
+                    // Stopped otherwise (the server failed): nothing left to watch for.
+                    () = stopping.wait() => {}
+                }
+            }
         });
         let ingress_addr = self.ingress_addr();
         let App {
@@ -195,10 +209,11 @@ impl App {
             auth,
             limits: l,
             tls,
+            end_on_drop: _ends,
             ..
         } = self;
-        spawn_probes(&hub, http, metrics_listener, ready_rx, &stop_rx);
-        spawn_ingress(&hub, &ingress, http, ingress_listener, nats_url, &stop_rx);
+        spawn_probes(&hub, http, metrics_listener, ready_rx);
+        spawn_ingress(&hub, &ingress, http, ingress_listener, nats_url);
         let metrics = hub.metrics.clone();
         let mut builder = Server::builder();
         if let Some(tls) = tls {
@@ -228,7 +243,7 @@ impl App {
             .add_routes(routes)
             .serve_with_incoming_shutdown(
                 conn::incoming(listener, l.conns, metrics),
-                stopping(stop_rx.clone(), health),
+                stopped_taking(stopping.clone(), health),
             );
         match ingress_addr {
             Some(ingress_addr) => {
@@ -236,7 +251,14 @@ impl App {
             }
             None => tracing::info!(addr = %addr, %metrics_addr, "hcp-sense listening"),
         }
-        let (result, deadline) = within_grace(serve, stop_rx, shutdown_grace).await;
+        // What was taken is answered: the gRPC calls in flight, and the lifecycle's tasks (the
+        // HTTP requests, NATS messages and the work they started), alongside, in the grace.
+        let answered = async {
+            let served = serve.await;
+            life.answered().await;
+            served
+        };
+        let (result, deadline) = within_grace(answered, stopping, shutdown_grace).await;
         // An unreachable store must not keep the process from exiting.
         hub.close(deadline.min(tokio::time::Instant::now() + FINAL_WRITES))
             .await;
@@ -287,13 +309,20 @@ impl App {
             IngestServiceServer::new(IngestApi::new(
                 hub.delivery.clone(),
                 self.limits.conns.idle_timeout,
-                hub.stopping(),
+                hub.lifecycle().stopping(),
             ))
             .max_decoding_message_size(max),
         )
         .add_service(
             RecordServiceServer::new(RecordsApi {
                 records: hub.records.clone(),
+                pages: pages.clone(),
+            })
+            .max_decoding_message_size(max),
+        )
+        .add_service(
+            DecisionServiceServer::new(crate::grpc::decisions::DecisionsApi {
+                decisions: hub.decisions.clone(),
                 pages: pages.clone(),
             })
             .max_decoding_message_size(max),
@@ -313,11 +342,7 @@ impl App {
 
     /// Starts following other replicas' policy changes and the records' tail, waits (a
     /// while) for the first, and reports readiness from then on; the receiver reads it.
-    async fn start_following(
-        &self,
-        health: &HealthReporter,
-        stop_rx: &watch::Receiver<bool>,
-    ) -> watch::Receiver<bool> {
+    async fn start_following(&self, health: &HealthReporter) -> watch::Receiver<bool> {
         // Serve once the listener has subscribed and reloaded (PostgreSQL), so a fresh replica
         // is not unready for its first calls; if that takes long, serve NOT_SERVING meanwhile.
         let mut current = self.hub.policy.watch_current();
@@ -325,11 +350,12 @@ impl App {
         let ready_now = self.hub.ready().await;
         let (ready_tx, ready_rx) = watch::channel(ready_now);
         set_serving(health, ready_now).await;
-        tokio::spawn(follow_readiness(
+        let life = self.hub.lifecycle();
+        life.spawn(follow_readiness(
             self.hub.clone(),
             health.clone(),
             ready_tx,
-            stop_rx.clone(),
+            life.stopping(),
         ));
         ready_rx
     }
@@ -348,15 +374,14 @@ fn bindings_gauge(policy: Policy) -> opentelemetry::metrics::ObservableGauge<i64
         .build()
 }
 
-/// Serves /metrics and the probes until `stop`.
+/// Serves /metrics and the probes until stopping, a task of the hub's lifecycle.
 fn spawn_probes(
     hub: &Hub,
     http: crate::http::HttpLimits,
     metrics_listener: TcpListener,
     ready_rx: watch::Receiver<bool>,
-    stop_rx: &watch::Receiver<bool>,
 ) {
-    tokio::spawn(crate::http::serve(
+    hub.lifecycle().spawn(crate::http::serve(
         "metrics",
         metrics_listener,
         http_routes(hub, ready_rx),
@@ -366,43 +391,39 @@ fn spawn_probes(
             ..http
         },
         hub.metrics.clone(),
-        stop_rx.clone(),
+        hub.lifecycle().clone(),
     ));
 }
 
 /// Serves the HTTP ingress when it has a listener, and consumes NATS when configured, each
-/// until `stop`.
+/// a task of the hub's lifecycle until stopping.
 fn spawn_ingress(
     hub: &Hub,
     ingress: &Ingress,
     http: crate::http::HttpLimits,
     ingress_listener: Option<TcpListener>,
     nats_url: Option<String>,
-    stop_rx: &watch::Receiver<bool>,
 ) {
+    let life = hub.lifecycle();
     if let Some(l) = ingress_listener {
-        tokio::spawn(crate::http::serve(
+        life.spawn(crate::http::serve(
             "ingress",
             l,
             crate::ingress::http::routes(ingress.clone(), hub.delivery.max_payload_bytes()),
             http,
             hub.metrics.clone(),
-            stop_rx.clone(),
+            life.clone(),
         ));
     }
     if let Some(url) = nats_url {
-        tokio::spawn(crate::ingress::nats::run(
-            ingress.clone(),
-            url,
-            stop_rx.clone(),
-        ));
+        life.spawn(crate::ingress::nats::run(ingress.clone(), url));
     }
 }
 
-/// Completes when shutdown begins, after reporting NOT_SERVING: the gRPC server then stops
+/// Completes when stopping begins, after reporting NOT_SERVING: the gRPC server then stops
 /// accepting.
-async fn stopping(mut stop_rx: watch::Receiver<bool>, health: HealthReporter) {
-    let _ = stop_rx.wait_for(|s| *s).await;
+async fn stopped_taking(stopping: Signal, health: HealthReporter) {
+    stopping.wait().await;
     tracing::info!("shutting down: no new calls accepted");
     set_serving(&health, false).await;
     health
@@ -416,7 +437,7 @@ async fn stopping(mut stop_rx: watch::Receiver<bool>, health: HealthReporter) {
 /// period ends.
 async fn within_grace(
     serve: impl Future<Output = Result<(), tonic::transport::Error>>,
-    mut stop_rx: watch::Receiver<bool>,
+    stopping: Signal,
     grace: Duration,
 ) -> (anyhow::Result<()>, tokio::time::Instant) {
     let reserve = EXIT_RESERVE.min(grace / 2);
@@ -424,7 +445,7 @@ async fn within_grace(
     let result = tokio::select! {
         r = serve => r.map_err(anyhow::Error::from),
         _ = async {
-            let _ = stop_rx.wait_for(|s| *s).await;
+            stopping.wait().await;
             deadline = Some(tokio::time::Instant::now() + grace);
             tokio::time::sleep(grace - reserve).await;
         } => {
@@ -443,7 +464,7 @@ async fn follow_readiness(
     hub: Hub,
     health: tonic_health::server::HealthReporter,
     ready_tx: watch::Sender<bool>,
-    mut stop: watch::Receiver<bool>,
+    stopping: Signal,
 ) {
     let mut current = hub.policy.watch_current();
     let mut serving = None;
@@ -458,10 +479,10 @@ async fn follow_readiness(
                 current.borrow_and_update();
             }
             _ = tick.tick() => {}
-            _ = stop.changed() => return,
+            () = stopping.wait() => return,
         }
         let now = hub.ready().await;
-        if *stop.borrow() {
+        if stopping.is_given() {
             return;
         }
         if serving != Some(now) {
@@ -578,9 +599,10 @@ const STARTUP_LISTEN_WAIT: std::time::Duration = std::time::Duration::from_secs(
 const READINESS_PROBE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Every service whose health follows readiness; "" is the server as a whole.
-pub const SERVICES: [&str; 6] = [
+pub const SERVICES: [&str; 7] = [
     "hcp.sense.v1.AuditService",
     "",
+    "hcp.sense.v1.DecisionService",
     "hcp.sense.v1.PackService",
     "hcp.sense.v1.PolicyService",
     "hcp.sense.v1.IngestService",
@@ -588,8 +610,9 @@ pub const SERVICES: [&str; 6] = [
 ];
 
 /// The services reflection lists: those always served.
-const LISTED: [&str; 9] = [
+const LISTED: [&str; 10] = [
     "hcp.sense.v1.AuditService",
+    "hcp.sense.v1.DecisionService",
     "hcp.sense.v1.IngestService",
     "hcp.sense.v1.IngressService",
     "hcp.sense.v1.PackService",
@@ -750,6 +773,16 @@ fn service_limits(config: &Config) -> Limits {
             max_lag: config.watch_max_lag,
             progress_every: config.watch_progress,
             max_watchers: config.max_watches,
+        },
+        decision_log: config.decision_log,
+        decision_bounds: crate::service::retention::DecisionBounds {
+            age: (!config.decision_retention.is_zero()).then_some(config.decision_retention),
+            max_entries: (config.decision_max_entries > 0).then_some(config.decision_max_entries),
+        },
+        decision_fold: crate::domain::decision_log::FoldRule {
+            per_key: config.decision_fold_per_key,
+            in_all: config.decision_fold_in_all,
+            ..Default::default()
         },
     }
 }

@@ -586,6 +586,10 @@ pub fn allowed(method: &str, role: Role) -> bool {
                 "ListDropReports" | "EraseRecords",
                 Role::Admin
             ) | (
+                "hcp.sense.v1.DecisionService",
+                "ListDecisions" | "GetDecision",
+                Role::Reader | Role::Admin
+            ) | (
                 "hcp.sense.v1.PackService"
                     | "hcp.sense.v1.PolicyService"
                     | "hcp.sense.v1.IngressService"

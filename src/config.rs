@@ -18,6 +18,11 @@ pub const DEFAULT_SINK_WRITERS: usize = 2;
 /// Most sink writers: each holds a database connection.
 pub const MAX_SINK_WRITERS: usize = 64;
 
+/// Most concurrent streams a connection may be allowed: at this many the gRPC listener's
+/// stream window (grpc/flow.rs) is about 2 KiB, below which a stream would need a round trip
+/// per small message.
+pub const MAX_CONCURRENT_STREAMS: u32 = 10_000;
+
 /// Options of `hcp-sense serve`, and the configuration the service runs with once checked.
 #[derive(Debug, Clone, Args)]
 pub struct Config {
@@ -67,6 +72,41 @@ pub struct Config {
     /// (an age with its unit, s, m, h or d; 0 keeps that land's records for ever).
     #[arg(long = "record-retention", env = "HCP_SENSE_RECORD_RETENTION", value_name = "LAND=AGE,...", value_parser = land_ages)]
     pub record_retention_lands: Option<LandAges>,
+
+    /// Keep the decision log: an entry per decision answered (recorded, dropped, refused, a duplicate), readable with ListDecisions and `hcp-sense why`.
+    #[arg(long = "decision-log", env = "HCP_SENSE_DECISION_LOG", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub decision_log: bool,
+
+    /// How long decision log entries are kept: an age with its unit (s, m, h or d); 0 keeps them for ever.
+    #[arg(long = "decision-retention", env = "HCP_SENSE_DECISION_RETENTION", value_name = "AGE", value_parser = age, default_value = "7d")]
+    pub decision_retention: Duration,
+
+    /// Most decision log entries kept; past it the oldest go (on PostgreSQL whole partitions, by the planner's count); 0 for no bound.
+    #[arg(
+        long = "decision-max-entries",
+        env = "HCP_SENSE_DECISION_MAX_ENTRIES",
+        value_name = "N",
+        default_value_t = 10_000_000
+    )]
+    pub decision_max_entries: u64,
+
+    /// Decision log entries that are not records (drops, refusals, duplicates) written a second for one pack, principal, outcome and drop reason; past it they fold into one entry with a count.
+    #[arg(
+        long = "decision-fold-per-key",
+        env = "HCP_SENSE_DECISION_FOLD_PER_KEY",
+        value_name = "N",
+        default_value_t = 10
+    )]
+    pub decision_fold_per_key: u32,
+
+    /// Decision log entries that are not records written a second in all; past it every key's fold.
+    #[arg(
+        long = "decision-fold-in-all",
+        env = "HCP_SENSE_DECISION_FOLD_IN_ALL",
+        value_name = "N",
+        default_value_t = 1000
+    )]
+    pub decision_fold_in_all: u32,
 
     /// Seconds between retention passes (at least 1).
     #[arg(long = "prune-interval-secs", env = "HCP_SENSE_PRUNE_INTERVAL_SECS", value_name = "SECS", value_parser = secs, default_value = "30")]
@@ -503,6 +543,11 @@ fn millis(s: &str) -> Result<Duration, String> {
         .map_err(|_| "must be a whole number of milliseconds".to_owned())
 }
 
+/// An age with its unit; zero for `0` (for ever).
+fn age(s: &str) -> Result<Duration, String> {
+    Ok(crate::domain::model::parse_age(s)?.unwrap_or_default())
+}
+
 fn secs(s: &str) -> Result<Duration, String> {
     s.parse::<u64>()
         .map(Duration::from_secs)
@@ -596,14 +641,14 @@ impl Config {
             );
         }
         self.tls.files()?;
-        let most = crate::grpc::flow::MAX_CONCURRENT_STREAMS;
+        let most = MAX_CONCURRENT_STREAMS;
         if !(1..=most).contains(&self.max_concurrent_streams) {
             anyhow::bail!(
                 "--max-concurrent-streams must be from 1 to {most}, not {}: the HTTP/2 windows that keep a producer inside h2's frame budget shrink with every stream allowed",
                 self.max_concurrent_streams
             );
         }
-        let deepest = crate::domain::pack::schema::COST_DEPTH;
+        let deepest = crate::domain::pack::schema::cost::COST_DEPTH;
         if !(1..=deepest).contains(&self.max_json_depth) {
             anyhow::bail!(
                 "--max-json-depth must be from 1 to {deepest}, not {}: payload schemas are bounded for payloads no deeper",

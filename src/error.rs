@@ -1,4 +1,4 @@
-//! The one semantic error enum of the service; `grpc::status` maps it to gRPC codes in one table.
+//! The one semantic error enum of the service; `reply` maps it, in one table, to what each protocol tells a caller.
 use std::fmt;
 
 /// A field of a request and the rule it broke.
@@ -46,9 +46,10 @@ pub enum Error {
         message: String,
         resume_token: String,
     },
-    /// A fault of the service; the cause is logged, the client gets a generic message.
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// A fault of the service, with its cause chain; where it becomes a reply the chain is
+    /// logged and the client gets a generic message.
+    #[error("internal error: {0:#}")]
+    Internal(anyhow::Error),
 }
 
 /// Why a stream was ended early.
@@ -68,9 +69,23 @@ impl Error {
             description: description.to_string(),
         }])
     }
+
+    /// A fault of the service, said in words for operators only.
+    pub fn internal(what: impl fmt::Display + fmt::Debug + Send + Sync + 'static) -> Self {
+        Error::Internal(anyhow::Error::msg(what))
+    }
+
+    /// A fault of the service caused by `cause`, whose chain operators' logs keep.
+    pub fn internal_from(
+        what: impl fmt::Display + fmt::Debug + Send + Sync + 'static,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Internal(anyhow::Error::new(cause).context(what))
+    }
 }
 
-fn summary(v: &[Violation]) -> String {
+/// Every violation, `field: description`, joined by "; ".
+pub(crate) fn summary(v: &[Violation]) -> String {
     v.iter()
         .map(|v| {
             if v.field.is_empty() {

@@ -23,9 +23,9 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
+use crate::lifecycle::{Lifecycle, Signal};
 use crate::metrics::Metrics;
 use crate::sockets::{Admission, Busy, Caps, Slot, Sockets};
 
@@ -49,22 +49,24 @@ pub struct HttpLimits {
     pub max_body_bytes: usize,
 }
 
-/// Serves `routes` on `listener` until `stop` turns true; then each connection finishes the
-/// request it is serving and closes.
+/// Serves `routes` on `listener` until stopping begins; then each connection finishes the
+/// request it is serving and closes. Each connection is a task of `life`, so shutdown waits
+/// for its answer.
 pub async fn serve(
     name: &'static str,
     listener: TcpListener,
     routes: axum::Router,
     limits: HttpLimits,
     metrics: Arc<Metrics>,
-    mut stop: watch::Receiver<bool>,
+    life: Lifecycle,
 ) {
+    let stop = life.stopping();
     let sockets = Sockets::new(limits.caps);
     let mut backoff = Duration::from_millis(5);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            _ = stop.wait_for(|s| *s) => return,
+            _ = stop.wait() => return,
         };
         let (stream, remote) = match accepted {
             Ok(a) => {
@@ -98,7 +100,7 @@ pub async fn serve(
                     tokio::select! {
                         _ = closed => {}
                         _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-                        _ = stop.wait_for(|s| *s) => return,
+                        _ = stop.wait() => return,
                     }
                 }
             }
@@ -112,7 +114,7 @@ pub async fn serve(
         let stop = stop.clone();
         // The ingress listener counts what it refuses before any route sees the request.
         let refusals = (name == "ingress").then(|| metrics.clone());
-        tokio::spawn(async move {
+        life.spawn(async move {
             let slot = held.slot.clone();
             connection(stream, slot, routes, limits, refusals, stop).await;
             drop(held);
@@ -129,7 +131,7 @@ async fn connection(
     routes: axum::Router,
     limits: HttpLimits,
     refusals: Option<Arc<Metrics>>,
-    mut stop: watch::Receiver<bool>,
+    stop: Signal,
 ) {
     let io = TokioIo::new(IdleIo::new(stream, limits.idle));
     let request_slot = slot.clone();
@@ -154,7 +156,7 @@ async fn connection(
         .serve_connection(io, service);
     tokio::pin!(conn);
     let shed = slot.shed.notified();
-    let stopping = stop.wait_for(|s| *s);
+    let stopping = stop.wait();
     tokio::select! {
         r = conn.as_mut() => {
             if let Err(e) = r {

@@ -53,6 +53,10 @@ enum Cmd {
     /// Ask a server what it would decide on a trigger now, and why: every check in the
     /// decision order with what it read. Records nothing.
     Explain(hcp_sense::cli::explain_trigger::ExplainArgs),
+    /// Ask a server's decision log what it decided for a trigger then, and why: the check
+    /// that decided it and what it read (`--pack` and `--trigger-id`, or a `--principal`'s
+    /// newest, `--since` an age).
+    Why(hcp_sense::cli::why::WhyArgs),
     /// Lint a pack manifest (JSON or YAML; `-` reads standard input). Exits 1 on any error.
     Lint {
         /// The manifest file.
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         Some(Cmd::Lint { manifest }) => lint_file(&manifest),
         Some(Cmd::Pipe(args)) => pipe(args),
         Some(Cmd::Explain(args)) => explain(args),
+        Some(Cmd::Why(args)) => printed(hcp_sense::cli::why::run(args)),
         Some(Cmd::Migrate {
             action,
             database,
@@ -121,11 +126,16 @@ fn pipe(args: hcp_sense::cli::pipe::PipeArgs) -> ExitCode {
 }
 
 fn explain(args: hcp_sense::cli::explain_trigger::ExplainArgs) -> ExitCode {
+    printed(hcp_sense::cli::explain_trigger::run(args))
+}
+
+/// Runs a client command and prints its text; its error on stderr, exiting 1.
+fn printed(cmd: impl std::future::Future<Output = anyhow::Result<String>>) -> ExitCode {
     let rt = match runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    match rt.block_on(hcp_sense::cli::explain_trigger::run(args)) {
+    match rt.block_on(cmd) {
         Ok(text) => {
             println!("{}", text.trim_end());
             ExitCode::SUCCESS

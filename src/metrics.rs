@@ -151,6 +151,7 @@ pub struct Metrics {
     signature_check_seconds: Family<BudgetLabels, Counter<f64, AtomicU64>>,
     nats_routes: Family<StateLabels, Gauge>,
     nats_consumer_failures: Counter,
+    decision_log_entries: Family<StateLabels, Counter>,
     /// Packs given a label of their own, at most `max_packs`.
     labelled_packs: Mutex<HashSet<String>>,
     max_packs: usize,
@@ -158,7 +159,7 @@ pub struct Metrics {
 }
 
 /// Every metric's name (under the `hcp_sense` prefix) and help text.
-const HELP: [(&str, &str); 21] = [
+const HELP: [(&str, &str); 22] = [
     ("deliveries", "Triggers decided, by disposition, drop reason and pack"),
     ("decision_duration_seconds", "Time to validate and decide one trigger, recording excluded"),
     ("rpc_duration_seconds", "gRPC call latency, by method"),
@@ -180,6 +181,7 @@ const HELP: [(&str, &str); 21] = [
     ("nats_routes", "NATS routes of this replica by the state of their consumer: consuming, or failing (not running, being retried)"),
     ("nats_consumer_failures", "Times a NATS route's consumer could not start or stopped (a stream missing, NATS unreachable)"),
     ("build_info", "The running build"),
+    ("decision_log_entries", "Decision log entries that are not records' (drops, refusals, duplicates), by state: taken (after the fold rule), written, lost (given up while the store did not take them); a recorded trigger's entry is written with its record"),
 ];
 
 /// Registers `metric` under `name` with its help text from HELP, and returns it.
@@ -212,6 +214,10 @@ impl Metrics {
         for budget in ["within", "over"] {
             let _ = signature_checks.get_or_create(&BudgetLabels { budget });
             let _ = signature_check_seconds.get_or_create(&BudgetLabels { budget });
+        }
+        let decision_log_entries = Family::<StateLabels, Counter>::default();
+        for state in ["taken", "written", "lost"] {
+            let _ = decision_log_entries.get_or_create(&StateLabels { state });
         }
         let build = Family::<BuildLabels, Gauge>::default();
         build
@@ -246,6 +252,7 @@ impl Metrics {
                 signature_check_seconds,
             ),
             nats_routes: registered(&mut r, "nats_routes", Family::default()),
+            decision_log_entries: registered(&mut r, "decision_log_entries", decision_log_entries),
             nats_consumer_failures: registered(
                 &mut r,
                 "nats_consumer_failures",
@@ -430,6 +437,27 @@ impl Metrics {
         self.quota_throttled
             .get_or_create(&PackLabels { pack })
             .inc_by(n);
+    }
+
+    /// Decision log entries taken (after the fold rule), written, or given up.
+    pub fn decision_log_taken(&self, n: u64) {
+        self.decision_log_entry("taken", n);
+    }
+
+    pub fn decision_log_written(&self, n: u64) {
+        self.decision_log_entry("written", n);
+    }
+
+    pub fn decision_log_lost(&self, n: u64) {
+        self.decision_log_entry("lost", n);
+    }
+
+    fn decision_log_entry(&self, state: &'static str, n: u64) {
+        if n > 0 {
+            self.decision_log_entries
+                .get_or_create(&StateLabels { state })
+                .inc_by(n);
+        }
     }
 
     pub fn drop_counts_written(&self, n: u64) {

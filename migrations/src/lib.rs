@@ -10,6 +10,7 @@ mod m20261202_000002_ingress_deliveries;
 mod m20261202_000003_quotas;
 mod m20261203_000001_partitioned_records;
 mod m20261204_000001_ingress_ledger;
+mod m20261205_000001_decision_log;
 
 /// Every migration, in the order it is applied.
 pub struct Migrator;
@@ -27,6 +28,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000003_quotas::Migration),
             Box::new(m20261203_000001_partitioned_records::Migration),
             Box::new(m20261204_000001_ingress_ledger::Migration),
+            Box::new(m20261205_000001_decision_log::Migration),
         ]
     }
 }

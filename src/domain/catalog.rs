@@ -43,7 +43,7 @@ pub fn trigger_types(
         .pack_ids()
         .filter(|id| pack.is_none_or(|p| p == *id))
         .filter_map(|id| view.pack(id).map(|p| (id, p)))
-        .flat_map(|(id, p)| p.catalog.refs().map(move |r| (id, r)))
+        .flat_map(|(id, p)| p.trigger_types.refs().map(move |r| (id, r)))
         .filter(|k| after.is_none_or(|a| *k > a))
         .collect();
     keys.sort_unstable();
@@ -51,7 +51,7 @@ pub fn trigger_types(
     keys.into_iter()
         .filter_map(|(id, r)| {
             let p = view.pack(id)?;
-            let t = p.catalog.get(r)?;
+            let t = p.trigger_types.get(r)?;
             let land = p.lands.get(r).cloned();
             Some(TriggerTypeView {
                 pack_id: id.to_owned(),

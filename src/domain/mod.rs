@@ -30,6 +30,7 @@ pub mod catalog;
 pub(crate) mod cel;
 mod checks;
 pub mod decide;
+pub mod decision_log;
 pub mod explain;
 pub mod filter;
 pub mod ingress;

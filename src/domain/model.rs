@@ -237,7 +237,7 @@ impl Retention {
 /// number and its unit; of its units an age takes only these four, whose length is fixed
 /// (`humantime`'s month and year are fractions of days) and which a reader cannot confuse
 /// (`m` is minutes here, never months).
-fn parse_age(s: &str) -> Result<Option<std::time::Duration>, String> {
+pub fn parse_age(s: &str) -> Result<Option<std::time::Duration>, String> {
     let bad = || format!("the age `{s}` must be a whole number with s, m, h or d (30d)");
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
     let unit = &s[digits..];

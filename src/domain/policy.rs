@@ -3,7 +3,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::filter::Filter;
-use super::pack::schema::Catalog;
+use super::pack::schema::TriggerTypes;
 use super::pack::{BindingMode, Manifest};
 use super::quota::Rule;
 pub use super::trigger::Route;
@@ -72,17 +72,17 @@ pub struct PackPolicy {
     pub quota: Option<Rule>,
     pub principals: HashMap<String, PrincipalPolicy>,
     /// Declared refs' descriptions and compiled payload schemas, shared by every view.
-    pub catalog: Arc<Catalog>,
+    pub trigger_types: Arc<TriggerTypes>,
 }
 
 impl PackPolicy {
-    /// A pack's policy from its manifest, with the manifest's catalog compiled.
+    /// A pack's policy from its manifest, with the manifest's trigger types compiled.
     pub fn from_manifest(m: &Manifest) -> PackPolicy {
-        PackPolicy::with_catalog(m, Arc::new(Catalog::of_manifest(&m.raw)))
+        PackPolicy::with_trigger_types(m, Arc::new(TriggerTypes::of_manifest(&m.raw)))
     }
 
-    /// A pack's policy from its manifest, with its catalog compiled already.
-    pub fn with_catalog(m: &Manifest, catalog: Arc<Catalog>) -> PackPolicy {
+    /// A pack's policy from its manifest, with its trigger types compiled already.
+    pub fn with_trigger_types(m: &Manifest, trigger_types: Arc<TriggerTypes>) -> PackPolicy {
         let mut p = PackPolicy::declared(
             m.binding_mode,
             &m.triggers
@@ -91,7 +91,7 @@ impl PackPolicy {
                 .collect::<Vec<_>>(),
             m.stimuli.iter().map(|s| (s.r#ref.clone(), s.land.clone())),
         );
-        p.catalog = catalog;
+        p.trigger_types = trigger_types;
         p
     }
 
@@ -111,7 +111,7 @@ impl PackPolicy {
             activation: None,
             quota: None,
             principals: HashMap::new(),
-            catalog: Arc::default(),
+            trigger_types: Arc::default(),
         }
     }
 

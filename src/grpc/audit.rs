@@ -46,7 +46,6 @@ impl AuditService for AuditApi {
         };
         let mut events = self
             .policy
-            .store()
             .list_audit_events(pack, principal, before, page.limit())
             .await?;
         let (audit_events, next_page_token) = page.next(

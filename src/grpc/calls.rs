@@ -222,7 +222,7 @@ where
             let head = match tokio::time::timeout(answer_within(budget), inner.call(req)).await {
                 Ok(r) => r?,
                 Err(_) => Status::from(Error::Unavailable(format!(
-                    "no answer within {} ms (the store may be busy or unreachable); retry",
+                    "no answer within {} ms: the request was not received whole in that time, or the store is busy or unreachable; retry",
                     answer_within(budget).as_millis()
                 )))
                 .into_http(),

@@ -301,6 +301,29 @@ async fn wait_for_room(
     tx: mpsc::Sender<Result<Conn, io::Error>>,
 ) {
     let deadline = tokio::time::Instant::now() + limits.first_request_timeout;
+    // Room goes only to a socket that has sent its whole opening (the HTTP/2 preface, or a TLS
+    // ClientHello record): silent and half-open sockets never take a real caller's turn, and
+    // a caller admitted after waiting has its request read at once.
+    let opened = tokio::select! {
+        _ = tx.closed() => return,
+        _ = turn.gone.notified() => {
+            tracing::debug!(%remote, "connection closed: newer ones of its peer wait for room");
+            return;
+        }
+        o = tokio::time::timeout_at(deadline, opening_sent(&io)) => o,
+    };
+    match opened {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::debug!(%remote, "connection closed: it sent no HTTP/2 or TLS opening");
+            return;
+        }
+        Err(_) => {
+            metrics.socket_shed("grpc", "peer_busy");
+            tracing::debug!(%remote, "connection closed: no opening within the first-request timeout");
+            return;
+        }
+    }
     loop {
         let closed = sockets.closed.notified();
         match sockets.admit(remote.ip()) {
@@ -329,6 +352,91 @@ async fn wait_for_room(
     }
 }
 
+/// How often a waiting socket with part of its opening buffered looks again (a peek does not
+/// consume, so the socket stays readable and cannot be awaited).
+const OPENING_POLL: Duration = Duration::from_millis(20);
+
+/// The HTTP/2 client connection preface (RFC 9113 §3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How much of a client's opening the bytes it has sent so far are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    /// All of it: the whole HTTP/2 preface, or a whole TLS handshake record.
+    Sent,
+    /// A prefix of one; `want` bytes in all make it whole (when known).
+    Partial { want: usize },
+    /// Neither an HTTP/2 preface nor a TLS handshake.
+    Foreign,
+}
+
+/// TLS record header: content type (22, handshake), a 3.x version, and a 16-bit length.
+const TLS_HEADER: usize = 5;
+/// Largest TLS plaintext record (RFC 8446 §5.1).
+const TLS_MAX_RECORD: usize = 1 << 14;
+
+fn opening(bytes: &[u8]) -> Opening {
+    match bytes.first() {
+        None => Opening::Partial {
+            want: PREFACE.len(),
+        },
+        Some(0x16) => {
+            if bytes.len() > 1 && bytes[1] != 0x03 {
+                return Opening::Foreign;
+            }
+            if bytes.len() < TLS_HEADER {
+                return Opening::Partial { want: TLS_HEADER };
+            }
+            let len = usize::from(u16::from_be_bytes([bytes[3], bytes[4]]));
+            if len == 0 || len > TLS_MAX_RECORD {
+                return Opening::Foreign;
+            }
+            if bytes.len() >= TLS_HEADER + len {
+                Opening::Sent
+            } else {
+                Opening::Partial {
+                    want: TLS_HEADER + len,
+                }
+            }
+        }
+        Some(_) => {
+            let n = bytes.len().min(PREFACE.len());
+            if bytes[..n] != PREFACE[..n] {
+                Opening::Foreign
+            } else if n == PREFACE.len() {
+                Opening::Sent
+            } else {
+                Opening::Partial {
+                    want: PREFACE.len(),
+                }
+            }
+        }
+    }
+}
+
+/// Waits, without consuming a byte, until `io` has sent its whole opening: `false` when it
+/// closed or sent something else.
+async fn opening_sent(io: &TcpStream) -> bool {
+    let mut buf = vec![0u8; PREFACE.len()];
+    loop {
+        let n = match io.peek(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => n,
+        };
+        match opening(&buf[..n]) {
+            Opening::Sent => return true,
+            Opening::Foreign => return false,
+            Opening::Partial { want } => {
+                if want > buf.len() {
+                    buf.resize(want, 0);
+                } else {
+                    tokio::time::sleep(OPENING_POLL).await;
+                }
+            }
+        }
+    }
+}
+
 /// Longest pause after an accept error (out of file descriptors, for one).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -348,6 +456,8 @@ pub fn incoming(
         per_peer: limits.max_per_peer,
         grace: limits.shed_grace,
     });
+    // The server's own accept loop, not a lifecycle task: tonic owns the stream it feeds,
+    // and dropping it when the server stops ends this loop (`tx.closed`).
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(5);
         loop {
@@ -398,6 +508,8 @@ pub fn incoming(
                 if dropped {
                     metrics.socket_shed("grpc", "peer_busy");
                 }
+                // A connection's own wait for room, ended by its deadline or when the server
+                // stops taking (`tx.closed`): tonic's, like the accept loop.
                 tokio::spawn(wait_for_room(
                     io,
                     remote,
@@ -419,4 +531,36 @@ pub fn incoming(
         }
     });
     ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_opening_is_sent_only_whole() {
+        assert_eq!(opening(PREFACE), Opening::Sent);
+        assert_eq!(opening(&[PREFACE, b"\0\0\x12\x04"].concat()), Opening::Sent);
+        assert_eq!(
+            opening(b"PRI * HTTP/2.0\r\n"),
+            Opening::Partial { want: 24 }
+        );
+        assert_eq!(opening(&PREFACE[..23]), Opening::Partial { want: 24 });
+        assert_eq!(opening(b"GET / HTTP/1.1\r\n"), Opening::Foreign);
+        assert_eq!(
+            opening(b"PRI * HTTP/1.1\r\n\r\nSM\r\n\r\n"),
+            Opening::Foreign
+        );
+        // A TLS handshake record of 512 bytes: whole at 517, a prefix before.
+        let mut hello = vec![0x16, 0x03, 0x01, 0x02, 0x00];
+        assert_eq!(opening(&hello[..4]), Opening::Partial { want: 5 });
+        assert_eq!(opening(&hello), Opening::Partial { want: 517 });
+        hello.resize(516, 1);
+        assert_eq!(opening(&hello), Opening::Partial { want: 517 });
+        hello.push(1);
+        assert_eq!(opening(&hello), Opening::Sent);
+        assert_eq!(opening(&[0x16, 0x02]), Opening::Foreign);
+        assert_eq!(opening(&[0x16, 0x03, 0x01, 0x00, 0x00]), Opening::Foreign);
+        assert_eq!(opening(&[0x16, 0x03, 0x01, 0x40, 0x01]), Opening::Foreign);
+    }
 }

@@ -21,12 +21,10 @@
 //! valid trigger's (no gRPC client sends them but to attack) can still spend it: h2's GOAWAY
 //! is then the defence it was made for.
 
+use crate::config::MAX_CONCURRENT_STREAMS;
+
 /// Bytes a stream may send before the server has read them: what one stream can hold unread.
 pub const STREAM_WINDOW: u32 = 16 << 10;
-
-/// Most concurrent streams a connection may be allowed: at this many the stream window is
-/// about 2 KiB, below which a stream would need a round trip per small message.
-pub const MAX_CONCURRENT_STREAMS: u32 = 10_000;
 
 /// The smallest DATA frame a valid trigger comes in: the 5-byte gRPC prefix and the shortest
 /// valid DeliverTriggersRequest (pack, ref, principal and land of one letter each).

@@ -18,7 +18,9 @@ use crate::domain::explain::{Check, Verdict};
 use crate::domain::quota::Rule;
 use crate::domain::trigger::{Decision, Outcome, RawTrigger};
 use crate::error::Error;
-use crate::service::{Delivery, QuotaCheck};
+use crate::lifecycle::Signal;
+use crate::service::deliver::{Delivery, SOURCE_DELIVER_TRIGGERS};
+use crate::service::QuotaCheck;
 
 /// Triggers of one DeliverTriggers stream being decided and written at once: enough to fill
 /// the sink's batches from a single producer, bounded so a fast producer waits on HTTP/2 flow
@@ -37,12 +39,12 @@ pub struct IngestApi {
     /// A DeliverTriggers stream that sends nothing for this long is ended (--idle-timeout-secs):
     /// an open stream is a call in flight, which keeps its connection from closing when idle.
     pub idle: Duration,
-    /// True once the server begins to stop: open streams stop reading triggers then.
-    pub stopping: watch::Receiver<bool>,
+    /// Given once the server begins to stop: open streams stop reading triggers then.
+    pub stopping: Signal,
 }
 
 impl IngestApi {
-    pub fn new(delivery: Delivery, idle: Duration, stopping: watch::Receiver<bool>) -> IngestApi {
+    pub fn new(delivery: Delivery, idle: Duration, stopping: Signal) -> IngestApi {
         IngestApi {
             delivery,
             in_flight: Arc::new(Semaphore::new(STREAM_TRIGGERS_IN_FLIGHT)),
@@ -112,7 +114,7 @@ async fn deliver_one(
     let outcome = match r {
         None => Err(Error::invalid("trigger", "is required")),
         Some(r) => match raw_trigger(r) {
-            Ok(t) => delivery.deliver(t).await,
+            Ok(t) => delivery.deliver_from(t, SOURCE_DELIVER_TRIGGERS).await,
             Err(e) => Err(e),
         },
     };
@@ -143,27 +145,7 @@ fn quota_check(pack_id: &str, principal: &str, q: &QuotaCheck) -> pb::QuotaCheck
 
 /// A trigger refused with the status DeliverTrigger would have answered.
 fn refused(e: Error) -> deliver_triggers_response::Result {
-    let retry_delay = match &e {
-        Error::Throttled { retry_after, .. } => Some(super::convert::duration(*retry_after)),
-        _ => None,
-    };
-    let violations = match &e {
-        Error::InvalidArgument(v) => v
-            .iter()
-            .map(|v| pb::FieldViolation {
-                field: v.field.clone(),
-                description: v.description.clone(),
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    let status = Status::from(e);
-    deliver_triggers_response::Result::Error(pb::TriggerError {
-        code: status.code() as i32,
-        message: status.message().to_owned(),
-        retry_delay,
-        violations,
-    })
+    deliver_triggers_response::Result::Error(super::status::trigger_error(e))
 }
 
 type Outcomes = Pin<Box<dyn Stream<Item = Result<pb::DeliverTriggersResponse, Status>> + Send>>;
@@ -174,10 +156,8 @@ impl IngestService for IngestApi {
         &self,
         req: Request<pb::DeliverTriggerRequest>,
     ) -> Result<Response<pb::DeliverTriggerResponse>, Status> {
-        let o = self
-            .delivery
-            .deliver(raw_trigger(req.into_inner())?)
-            .await?;
+        let raw = raw_trigger(req.into_inner())?;
+        let o = self.delivery.deliver(raw).await?;
         Ok(Response::new(response(o)))
     }
 
@@ -240,6 +220,8 @@ impl IngestService for IngestApi {
         // for every stream (grpc/lifetime.rs).
         let inbound = req.into_inner();
         let (tx, pending) = mpsc::channel(STREAM_WINDOW);
+        // The call's own task, not the lifecycle's: it ends with the call (at stopping it
+        // answers what it read and ends the stream), which the server waits for.
         tokio::spawn(start_each(
             inbound,
             self.delivery.clone(),
@@ -271,7 +253,7 @@ async fn start_each(
     in_flight: Arc<Semaphore>,
     idle: Duration,
     bucket: Option<CallerBucket>,
-    mut stopping: watch::Receiver<bool>,
+    stopping: Signal,
     tx: mpsc::Sender<Started>,
 ) {
     let mut index: u64 = 0;
@@ -284,7 +266,7 @@ async fn start_each(
             // Checked first: a stream that always has a trigger ready still ends.
             biased;
             // (Its guard is let go before the send below awaits.)
-            true = async { stopping.wait_for(|s| *s).await.is_ok() } => {
+            () = stopping.wait() => {
                 let stop = Error::Unavailable(format!(
                     "the server is shutting down: triggers from index {index} on were not read; send them to another replica"
                 ));
@@ -310,6 +292,9 @@ async fn start_each(
             (Ok(_), Some(b)) if index > 0 => b.take().err(),
             _ => None,
         };
+        // Each trigger's delivery is a task of the lifecycle's, answered in order by
+        // `answer_in_order`: a caller that leaves lets go of the answer, not of the delivery,
+        // which shutdown still waits for.
         let next = match (item, limited) {
             (Ok(_), Some(refusal)) => Ok(tokio::spawn(async move { refused(refusal) })),
             (Ok(r), None) => {
@@ -327,7 +312,7 @@ async fn start_each(
                     keyed.retain(|_, d| !*d.borrow());
                 }
                 let delivery = delivery.clone();
-                Ok(tokio::spawn(async move {
+                Ok(delivery.lifecycle().clone().spawn(async move {
                     if let Some(mut before) = before {
                         let _ = before.wait_for(|d| *d).await;
                     }
@@ -369,7 +354,7 @@ async fn answer_in_order(
                 }),
                 Err(e) => {
                     tracing::error!(error = %e, index, "a trigger's delivery task failed");
-                    Err(Error::Internal(e.to_string()).into())
+                    Err(Error::internal_from("a trigger's delivery task failed", e).into())
                 }
             },
             Err(status) => Err(status),
@@ -388,6 +373,7 @@ where
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(1);
+    // The call's own task: it ends when the stream's reader (tonic) goes.
     tokio::spawn(body(tx));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }

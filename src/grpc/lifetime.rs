@@ -101,6 +101,7 @@ impl Endable {
             let (stop, stopped) = oneshot::channel::<()>();
             let ender = ender.clone();
             let wait = until(at);
+            // The call's own timer, ended with the call (`stop`), not a lifecycle task.
             tokio::spawn(async move {
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {

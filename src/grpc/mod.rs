@@ -5,6 +5,7 @@ pub mod calls;
 pub mod codec;
 pub mod conn;
 pub mod convert;
+pub mod decisions;
 pub mod flow;
 pub mod guard;
 pub mod ingest;

@@ -6,11 +6,11 @@ use super::actor_of;
 use super::convert::{finding, pack, struct_to_json_checked};
 use super::paging::{fingerprint, PageTokens};
 use super::pb::{self, pack_service_server::PackService};
-use crate::auth::{Caller, Role};
+use crate::auth::Caller;
 use crate::domain::catalog::TriggerTypeView;
 use crate::domain::pack::{parse_manifest_text, Severity};
 use crate::error::Error;
-use crate::service::{detached, Policy};
+use crate::service::{detached, reader_principal, Policy};
 
 #[derive(Clone, Debug)]
 pub struct PacksApi {
@@ -20,23 +20,6 @@ pub struct PacksApi {
 
 const PAGE_KIND: &str = "packs";
 const TYPES_KIND: &str = "trigger-types";
-
-/// The principal a ListTriggerTypes call asks about: a reader asks about its own, whatever
-/// it names, and may name no other.
-fn as_reader_of(caller: Option<&Caller>, principal: String) -> Result<String, Error> {
-    match caller {
-        Some(Caller::Known(id)) if id.role == Role::Reader => {
-            let own = id.principal.clone().unwrap_or_default();
-            if !principal.is_empty() && principal != own {
-                return Err(Error::PermissionDenied(format!(
-                    "a reader asks only about its own principal, not `{principal}`"
-                )));
-            }
-            Ok(own)
-        }
-        _ => Ok(principal),
-    }
-}
 
 fn trigger_type(t: &TriggerTypeView) -> pb::TriggerType {
     pb::TriggerType {
@@ -94,7 +77,10 @@ impl PackService for PacksApi {
         let actor = actor_of(&req);
         let manifest = register_source(req.into_inner().source)?;
         let svc = self.policy.clone();
-        let r = detached(async move { svc.register_pack(&actor, &manifest).await }).await?;
+        let r = detached(self.policy.lifecycle(), async move {
+            svc.register_pack(&actor, &manifest).await
+        })
+        .await?;
         Ok(Response::new(pb::RegisterPackResponse {
             pack: Some(pack(&r.pack)),
             warnings: r.report.warnings().map(finding).collect(),
@@ -144,7 +130,7 @@ impl PackService for PacksApi {
             .pages
             .page(PAGE_KIND, String::new(), req.page_size, &req.page_token)?;
         let after = page.after::<1>()?.map(|[id]| id);
-        let mut packs = self.policy.store().list_packs(after, page.limit()).await?;
+        let mut packs = self.policy.list_packs(after, page.limit()).await?;
         let (packs, next_page_token) =
             page.next(&mut packs, |last| [last.manifest.pack_id.clone()], pack);
         Ok(Response::new(pb::ListPacksResponse {
@@ -159,7 +145,8 @@ impl PackService for PacksApi {
     ) -> Result<Response<pb::ListTriggerTypesResponse>, Status> {
         let caller = req.extensions().get::<Caller>().cloned();
         let req = req.into_inner();
-        let principal = as_reader_of(caller.as_ref(), req.principal)?;
+        // A reader asks about its own principal, whatever it names.
+        let principal = reader_principal(caller.as_ref(), &req.principal)?.unwrap_or(req.principal);
         let page = self.pages.page(
             TYPES_KIND,
             fingerprint(&[&req.pack_id, &principal]),
@@ -192,7 +179,10 @@ impl PackService for PacksApi {
         let svc = self.policy.clone();
         let actor = actor_of(&req);
         let pack_id = req.into_inner().pack_id;
-        detached(async move { svc.delete_pack(&actor, &pack_id).await }).await?;
+        detached(self.policy.lifecycle(), async move {
+            svc.delete_pack(&actor, &pack_id).await
+        })
+        .await?;
         Ok(Response::new(pb::DeletePackResponse {}))
     }
 }

@@ -96,7 +96,10 @@ impl PolicyService for PolicyApi {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.policy.clone();
-        let g = detached(async move { svc.grant(&actor, &r.principal, &r.pack_id).await }).await?;
+        let g = detached(self.policy.lifecycle(), async move {
+            svc.grant(&actor, &r.principal, &r.pack_id).await
+        })
+        .await?;
         Ok(Response::new(pb::GrantSenseEnableResponse {
             grant: Some(grant(&g)),
         }))
@@ -109,8 +112,10 @@ impl PolicyService for PolicyApi {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.policy.clone();
-        let revoked =
-            detached(async move { svc.revoke(&actor, &r.principal, &r.pack_id).await }).await?;
+        let revoked = detached(self.policy.lifecycle(), async move {
+            svc.revoke(&actor, &r.principal, &r.pack_id).await
+        })
+        .await?;
         Ok(Response::new(pb::RevokeSenseEnableResponse { revoked }))
     }
 
@@ -218,7 +223,7 @@ impl PolicyService for PolicyApi {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.policy.clone();
-        let q = detached(async move {
+        let q = detached(self.policy.lifecycle(), async move {
             svc.put_quota(
                 &actor,
                 &r.pack_id,
@@ -276,7 +281,7 @@ impl PolicyService for PolicyApi {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.policy.clone();
-        detached(async move {
+        detached(self.policy.lifecycle(), async move {
             svc.delete_quota(&actor, &r.pack_id, r.principal.as_deref())
                 .await
         })
@@ -292,7 +297,7 @@ impl PolicyService for PolicyApi {
         let r = req.into_inner();
         let route = route_from("route", r.route)?;
         let svc = self.policy.clone();
-        let a = detached(async move {
+        let a = detached(self.policy.lifecycle(), async move {
             svc.set_activation(&actor, &r.principal, &r.pack_id, true, route, &r.filter)
                 .await
         })
@@ -309,7 +314,7 @@ impl PolicyService for PolicyApi {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.policy.clone();
-        let a = detached(async move {
+        let a = detached(self.policy.lifecycle(), async move {
             svc.set_activation(&actor, &r.principal, &r.pack_id, false, None, "")
                 .await
         })
@@ -326,7 +331,7 @@ impl PolicyService for PolicyApi {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.policy.clone();
-        let e = detached(async move {
+        let e = detached(self.policy.lifecycle(), async move {
             svc.put_execute_state(
                 &actor,
                 ExecuteState {
@@ -381,7 +386,7 @@ impl PolicyService for PolicyApi {
         let r = req.into_inner();
         let state = binding_state_from("state", r.state)?;
         let svc = self.policy.clone();
-        let (b, degraded) = detached(async move {
+        let (b, degraded) = detached(self.policy.lifecycle(), async move {
             svc.put_binding(&actor, &r.principal, &r.pack_id, &r.binding_id, state)
                 .await
         })
@@ -399,9 +404,10 @@ impl PolicyService for PolicyApi {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.policy.clone();
-        let degraded =
-            detached(async move { svc.delete_binding(&actor, &r.principal, &r.pack_id).await })
-                .await?;
+        let degraded = detached(self.policy.lifecycle(), async move {
+            svc.delete_binding(&actor, &r.principal, &r.pack_id).await
+        })
+        .await?;
         Ok(Response::new(pb::DeleteBindingResponse {
             binding_degraded: degraded.as_ref().map(outcome),
         }))
@@ -420,7 +426,7 @@ impl PolicyService for PolicyApi {
             )
         })?;
         let svc = self.policy.clone();
-        let (b, previous, degraded) = detached(async move {
+        let (b, previous, degraded) = detached(self.policy.lifecycle(), async move {
             svc.report_binding_health(&actor, &r.principal, &r.pack_id, state)
                 .await
         })
@@ -439,7 +445,10 @@ impl PolicyService for PolicyApi {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.policy.clone();
-        detached(async move { svc.add_member(&actor, &r.project, &r.principal).await }).await?;
+        detached(self.policy.lifecycle(), async move {
+            svc.add_member(&actor, &r.project, &r.principal).await
+        })
+        .await?;
         Ok(Response::new(pb::AddProjectMemberResponse {}))
     }
 
@@ -450,9 +459,10 @@ impl PolicyService for PolicyApi {
         let actor = actor_of(&req);
         let r = req.into_inner();
         let svc = self.policy.clone();
-        let removed =
-            detached(async move { svc.remove_member(&actor, &r.project, &r.principal).await })
-                .await?;
+        let removed = detached(self.policy.lifecycle(), async move {
+            svc.remove_member(&actor, &r.project, &r.principal).await
+        })
+        .await?;
         Ok(Response::new(pb::RemoveProjectMemberResponse { removed }))
     }
 }

@@ -1,5 +1,4 @@
 //! RecordService: ListRecords and ListDropReports with keyset pagination, and WatchRecords continuing a listing as records commit.
-use std::future::Future;
 use std::pin::Pin;
 
 use tokio_stream::{Stream, StreamExt};
@@ -8,33 +7,29 @@ use tonic::{Request, Response, Status};
 use super::convert::{drop_reason_from, drop_report, micros, record, route_from};
 use super::paging::{fingerprint, next_token, page_size, PageTokens};
 use super::pb::{self, record_service_server::RecordService};
-use crate::auth::{Caller, Role};
+use crate::auth::Caller;
 use crate::domain::model::{Position, RecordFilter};
 use crate::error::Error;
-use crate::service::WatchEvent;
+use crate::service::{reader_principal, WatchEvent};
 
-/// A reader reads as its own principal: the authenticated identity replaces `viewer`, and
-/// other principals' records are not its to read. Returns the reader's principal.
+/// A reader's request reads as the reader (`service::reader_principal`): its principal and
+/// viewer are the reader's own. Returns the reader's principal.
 fn as_reader(
     caller: Option<&Caller>,
     principal: &mut String,
     viewer: &mut String,
 ) -> Result<Option<String>, Error> {
-    let Some(Caller::Known(id)) = caller else {
-        return Ok(None);
-    };
-    if id.role != Role::Reader {
-        return Ok(None);
+    let reader = reader_principal(caller, principal)?;
+    if let Some(own) = &reader {
+        // A reader reads as its own viewer too: naming another is refused, as naming another
+        // principal is, rather than quietly read as its own.
+        if !viewer.is_empty() && viewer != own {
+            reader_principal(caller, viewer)?;
+        }
+        principal.clone_from(own);
+        viewer.clone_from(own);
     }
-    let own = id.principal.clone().unwrap_or_default();
-    if !principal.is_empty() && *principal != own {
-        return Err(Error::PermissionDenied(format!(
-            "a reader reads only its own principal's records, not `{principal}`"
-        )));
-    }
-    *principal = own.clone();
-    *viewer = own.clone();
-    Ok(Some(own))
+    Ok(reader)
 }
 
 #[derive(Clone, Debug)]
@@ -181,32 +176,22 @@ impl RecordService for RecordsApi {
                 .into())
             }
         };
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let (ended_tx, ended) = tokio::sync::oneshot::channel();
-        tokio::spawn(watch.run(filter, from, tx, ended_tx));
-        let this = self.clone();
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
-            .chain(Ended(Some(ended)))
-            .map(move |event| match event {
-                WatchEvent::Sent { records, position } => Ok(pb::WatchRecordsResponse {
-                    // The last look before the records go out: none erased since they were read.
-                    records: records
-                        .iter()
-                        .filter(|r| !this.records.erased(r))
-                        .map(|r| record(r))
-                        .collect(),
-                    resume_token: this.pages.position_token(&fp, position),
-                }),
-                WatchEvent::Ended {
-                    cause,
-                    why,
-                    position,
-                } => Err(Status::from(Error::Interrupted {
-                    cause,
-                    message: why,
-                    resume_token: this.pages.position_token(&fp, position),
-                })),
-            });
+        let pages = self.pages.clone();
+        let stream = watch.start(filter, from).map(move |event| match event {
+            WatchEvent::Sent { records, position } => Ok(pb::WatchRecordsResponse {
+                records: records.iter().map(|r| record(r)).collect(),
+                resume_token: pages.position_token(&fp, position),
+            }),
+            WatchEvent::Ended {
+                cause,
+                why,
+                position,
+            } => Err(Status::from(Error::Interrupted {
+                cause,
+                message: why,
+                resume_token: pages.position_token(&fp, position),
+            })),
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -218,7 +203,7 @@ impl RecordService for RecordsApi {
         let r = req.into_inner();
         let svc = self.records.clone();
         // Run to the end even if the caller goes: each batch commits on its own.
-        let erased = crate::service::detached(async move {
+        let erased = crate::service::detached(self.records.lifecycle(), async move {
             svc.erase_records(&actor, &r.principal, &r.pack_id).await
         })
         .await?;
@@ -261,23 +246,5 @@ impl RecordService for RecordsApi {
             drop_reports,
             next_page_token,
         }))
-    }
-}
-
-/// The end of a watch, told once its messages are read.
-struct Ended(Option<tokio::sync::oneshot::Receiver<WatchEvent>>);
-
-impl Stream for Ended {
-    type Item = WatchEvent;
-    fn poll_next(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<WatchEvent>> {
-        let Some(rx) = self.0.as_mut() else {
-            return std::task::Poll::Ready(None);
-        };
-        let out = std::task::ready!(Pin::new(rx).poll(cx)).ok();
-        self.0 = None;
-        std::task::Poll::Ready(out)
     }
 }

@@ -91,7 +91,7 @@ impl IngressService for IngressApi {
             nats_subject: r.nats_subject,
         };
         let svc = self.ingress.clone();
-        let (created, route) = detached(async move {
+        let (created, route) = detached(self.ingress.lifecycle(), async move {
             let created = svc.put_ingress_route(&actor, &route).await?;
             Ok((created, route))
         })
@@ -126,7 +126,6 @@ impl IngressService for IngressApi {
         let after = page.after::<1>()?.map(|[id]| id);
         let mut routes = self
             .ingress
-            .store()
             .list_ingress_routes(after, page.limit())
             .await?;
         let (routes, next_page_token) =
@@ -144,7 +143,10 @@ impl IngressService for IngressApi {
         let svc = self.ingress.clone();
         let actor = actor_of(&req);
         let route_id = req.into_inner().route_id;
-        detached(async move { svc.delete_ingress_route(&actor, &route_id).await }).await?;
+        detached(self.ingress.lifecycle(), async move {
+            svc.delete_ingress_route(&actor, &route_id).await
+        })
+        .await?;
         Ok(Response::new(pb::DeleteIngressRouteResponse {}))
     }
 }

@@ -1,4 +1,4 @@
-//! The one table from the service's errors to gRPC statuses, each bounded to fit a stock client's trailers.
+//! The error table (`crate::reply`) rendered for gRPC: a status bounded to fit a stock client's trailers, and a DeliverTriggers item's error.
 //!
 //! A status travels in HTTP/2 trailers, and stock clients cap them: grpcio at 8 KiB (soft) and
 //! 16 KiB (hard), counting each entry's name and value plus 32 bytes. A status over the cap
@@ -11,8 +11,11 @@
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use super::convert::duration;
+use super::pb;
 pub use crate::domain::pack::schema::{MAX_DESCRIPTION_CHARS, MAX_VIOLATIONS};
-use crate::error::{Error, Interruption, Violation};
+use crate::error::{Error, Violation};
+use crate::reply::{Reply, DOMAIN};
 
 /// What a status may take of a client's trailers, names and HPACK's 32 bytes an entry counted:
 /// well under grpcio's 8 KiB soft limit.
@@ -158,51 +161,57 @@ pub fn trailer_bytes(status: &Status) -> usize {
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
-        match e {
-            Error::NotFound(m) => Status::not_found(message(m)),
-            Error::AlreadyExists(m) => Status::already_exists(message(m)),
-            Error::InvalidArgument(violations) => invalid_argument(violations),
-            Error::FailedPrecondition(m) => Status::failed_precondition(message(m)),
-            Error::PermissionDenied(m) => Status::permission_denied(message(m)),
-            Error::Unauthenticated(m) => Status::unauthenticated(message(m)),
-            Error::ResourceExhausted(m) => Status::resource_exhausted(message(m)),
-            Error::Throttled {
-                message: m,
-                retry_after,
-                reason,
-            } => {
-                let mut details = ErrorDetails::new();
-                details.set_retry_info(Some(retry_after));
-                details.set_error_info(reason, "hcp.sense.v1", std::collections::HashMap::new());
-                Status::with_error_details(Code::ResourceExhausted, message(m), details)
-            }
-            Error::Unavailable(m) => Status::unavailable(message(m)),
-            Error::Interrupted {
-                cause,
-                message: m,
-                resume_token,
-            } => {
-                let (code, reason) = match cause {
-                    Interruption::Behind => (Code::ResourceExhausted, "WATCH_BEHIND"),
-                    Interruption::Unavailable => (Code::Unavailable, "WATCH_INTERRUPTED"),
-                };
-                let mut details = ErrorDetails::new();
-                details.set_error_info(
-                    reason,
-                    "hcp.sense.v1",
-                    std::collections::HashMap::from([("resume_token".to_owned(), resume_token)]),
-                );
-                Status::with_error_details(code, message(m), details)
-            }
-            // The cause was logged where it happened; the client learns nothing internal.
-            Error::Internal(_) => Status::internal("internal error"),
-        }
+        status(Reply::from(e))
+    }
+}
+
+/// A reply as a status: its message cut, its violations bounded and named in the message,
+/// its wait and its ErrorInfo as details.
+fn status(r: Reply) -> Status {
+    if let Some(violations) = r.violations {
+        return invalid_argument(violations);
+    }
+    if r.retry_after.is_none() && r.info.is_none() {
+        return Status::new(r.grpc, message(r.message));
+    }
+    let mut details = ErrorDetails::new();
+    if r.retry_after.is_some() {
+        details.set_retry_info(r.retry_after);
+    }
+    if let Some(info) = r.info {
+        details.set_error_info(info.reason, DOMAIN, info.metadata);
+    }
+    Status::with_error_details(r.grpc, message(r.message), details)
+}
+
+/// A DeliverTriggers item's error: the code and message DeliverTrigger's status would carry,
+/// the wait, and every violation whole (an item travels in the stream's body, not in
+/// trailers, so only the message is bounded).
+pub fn trigger_error(e: Error) -> pb::TriggerError {
+    let r = Reply::from(e);
+    let retry_delay = r.retry_after.map(duration);
+    let violations = r
+        .violations
+        .iter()
+        .flatten()
+        .map(|v| pb::FieldViolation {
+            field: v.field.clone(),
+            description: v.description.clone(),
+        })
+        .collect();
+    let status = status(r);
+    pb::TriggerError {
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+        retry_delay,
+        violations,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Interruption;
 
     /// Texts of each width of UTF-8: ASCII (with spaces, which are escaped too), Cyrillic,
     /// CJK, 4-byte emoji.

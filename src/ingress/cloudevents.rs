@@ -1,6 +1,7 @@
 //! CloudEvents 1.0 over HTTP: an event read from a request in structured or binary mode.
 use std::collections::BTreeMap;
 
+use crate::domain::ingress::EventNames;
 use serde_json::Value;
 
 /// A CloudEvent read from an HTTP request: its context attributes (required and extensions,
@@ -20,8 +21,17 @@ impl CloudEvent {
     }
 
     /// The trigger id an event gives: its `source` and `id`, which together identify it.
-    pub fn trigger_id(&self) -> String {
+    fn trigger_id(&self) -> String {
         format!("{}#{}", self.attr("source"), self.attr("id"))
+    }
+
+    /// What the event names itself: its type, subject and trigger id.
+    pub fn names(&self) -> EventNames<'_> {
+        EventNames {
+            r#type: self.attr("type"),
+            subject: self.attr("subject"),
+            trigger_id: self.trigger_id(),
+        }
     }
 }
 
@@ -40,7 +50,7 @@ pub fn cloud_event(
             .starts_with("application/cloudevents+json")
     });
     let (attributes, data) = if structured {
-        let Ok(Value::Object(mut envelope)) = serde_json::from_slice::<Value>(body) else {
+        let Ok(Value::Object(mut envelope)) = super::strict_json::from_slice(body) else {
             return Err(bad(
                 "body",
                 "is not a JSON object (a structured-mode CloudEvent)",
@@ -79,7 +89,8 @@ pub fn cloud_event(
         let data = if body.is_empty() {
             Value::Object(Default::default())
         } else {
-            serde_json::from_slice(body).map_err(|e| bad("data", &format!("is not JSON: {e}")))?
+            super::strict_json::from_slice(body)
+                .map_err(|e| bad("data", &format!("is not JSON: {e}")))?
         };
         // The mode is what the signed body says, not only the unsigned Content-Type: a
         // structured event re-sent as binary mode would be read as other data.

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::Ingress;
 use crate::error::Error;
+use crate::reply::Reply;
 
 /// The routes of the ingress listener; a body over `max_body_bytes` is answered 413.
 pub fn routes(ingress: Ingress, max_body_bytes: usize) -> axum::Router {
@@ -76,54 +77,32 @@ async fn receive(
     }
 }
 
-/// The answer for an error: its status, and its message as JSON (field and rule for bad input).
+/// The answer for an error, from the error table: its status, and its message as JSON (with
+/// every field and rule for bad input, and the wait when over a limit).
 fn refusal(e: Error) -> Response {
-    let (status, body) = match &e {
-        Error::InvalidArgument(v) => (
-            StatusCode::BAD_REQUEST,
-            json!({
-                "error": e.to_string(),
-                "violations": v.iter().map(|v| json!({"field": v.field, "description": v.description})).collect::<Vec<_>>(),
-            }),
-        ),
-        Error::Unauthenticated(m) => (StatusCode::UNAUTHORIZED, json!({ "error": m })),
-        Error::NotFound(m) => (StatusCode::NOT_FOUND, json!({ "error": m })),
-        Error::AlreadyExists(m) => (StatusCode::CONFLICT, json!({ "error": m })),
-        Error::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, json!({ "error": m })),
-        Error::ResourceExhausted(m) => (StatusCode::TOO_MANY_REQUESTS, json!({ "error": m })),
-        Error::Throttled {
-            message,
-            retry_after,
-            ..
-        } => (
-            StatusCode::TOO_MANY_REQUESTS,
-            json!({ "error": message, "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX).max(1) }),
-        ),
-        Error::FailedPrecondition(m) | Error::PermissionDenied(m) => {
-            (StatusCode::UNPROCESSABLE_ENTITY, json!({ "error": m }))
-        }
-        Error::Interrupted { message, .. } => {
-            (StatusCode::SERVICE_UNAVAILABLE, json!({ "error": message }))
-        }
-        Error::Internal(m) => {
-            tracing::error!(error = %m, "ingress request failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                json!({ "error": "internal error" }),
-            )
-        }
-    };
-    let mut r = (status, Json(body)).into_response();
-    if let Error::Throttled { retry_after, .. } = &e {
+    let r = Reply::from(e);
+    let mut body = json!({ "error": r.message });
+    if let Some(v) = &r.violations {
+        body["violations"] = v
+            .iter()
+            .map(|v| json!({"field": v.field, "description": v.description}))
+            .collect();
+    }
+    if let Some(wait) = r.retry_after {
+        body["retry_after_ms"] = json!(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1));
+    }
+    let mut answer = (r.http, Json(body)).into_response();
+    if let Some(wait) = r.retry_after {
         // Whole seconds (RFC 9110), rounded up: a sender retrying sooner finds no token.
-        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         if let Ok(v) = HeaderValue::from_str(&secs.max(1).to_string()) {
-            r.headers_mut().insert("retry-after", v);
+            answer.headers_mut().insert("retry-after", v);
         }
-    } else if status == StatusCode::SERVICE_UNAVAILABLE {
+    } else if r.http == StatusCode::SERVICE_UNAVAILABLE {
         // Webhook senders retry; tell them when.
-        r.headers_mut()
+        answer
+            .headers_mut()
             .insert("retry-after", HeaderValue::from_static("1"));
     }
-    r
+    answer
 }

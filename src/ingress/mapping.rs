@@ -1,5 +1,5 @@
 //! Route mappings: a route's CEL mapping compiled and checked, and evaluated over a message's headers, body and event to the fields of its triggers.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ::cel::common::ast::IdedExpr;
@@ -11,7 +11,7 @@ use crate::domain::cel;
 #[cfg(test)]
 use crate::domain::cel::MAX_EXPRESSION_DEPTH;
 pub use crate::domain::cel::{MAX_EXPRESSION_BYTES, MAX_EXPRESSION_NODES, MAX_HEADER_BYTES};
-use crate::domain::ingress::{IngressKind, Mapping};
+use crate::domain::ingress::{IngressKind, Mapping, Route};
 
 /// Longest value a mapping may yield, in bytes (ids and refs are far shorter; this only stops
 /// an expression that concatenates a large body from making a large string).
@@ -267,17 +267,7 @@ fn text_of(v: Cel) -> Result<String, String> {
     }
 }
 
-/// What a mapping yields for one request: the trigger's fields, each `None` when the mapping
-/// does not give it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Mapped {
-    pub r#ref: Option<String>,
-    pub principal: Option<String>,
-    pub binding_id: Option<String>,
-    pub project: Option<String>,
-    pub trigger_id: Option<String>,
-    pub land: Option<String>,
-}
+pub use crate::domain::ingress::Mapped;
 
 /// Evaluates a compiled mapping over a request's headers (lower-case names) and JSON body.
 /// A failed evaluation, or a value that is not a string (or an integer, read as its
@@ -719,5 +709,48 @@ mod tests {
                 .expect_err(constant);
             assert!(e[0].1.starts_with("always"), "{constant}: {e:?}");
         }
+    }
+}
+
+/// Most compiled mappings kept; past it the cache starts afresh.
+const MAX_COMPILED: usize = 4096;
+
+/// Compiled mappings by route id, each with the mapping it was compiled from: a route is read
+/// from the store on every request (so every replica sees a change at once), and compiled
+/// again only when what is stored differs from what was compiled.
+#[derive(Debug, Default)]
+pub struct Mappings(std::sync::Mutex<HashMap<String, CompiledFrom>>);
+
+/// A compiled mapping, with the mapping and fan-out it was compiled from.
+type CompiledFrom = (Mapping, (IngressKind, bool), Arc<Compiled>);
+
+impl Mappings {
+    /// The compiled mapping of `route`, compiled again only when the route changed; a
+    /// mapping that does not compile: its (field, description) pairs.
+    pub fn compiled(&self, route: &Route) -> Result<Arc<Compiled>, Vec<(String, String)>> {
+        let lock = || {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some((m, f, c)) = lock().get(&route.route_id) {
+            if *m == route.mapping && *f == (route.kind, route.fan_out) {
+                return Ok(c.clone());
+            }
+        }
+        let c = Arc::new(compile(route.kind, &route.mapping, route.fan_out)?);
+        let mut cache = lock();
+        if cache.len() >= MAX_COMPILED {
+            cache.clear();
+        }
+        cache.insert(
+            route.route_id.clone(),
+            (
+                route.mapping.clone(),
+                (route.kind, route.fan_out),
+                c.clone(),
+            ),
+        );
+        Ok(c)
     }
 }

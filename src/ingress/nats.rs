@@ -10,13 +10,13 @@ use async_nats::jetstream::{
     AckKind, ErrorCode,
 };
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_stream::StreamExt;
 
 use super::Ingress;
 use crate::domain::ingress::{IngressKind, Route};
 use crate::error::Error;
+use crate::lifecycle::Signal;
 use backon::{BackoffBuilder, ConstantBuilder, ExponentialBuilder, Retryable};
 
 /// How often the routes are read again, to start and stop consumers as admins change them.
@@ -95,26 +95,61 @@ struct Running {
     state: Arc<AtomicU8>,
 }
 
-/// Runs the NATS ingress until `stop`: connects (retrying), follows the NATS routes and keeps
-/// one consumer task per route; removes the consumers of routes deleted or moved to another
-/// stream.
-pub async fn run(ingress: Ingress, url: String, mut stop: watch::Receiver<bool>) {
-    // A cluster's nodes, comma-separated: the client tries each, and learns the rest from the
-    // one it reaches.
-    let servers: Vec<async_nats::ServerAddr> = match url
+/// Runs the NATS ingress, a task of the ingress's lifecycle, until stopping begins: connects
+/// (retrying), then follows the NATS routes, keeping one consumer task per route and removing
+/// the consumers of routes deleted or moved to another stream. At stopping, each consumer stops
+/// pulling, answers the messages it took, and ends; this returns once they all have.
+pub async fn run(ingress: Ingress, url: String) {
+    let stopping = ingress.lifecycle().stopping();
+    let Some(servers) = servers(&url) else {
+        return;
+    };
+    let Some(client) = connect(servers, &stopping).await else {
+        return;
+    };
+    // The URL may carry credentials: not logged.
+    tracing::info!("NATS ingress connected");
+    let mut consumers = Consumers {
+        ingress,
+        js: jetstream::new(client),
+        running: HashMap::new(),
+        retired: HashSet::new(),
+    };
+    loop {
+        consumers.follow_routes().await;
+        tokio::select! {
+            _ = tokio::time::sleep(ROUTES_EVERY) => {}
+            () = stopping.wait() => break,
+        }
+    }
+    consumers.stopped().await;
+}
+
+/// The servers of `--nats-url`: a cluster's nodes, comma-separated (the client tries each, and
+/// learns the rest from the one it reaches); `None`, logged, when it is not a list of them.
+fn servers(url: &str) -> Option<Vec<async_nats::ServerAddr>> {
+    match url
         .split(',')
         .map(str::trim)
         .filter(|u| !u.is_empty())
         .map(str::parse)
         .collect::<Result<_, _>>()
     {
-        Ok(s) => s,
+        Ok(s) => Some(s),
         Err(e) => {
             // The URL may carry credentials: only the reason is logged.
             tracing::error!(error = %e, "--nats-url is not a NATS URL (or a comma-separated list of them); the NATS ingress stops");
-            return;
+            None
         }
-    };
+    }
+}
+
+/// Connects to NATS, retrying while it is unreachable; `None` when stopping begins first (or
+/// the client gives up, logged).
+async fn connect(
+    servers: Vec<async_nats::ServerAddr>,
+    stopping: &Signal,
+) -> Option<async_nats::Client> {
     let connect = || {
         async_nats::ConnectOptions::new()
             .name("hcp-sense")
@@ -124,92 +159,115 @@ pub async fn run(ingress: Ingress, url: String, mut stop: watch::Receiver<bool>)
     let attempts = connect
         .retry(ConstantBuilder::new().with_delay(RETRY).without_max_times())
         .notify(|e, _| tracing::warn!(error = %e, "NATS not reachable; retrying"));
-    let client = tokio::select! {
+    tokio::select! {
         c = attempts => match c {
-            Ok(c) => c,
+            Ok(c) => Some(c),
             Err(e) => {
                 tracing::error!(error = %e, "NATS not reachable; the NATS ingress stops");
-                return;
+                None
             }
         },
-        () = stopped(&mut stop) => return,
-    };
-    // The URL may carry credentials: not logged.
-    tracing::info!("NATS ingress connected");
-    let js = jetstream::new(client);
-    let mut running: HashMap<String, Running> = HashMap::new();
-    // (stream, consumer) of routes deleted or moved to another stream, still to be removed.
-    let mut retired: HashSet<(String, String)> = HashSet::new();
-    loop {
-        match nats_routes(&ingress).await {
-            Ok(routes) => {
-                let changed: Vec<String> = running
-                    .iter()
-                    .filter(|(id, r)| routes.get(*id) != Some(&r.route) || r.task.is_finished())
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                for id in changed {
-                    let Some(old) = running.remove(&id) else {
-                        continue;
-                    };
-                    old.task.abort();
-                    // Stopped for good before its consumer is removed, so it cannot make it again.
-                    let _ = old.task.await;
-                    // A change within the stream is the new definition's task's to finish: it
-                    // starts where the old consumer stopped, then removes it. A route deleted
-                    // or moved to another stream leaves its consumer to be removed here.
-                    let moved = routes
-                        .get(&id)
-                        .is_none_or(|now| now.nats_stream != old.route.nats_stream);
-                    if moved {
-                        if retired.len() < MAX_RETIRED {
-                            retired
-                                .insert((old.route.nats_stream.clone(), consumer_of(&old.route)));
-                        } else {
-                            tracing::warn!(route_id = %id, stream = %old.route.nats_stream, consumer = %consumer_of(&old.route), "too many NATS consumers waiting to be removed; this one is left in place");
-                        }
-                    }
-                }
-                // A consumer whose definition is back (a route changed and changed back) stays.
-                let wanted: HashSet<(String, String)> = routes
-                    .values()
-                    .map(|r| (r.nats_stream.clone(), consumer_of(r)))
-                    .collect();
-                retired.retain(|c| !wanted.contains(c));
-                remove_retired(&js, &mut retired).await;
-                for (id, route) in routes {
-                    if running.contains_key(&id) {
-                        continue;
-                    }
-                    let state = Arc::new(AtomicU8::new(STARTING));
-                    let task = tokio::spawn(consume(
-                        ingress.clone(),
-                        js.clone(),
-                        route.clone(),
-                        state.clone(),
-                    ));
-                    running.insert(id, Running { route, task, state });
-                }
-                let count = |s: u8| {
-                    running
-                        .values()
-                        .filter(|r| r.state.load(Ordering::Relaxed) == s)
-                        .count() as i64
-                };
-                ingress
-                    .delivery
-                    .metrics
-                    .set_nats_routes(count(CONSUMING), count(FAILING));
+        () = stopping.wait() => None,
+    }
+}
+
+/// The consumer task of each NATS route, and the consumers of routes gone still to remove.
+struct Consumers {
+    ingress: Ingress,
+    js: jetstream::Context,
+    running: HashMap<String, Running>,
+    /// (stream, consumer) of routes deleted or moved to another stream, still to be removed.
+    retired: HashSet<(String, String)>,
+}
+
+impl Consumers {
+    /// Reads the NATS routes and brings the consumers in line: ends those of routes changed or
+    /// gone (and of tasks that ended), removes retired consumers, starts one for each new
+    /// route, and reports how many consume and how many fail.
+    async fn follow_routes(&mut self) {
+        let routes = match nats_routes(&self.ingress).await {
+            Ok(routes) => routes,
+            Err(e) => {
+                return tracing::warn!(error = %e, "NATS routes not read; consumers keep running")
             }
-            Err(e) => tracing::warn!(error = %e, "NATS routes not read; consumers keep running"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(ROUTES_EVERY) => {}
-            () = stopped(&mut stop) => break,
+        };
+        self.end_changed(&routes).await;
+        // A consumer whose definition is back (a route changed and changed back) stays.
+        let wanted: HashSet<(String, String)> = routes
+            .values()
+            .map(|r| (r.nats_stream.clone(), consumer_of(r)))
+            .collect();
+        self.retired.retain(|c| !wanted.contains(c));
+        remove_retired(&self.js, &mut self.retired).await;
+        self.start_new(routes);
+        let count = |s: u8| {
+            self.running
+                .values()
+                .filter(|r| r.state.load(Ordering::Relaxed) == s)
+                .count() as i64
+        };
+        self.ingress
+            .delivery
+            .metrics
+            .set_nats_routes(count(CONSUMING), count(FAILING));
+    }
+
+    /// Ends the consumer task of each route changed or gone since it started (and forgets
+    /// those that ended); a consumer of a route deleted or moved to another stream is retired.
+    async fn end_changed(&mut self, routes: &HashMap<String, Route>) {
+        let changed: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(id, r)| routes.get(*id) != Some(&r.route) || r.task.is_finished())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in changed {
+            let Some(old) = self.running.remove(&id) else {
+                continue;
+            };
+            old.task.abort();
+            // Stopped for good before its consumer is removed, so it cannot make it again.
+            let _ = old.task.await;
+            // A change within the stream is the new definition's task's to finish: it
+            // starts where the old consumer stopped, then removes it. A route deleted
+            // or moved to another stream leaves its consumer to be removed here.
+            let moved = routes
+                .get(&id)
+                .is_none_or(|now| now.nats_stream != old.route.nats_stream);
+            if !moved {
+                continue;
+            }
+            if self.retired.len() < MAX_RETIRED {
+                self.retired
+                    .insert((old.route.nats_stream.clone(), consumer_of(&old.route)));
+            } else {
+                tracing::warn!(route_id = %id, stream = %old.route.nats_stream, consumer = %consumer_of(&old.route), "too many NATS consumers waiting to be removed; this one is left in place");
+            }
         }
     }
-    for (_, r) in running {
-        r.task.abort();
+
+    /// Starts a consumer task, of the ingress's lifecycle, for each route without one.
+    fn start_new(&mut self, routes: HashMap<String, Route>) {
+        for (id, route) in routes {
+            if self.running.contains_key(&id) {
+                continue;
+            }
+            let state = Arc::new(AtomicU8::new(STARTING));
+            let task = self.ingress.lifecycle().spawn(consume(
+                self.ingress.clone(),
+                self.js.clone(),
+                route.clone(),
+                state.clone(),
+            ));
+            self.running.insert(id, Running { route, task, state });
+        }
+    }
+
+    /// Waits, once stopping has begun, for every consumer to answer what it took and end.
+    async fn stopped(self) {
+        for (_, r) in self.running {
+            let _ = r.task.await;
+        }
     }
 }
 
@@ -245,19 +303,11 @@ fn gone_already(e: &jetstream::stream::ConsumerError) -> bool {
     )
 }
 
-/// Completes when `stop` says so (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
-}
-
 async fn nats_routes(ingress: &Ingress) -> crate::error::Result<HashMap<String, Route>> {
     let mut out = HashMap::new();
     let mut after: Option<String> = None;
     loop {
-        let page = ingress
-            .store()
-            .list_ingress_routes(after.as_deref(), 500)
-            .await?;
+        let page = ingress.list_ingress_routes(after.as_deref(), 500).await?;
         let full = page.len() == 500;
         after = page.last().map(|r| r.route_id.clone());
         out.extend(
@@ -275,11 +325,18 @@ async fn nats_routes(ingress: &Ingress) -> crate::error::Result<HashMap<String, 
 /// a failure (a stream not there yet, a NATS restart) with a growing pause; every failure is
 /// logged with the route id and counted, and the route reported failing until it consumes. A
 /// consumer stopped because the route changed meanwhile is no failure.
+/// When stopping begins it stops pulling, answers the messages it took, and ends.
 async fn consume(ingress: Ingress, js: jetstream::Context, route: Route, state: Arc<AtomicU8>) {
+    let stopping = ingress.lifecycle().stopping();
     let mut pauses = restart_pauses();
     loop {
         let started = tokio::time::Instant::now();
-        let failed = consume_once(&ingress, &js, &route, &state).await.err();
+        let failed = consume_once(&ingress, &js, &route, &state, &stopping)
+            .await
+            .err();
+        if stopping.is_given() {
+            return;
+        }
         // A consumer that ran a while starts again at once; one that keeps failing (a
         // stream not created yet) is retried less and less often, up to every MAX_RETRY.
         if started.elapsed() > Duration::from_secs(60) {
@@ -298,7 +355,10 @@ async fn consume(ingress: Ingress, js: jetstream::Context, route: Route, state: 
                 tracing::warn!(route_id = %route.route_id, stream = %route.nats_stream, error = %e, retry_secs = pause.as_secs(), "NATS consumer not running; trying again");
             }
         }
-        tokio::time::sleep(pause).await;
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            () = stopping.wait() => return,
+        }
     }
 }
 
@@ -416,46 +476,35 @@ async fn remove_earlier(
     Ok(())
 }
 
+/// Opens the route's consumer (made, or continued) and pulls its messages until the stream
+/// ends or stopping begins, deciding them concurrently; returns once those taken are answered.
 async fn consume_once(
     ingress: &Ingress,
     js: &jetstream::Context,
     route: &Route,
     state: &AtomicU8,
+    stopping: &Signal,
 ) -> anyhow::Result<()> {
-    let stream = js.get_stream(&route.nats_stream).await?;
-    let name = consumer_of(route);
-    let consumer: jetstream::consumer::PullConsumer = match stream.consumer_info(&name).await {
-        Ok(_) => stream
-            .get_consumer(&name)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?,
-        Err(e) if e.kind() == jetstream::context::ConsumerInfoErrorKind::NotFound => {
-            create(ingress, &stream, route, &name).await?
-        }
-        Err(e) => return Err(e.into()),
+    // Opening only asks NATS: given up at stopping, nothing taken yet.
+    let mut messages = tokio::select! {
+        m = open_messages(ingress, js, route) => m?,
+        () = stopping.wait() => return Ok(()),
     };
-    // Consuming matters more than tidying: an earlier consumer left in place is removed at the
-    // next start, and consumes nothing meanwhile (no replica pulls from it).
-    if let Err(e) = remove_earlier(ingress, &stream, route, &name).await {
-        tracing::warn!(route_id = %route.route_id, stream = %route.nats_stream, error = %e, "NATS consumers of the route's earlier definition not removed");
-    }
-    // Messages stream in (pulled ahead, FETCH at a time) while earlier ones are decided;
-    // at most IN_FLIGHT are being decided at once, so a slow store slows the pulling.
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(FETCH)
-        .heartbeat(FETCH_WAIT)
-        .expires(FETCH_WAIT * 10)
-        .messages()
-        .await?;
     state.store(CONSUMING, Ordering::Relaxed);
-    tracing::info!(route_id = %route.route_id, stream = %route.nats_stream, consumer = %name, "NATS consumer started");
+    tracing::info!(route_id = %route.route_id, stream = %route.nats_stream, consumer = %consumer_of(route), "NATS consumer started");
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     // Over a quota the route pulls nothing until the quota would admit again: what it would
     // pull stays in the stream.
     let paused = std::sync::Arc::new(std::sync::Mutex::new(None::<tokio::time::Instant>));
+    // The messages being decided: this consumer's own, joined before it returns (and ended
+    // with it when its route changes), so the lifecycle need not track them one by one.
     let mut work = JoinSet::new();
-    while let Some(m) = messages.next().await {
+    loop {
+        let next = tokio::select! {
+            m = messages.next() => m,
+            () = stopping.wait() => None,
+        };
+        let Some(m) = next else { break };
         let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
         let until = *paused.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(until) = until {
@@ -475,6 +524,41 @@ async fn consume_once(
     }
     while work.join_next().await.is_some() {}
     Ok(())
+}
+
+/// The route's consumer, made or continued (earlier definitions' removed once it stands), as a
+/// stream of messages pulled ahead, FETCH at a time.
+async fn open_messages(
+    ingress: &Ingress,
+    js: &jetstream::Context,
+    route: &Route,
+) -> anyhow::Result<pull::Stream> {
+    let stream = js.get_stream(&route.nats_stream).await?;
+    let name = consumer_of(route);
+    let consumer: jetstream::consumer::PullConsumer = match stream.consumer_info(&name).await {
+        Ok(_) => stream
+            .get_consumer(&name)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+        Err(e) if e.kind() == jetstream::context::ConsumerInfoErrorKind::NotFound => {
+            create(ingress, &stream, route, &name).await?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // Consuming matters more than tidying: an earlier consumer left in place is removed at the
+    // next start, and consumes nothing meanwhile (no replica pulls from it).
+    if let Err(e) = remove_earlier(ingress, &stream, route, &name).await {
+        tracing::warn!(route_id = %route.route_id, stream = %route.nats_stream, error = %e, "NATS consumers of the route's earlier definition not removed");
+    }
+    // Messages stream in (pulled ahead, FETCH at a time) while earlier ones are decided;
+    // at most IN_FLIGHT are being decided at once, so a slow store slows the pulling.
+    Ok(consumer
+        .stream()
+        .max_messages_per_batch(FETCH)
+        .heartbeat(FETCH_WAIT)
+        .expires(FETCH_WAIT * 10)
+        .messages()
+        .await?)
 }
 
 /// Decides one message and answers NATS: acknowledged once its triggers are recorded or

@@ -7,15 +7,16 @@
 //! check or so, not by the flood's backlog. A lane holds at most a quarter of the queue and the
 //! queue at most `--check-queue`; past either the check is UNAVAILABLE at once, and a check not
 //! answered by its deadline (shorter than the call's) is UNAVAILABLE too, so a caller never
-//! waits into its own deadline. The work of any one check is bounded by lint (`schema::MAX_PATTERN_WORK`,
-//! `schema::MAX_COST_PER_NODE`), so a check that outlives its deadline still ends soon.
+//! waits into its own deadline. The work of any one check is bounded by lint (`schema::cost::MAX_PATTERN_WORK`,
+//! `schema::cost::MAX_COST_PER_NODE`), so a check that outlives its deadline still ends soon.
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::store::fair::Rounds;
+use crate::fair::Rounds;
+use crate::lifecycle::Lifecycle;
 
-/// Units of work (about a nanosecond each; see `schema::SchemaWork::check_work`) below which a
+/// Units of work (about a nanosecond each; see `schema::cost::SchemaWork::check_work`) below which a
 /// check runs inline on the caller's thread: about a tenth of a millisecond.
 pub const INLINE_UNITS: u64 = 100_000;
 /// Longest a check may wait and run, whatever the call's timeout.
@@ -82,7 +83,8 @@ impl Queue {
     }
 }
 
-/// The pool's threads and its queue. Its threads end when the last handle is dropped.
+/// The pool's threads and its queue. Its threads are threads of the lifecycle it was started
+/// with, and end when closing begins: after every check asked for has been answered.
 pub struct Checks {
     queue: Arc<Queue>,
     limits: CheckLimits,
@@ -96,25 +98,23 @@ impl std::fmt::Debug for Checks {
     }
 }
 
-impl Drop for Checks {
-    fn drop(&mut self) {
-        self.queue.lanes().stopped = true;
-        self.queue.ready.notify_all();
-    }
-}
-
 impl Checks {
-    pub fn start(limits: CheckLimits) -> Checks {
+    /// Starts the pool's threads as threads of `life`; closing stops the pool (a check asked
+    /// for then is UNAVAILABLE) and its threads end once they have run what was queued.
+    pub fn start(limits: CheckLimits, life: &Lifecycle) -> Checks {
         let queue = Arc::new(Queue::default());
         for i in 0..limits.threads.max(1) {
             let queue = queue.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("hcp-check-{i}"))
-                .spawn(move || run_jobs(&queue));
+            let spawned = life.thread(format!("hcp-check-{i}"), move || run_jobs(&queue));
             if let Err(e) = spawned {
                 tracing::error!(error = %e, "a check thread could not be started");
             }
         }
+        let closed = queue.clone();
+        life.on_close(move || {
+            closed.lanes().stopped = true;
+            closed.ready.notify_all();
+        });
         Checks { queue, limits }
     }
 
@@ -235,11 +235,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_and_a_missed_deadline_are_unavailable() {
-        let checks = Checks::start(CheckLimits {
-            threads: 1,
-            queue: 1,
-            deadline: Duration::from_millis(200),
-        });
+        let life = Lifecycle::new();
+        let checks = Checks::start(
+            CheckLimits {
+                threads: 1,
+                queue: 1,
+                deadline: Duration::from_millis(200),
+            },
+            &life,
+        );
         let (hold, held) = std::sync::mpsc::channel::<()>();
         let (started, running) = std::sync::mpsc::channel::<()>();
         let checks = Arc::new(checks);
@@ -283,14 +287,21 @@ mod tests {
             }
         });
         assert_eq!(answered.await.expect("answered"), 4);
+        tokio::time::timeout(Duration::from_secs(10), life.close())
+            .await
+            .expect("the pool's thread ends when closing");
     }
     #[tokio::test]
     async fn a_packs_lane_holds_a_quarter_of_the_queue_and_lanes_take_turns() {
-        let checks = Arc::new(Checks::start(CheckLimits {
-            threads: 1,
-            queue: 8,
-            deadline: Duration::from_secs(30),
-        }));
+        let life = Lifecycle::new();
+        let checks = Arc::new(Checks::start(
+            CheckLimits {
+                threads: 1,
+                queue: 8,
+                deadline: Duration::from_secs(30),
+            },
+            &life,
+        ));
         assert_eq!(checks.limits().lane_bound(), 2);
         let (hold, held) = std::sync::mpsc::channel::<()>();
         let (started, running) = std::sync::mpsc::channel::<()>();
@@ -339,5 +350,8 @@ mod tests {
             p.answer().await.expect("flood");
         }
         assert_eq!(*order.lock().expect("order"), vec![1, 0, 2]);
+        tokio::time::timeout(Duration::from_secs(10), life.close())
+            .await
+            .expect("the pool's thread ends when closing");
     }
 }

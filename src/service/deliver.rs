@@ -8,14 +8,16 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
 use super::checks::{Checks, INLINE_UNITS};
+use super::decisions::{current_trace_id, DecisionLog};
 use super::drops::DropLog;
 use super::{Limits, PolicyState};
 use crate::domain::decide::{binding_degraded, decide, validate};
+use crate::domain::decision_log::{deciding_check, recorded_detail, Entry, Logged, Note};
 use crate::domain::explain::{explain, Explanation};
 use crate::domain::model::{Binding, Record};
 use crate::domain::pack::schema::{PayloadSchema, PayloadViolation};
 use crate::domain::policy::{BindingRef, PolicyView, Route};
-use crate::domain::trigger::{json_len, Decision, Outcome, RawTrigger, Trigger};
+use crate::domain::trigger::{Decision, DropReason, Outcome, RawTrigger, Trigger};
 use crate::error::{Error, Result, Violation};
 use crate::metrics::Metrics;
 use crate::store::Stored;
@@ -26,6 +28,52 @@ use std::sync::Arc;
 pub const INGRESS_GRPC: &str = "grpc";
 /// The ingress of the triggers the service produces itself as the runtime's hub (§7.7.3).
 pub const INGRESS_HUB: &str = "hub";
+
+/// Triggers of one message decided at once (a fan-out's, in chunks of this many).
+const FAN_OUT_AT_ONCE: usize = 256;
+
+/// What a door hands to the admission pipeline: the triggers of one message (a call, a
+/// stream's item, a signed request, a NATS message), admitted whole or refused whole.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub triggers: Vec<RawTrigger>,
+    /// The door it came in by: the `hcp.ingress` span attribute and the `ingress` label of
+    /// the delivery counts.
+    pub ingress: &'static str,
+    /// Every trigger carries one payload under one ref (a route's fan-out): its schema is
+    /// checked once for all.
+    pub one_payload: bool,
+    /// Where it came from, as the decision log says: the door, and what within it
+    /// (`grpc:DeliverTrigger`, `http:<route id>`).
+    pub source: String,
+}
+
+impl Message {
+    /// A message of one payload carried to each of `triggers` (one, or a route's fan-out).
+    pub fn fanned(triggers: Vec<RawTrigger>, ingress: &'static str) -> Message {
+        Message {
+            triggers,
+            ingress,
+            one_payload: true,
+            source: ingress.to_owned(),
+        }
+    }
+
+    /// A message of one trigger.
+    pub fn one(raw: RawTrigger, ingress: &'static str) -> Message {
+        Message::fanned(vec![raw], ingress)
+    }
+
+    /// The message, from `source` within its door.
+    pub fn from_source(mut self, source: impl Into<String>) -> Message {
+        self.source = source.into();
+        self
+    }
+}
+
+/// The decision log's source of DeliverTrigger and of DeliverTriggers' items.
+pub const SOURCE_DELIVER_TRIGGER: &str = "grpc:DeliverTrigger";
+pub const SOURCE_DELIVER_TRIGGERS: &str = "grpc:DeliverTriggers";
 
 /// The span of one decision, made once the decision is known so that a sampler
 /// can see a drop, with the attributes dashboards read under the `hcp.` prefix.
@@ -76,7 +124,7 @@ fn conflict(trigger_id: &str) -> Error {
 }
 
 fn schema_of(view: &PolicyView, pack_id: &str, r#ref: &str) -> Option<Arc<PayloadSchema>> {
-    view.pack(pack_id)?.catalog.schema_arc(r#ref)
+    view.pack(pack_id)?.trigger_types.schema_arc(r#ref)
 }
 
 /// Bytes of `v`'s JSON text, counted without writing it.
@@ -106,6 +154,29 @@ fn refused(r#ref: &str, violations: Vec<PayloadViolation>) -> Result<()> {
     ))
 }
 
+/// A decision log entry of `t`, decided now; the outcome's details are the caller's.
+fn entry_of(t: &Trigger, source: &str, outcome: Logged) -> Entry {
+    Entry {
+        seq: 0,
+        decided_time: crate::store::now_micros(),
+        pack_id: t.pack_id.clone(),
+        r#ref: t.r#ref.clone(),
+        principal: t.principal.clone(),
+        land: t.land.clone(),
+        project: t.project.clone(),
+        binding_id: String::new(),
+        trigger_id: t.trigger_id.clone(),
+        source: source.to_owned(),
+        outcome,
+        drop_reason: None,
+        check: String::new(),
+        detail: String::new(),
+        record_id: None,
+        trace_id: None,
+        folded: 0,
+    }
+}
+
 /// A record for a trigger; its id and receive time are stamped when it is written.
 fn new_record(t: &Trigger, route: Route, binding_id: String) -> Record {
     Record {
@@ -126,45 +197,27 @@ fn new_record(t: &Trigger, route: Route, binding_id: String) -> Record {
 
 /// DeliverTrigger(s) and ExplainTrigger: a trigger validated, checked against its payload
 /// schema and quotas, decided on the policy view, then recorded through the sink or dropped,
-/// traced and counted. Owns the sink, the drop log and the quota lanes.
+/// traced and counted. Owns the sink, the drop log and the quota allowances.
 #[derive(Clone, Debug)]
 pub struct Delivery {
     pub(super) store: DeliveryTables,
     pub(super) policy: Arc<PolicyState>,
     pub(super) drops: Arc<DropLog>,
+    /// The decision log: an entry per decision answered.
+    pub(super) log: Arc<DecisionLog>,
     pub(super) sink: Sink,
     pub(super) quotas: Arc<super::quota::Quotas>,
     pub(super) limits: Arc<Limits>,
     pub(super) checks: Arc<Checks>,
     pub metrics: Arc<Metrics>,
+    /// What a door starts for a delivery (an ingress decision run to its end) is started here.
+    pub(super) life: crate::lifecycle::Lifecycle,
 }
 
 impl Delivery {
-    /// Whether `payload` conforms to the schema its pack declares for `ref` (none: it does): a
-    /// violation is INVALID_ARGUMENT naming `payload` and the instance's JSON pointer. A
-    /// check too large to run inline runs on the check pool (UNAVAILABLE when it is full or
-    /// slow).
-    pub async fn conforms(
-        &self,
-        view: &PolicyView,
-        pack_id: &str,
-        r#ref: &str,
-        payload: &Value,
-    ) -> Result<()> {
-        let Some(schema) = schema_of(view, pack_id, r#ref) else {
-            return Ok(());
-        };
-        let violations = if self.inline(&schema, || json_len(payload)) {
-            schema.check(payload)
-        } else {
-            let payload = payload.clone();
-            self.checks
-                .run(pack_id, &format!("the payload of `{ref}`"), move || {
-                    schema.check(&payload)
-                })
-                .await?
-        };
-        refused(r#ref, violations)
+    /// The lifecycle a door starts its tasks through.
+    pub fn lifecycle(&self) -> &crate::lifecycle::Lifecycle {
+        &self.life
     }
 
     /// Whether checking `payload` against `schema` is cheap enough to run on this thread:
@@ -175,8 +228,11 @@ impl Delivery {
             || schema.work.check_work(bytes()) <= INLINE_UNITS
     }
 
-    /// `conforms` for a validated trigger, whose payload is lent to the validator as a JSON
-    /// value and given back (no copy); lost only when the check is refused as UNAVAILABLE.
+    /// Whether a validated trigger's payload conforms to the schema its pack declares for its
+    /// ref (none: it does): a violation is INVALID_ARGUMENT naming `payload` and the
+    /// instance's JSON pointer. The payload is lent to the validator as a JSON value and
+    /// given back (no copy); lost only when the check is refused as UNAVAILABLE. A check too
+    /// large to run inline runs on the check pool (UNAVAILABLE when it is full or slow).
     async fn conforms_trigger(&self, view: &PolicyView, t: &mut Trigger) -> Result<()> {
         // A ref without a schema leaves the payload untouched.
         let Some(schema) = schema_of(view, &t.pack_id, &t.r#ref) else {
@@ -225,84 +281,164 @@ impl Delivery {
         self.limits.max_payload_bytes
     }
 
-    /// Validates, decides and records or drops one trigger. A well-formed
-    /// trigger is always answered with an outcome (§7.3.2); only malformed input
-    /// or an unreachable store is an error.
+    /// Validates, decides and records or drops one trigger handed over by DeliverTrigger(s).
+    /// A well-formed trigger is always answered with an outcome (§7.3.2); only malformed
+    /// input, a refusal before the decision or an unreachable store is an error.
     pub async fn deliver(&self, raw: RawTrigger) -> Result<Outcome> {
-        self.deliver_from(raw, INGRESS_GRPC).await
+        self.deliver_from(raw, SOURCE_DELIVER_TRIGGER).await
     }
 
-    /// `deliver`, for a trigger that came in through `ingress` (the `hcp.ingress` span
-    /// attribute and the `ingress` label of the delivery counts).
-    pub async fn deliver_from(&self, raw: RawTrigger, ingress: &'static str) -> Result<Outcome> {
+    /// `deliver`, the decision log saying `source` (one of DeliverTriggers' items).
+    pub async fn deliver_from(&self, raw: RawTrigger, source: &str) -> Result<Outcome> {
+        let mut outcomes = self
+            .deliver_message(Message::one(raw, INGRESS_GRPC).from_source(source))
+            .await?;
+        outcomes
+            .pop()
+            .ok_or_else(|| Error::internal("a trigger was delivered without an outcome"))
+    }
+
+    /// The one admission pipeline, whatever door a message came in by: each trigger is
+    /// validated, then the message is checked against its payload schema, its trigger ids
+    /// and its quotas — all or none — and each trigger decided, then recorded or dropped.
+    /// The outcomes are in the triggers' order; an error refuses the whole message and
+    /// nothing of it was decided (a store that fails mid-way is the exception: what was
+    /// recorded stays, and a retry is answered with it).
+    ///
+    /// A refusal before the decision (a payload its schema refuses, over quota) gives way to
+    /// idempotency: a message whose every trigger was recorded before is answered with those
+    /// records, whatever the schema or the quota says now.
+    pub async fn deliver_message(&self, m: Message) -> Result<Vec<Outcome>> {
         let started = Instant::now();
-        let mut t = self.admissible(raw)?;
+        let mut triggers = m
+            .triggers
+            .into_iter()
+            .map(|raw| self.validated(raw))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(pack_id) = triggers.first().map(|t| t.pack_id.clone()) else {
+            return Ok(Vec::new());
+        };
+        if triggers.iter().any(|t| t.pack_id != pack_id) {
+            return Err(Error::invalid(
+                "pack_id",
+                "differs between the triggers of one message: a message is of one pack",
+            ));
+        }
+        self.policy.current_or_unavailable()?;
         let view = self.policy.view.load_full();
-        let conformed = self.conforms_trigger(&view, &mut t).await;
+        let conformed = self
+            .conforms_message(&view, &mut triggers, m.one_payload)
+            .await;
         // Validation (the payload's schema with it) counts in the decision's time.
         let checked = started.elapsed();
-        self.unless_recorded(&t, conformed).await?;
-        self.admitted(&view, &t).await?;
-        self.decide_one(&view, t, ingress, checked).await
+        let refused = |e: Error, check: &str| {
+            self.log_refused(&triggers, &m.source, check, &e);
+            e
+        };
+        self.unless_recorded(&triggers, conformed)
+            .await
+            .map_err(|e| refused(e, "schema"))?;
+        let principals: Vec<&str> = triggers.iter().map(|t| t.principal.as_str()).collect();
+        let taken = self.admit(&view, &pack_id, &principals).await;
+        self.unless_recorded(&triggers, taken)
+            .await
+            .map_err(|e| refused(e, "quota"))?;
+        let source: Arc<str> = m.source.into();
+        self.decide_message(view, triggers, (m.ingress, source), checked)
+            .await
     }
 
-    /// `deliver_from`, for a trigger whose quotas were taken already (with the rest of the
-    /// message it came in).
-    pub(crate) async fn deliver_admitted(
-        &self,
-        raw: RawTrigger,
-        ingress: &'static str,
-    ) -> Result<Outcome> {
-        let started = Instant::now();
-        let t = self.admissible(raw)?;
-        let view = self.policy.view.load_full();
-        self.decide_one(&view, t, ingress, started.elapsed()).await
-    }
-
-    /// Takes the trigger's tokens from its quotas. Over quota it is refused (`Throttled`)
-    /// unless its trigger id was recorded before: idempotency comes first, and a retry of a
-    /// recorded trigger is answered with its record whatever the quota.
-    async fn admitted(&self, view: &PolicyView, t: &Trigger) -> Result<()> {
-        let taken = self.admit(view, &t.pack_id, &[t.principal.as_str()]).await;
-        self.unless_recorded(t, taken).await
-    }
-
-    /// A refusal before the decision (over quota, or a payload its schema refuses), unless
-    /// the trigger's id was recorded before: idempotency comes first, and a retry of a
-    /// recorded trigger is answered with its record.
-    async fn unless_recorded(&self, t: &Trigger, refused: Result<()>) -> Result<()> {
-        match refused {
-            Err(e @ (Error::Throttled { .. } | Error::InvalidArgument(_))) => match &t.trigger_id {
-                Some(id)
-                    if self
-                        .store
-                        .record_for_trigger(&t.pack_id, id)
-                        .await?
-                        .is_some() =>
-                {
-                    Ok(())
-                }
-                _ => Err(e),
-            },
-            other => other,
+    /// The decision log's entries of a message refused before the decision: a payload its
+    /// schema refuses, or over a quota. Anything else (the store unavailable) decided nothing.
+    fn log_refused(&self, triggers: &[Trigger], source: &str, check: &str, e: &Error) {
+        if !matches!(e, Error::InvalidArgument(_) | Error::Throttled { .. }) {
+            return;
+        }
+        let trace_id = current_trace_id();
+        for t in triggers {
+            let mut entry = entry_of(t, source, Logged::Refused);
+            entry.check = check.to_owned();
+            entry.detail = e.to_string();
+            entry.trace_id.clone_from(&trace_id);
+            self.log.take(entry);
         }
     }
 
-    /// Whether every trigger names its id and was recorded before: a redelivered message whose
-    /// triggers were all recorded is answered with its records whatever the quota.
-    pub(crate) async fn all_recorded(&self, triggers: &[RawTrigger]) -> Result<bool> {
+    /// Whether a message's payloads conform to their refs' schemas: once for a message whose
+    /// triggers carry one payload under one ref (a fan-out), else each trigger's.
+    async fn conforms_message(
+        &self,
+        view: &PolicyView,
+        triggers: &mut [Trigger],
+        one_payload: bool,
+    ) -> Result<()> {
+        let checked = if one_payload {
+            &mut triggers[..1]
+        } else {
+            triggers
+        };
+        for t in checked {
+            self.conforms_trigger(view, t).await?;
+        }
+        Ok(())
+    }
+
+    /// A refusal before the decision, unless every trigger of the message names its id and
+    /// was recorded before: idempotency comes first, and a retry of a recorded message is
+    /// answered with its records.
+    async fn unless_recorded(&self, triggers: &[Trigger], refused: Result<()>) -> Result<()> {
+        let Err(e) = refused else {
+            return Ok(());
+        };
         for t in triggers {
-            if t.trigger_id.is_empty()
-                || self
-                    .store
-                    .record_for_trigger(&t.pack_id, &t.trigger_id)
-                    .await?
-                    .is_none()
+            let Some(id) = &t.trigger_id else {
+                return Err(e);
+            };
+            if self
+                .store
+                .record_for_trigger(&t.pack_id, id)
+                .await?
+                .is_none()
             {
-                return Ok(false);
+                return Err(e);
             }
         }
-        Ok(true)
+        Ok(())
+    }
+
+    /// Decides a message's admitted triggers, then records or drops each; the outcomes in the
+    /// triggers' order. A wide message is decided FAN_OUT_AT_ONCE at a time, each trigger a
+    /// task of its own, so the sink commits a fan-out's records together instead of one
+    /// batch each.
+    async fn decide_message(
+        &self,
+        view: Arc<PolicyView>,
+        mut triggers: Vec<Trigger>,
+        ingress: (&'static str, Arc<str>),
+        checked: std::time::Duration,
+    ) -> Result<Vec<Outcome>> {
+        if triggers.len() == 1 {
+            let t = triggers.remove(0);
+            return Ok(vec![self.decide_one(&view, t, &ingress, checked).await?]);
+        }
+        let mut out = Vec::with_capacity(triggers.len());
+        let mut rest = triggers.into_iter().peekable();
+        while rest.peek().is_some() {
+            let mut set = tokio::task::JoinSet::new();
+            for (n, t) in rest.by_ref().take(FAN_OUT_AT_ONCE).enumerate() {
+                let (this, view, ingress) = (self.clone(), view.clone(), ingress.clone());
+                set.spawn(async move { (n, this.decide_one(&view, t, &ingress, checked).await) });
+            }
+            let mut chunk = Vec::with_capacity(set.len());
+            while let Some(done) = set.join_next().await {
+                let (n, outcome) =
+                    done.map_err(|e| Error::internal_from("a trigger's decision failed", e))?;
+                chunk.push((n, outcome?));
+            }
+            chunk.sort_by_key(|(n, _)| *n);
+            out.extend(chunk.into_iter().map(|(_, o)| o));
+        }
+        Ok(out)
     }
 
     /// Decides an admitted trigger, then records or drops it.
@@ -310,9 +446,10 @@ impl Delivery {
         &self,
         view: &PolicyView,
         t: Trigger,
-        ingress: &'static str,
+        (ingress, source): &(&'static str, Arc<str>),
         validated: std::time::Duration,
     ) -> Result<Outcome> {
+        let ingress = *ingress;
         let started = Instant::now();
         let mut decision = decide(view, &t);
         let decided = validated + started.elapsed();
@@ -337,14 +474,31 @@ impl Delivery {
         async {
             let outcome = match decision {
                 Decision::Record { route, .. } if first.is_some() => {
-                    Outcome::recorded(route, first.map(|r| r.record_id).unwrap_or_default(), true)
+                    let first = first.map(|r| r.record_id).unwrap_or_default();
+                    self.log_duplicate(&t, source, &first);
+                    Outcome::recorded(route, first, true)
                 }
                 Decision::Drop(reason) => {
                     self.drops.count(&t.pack_id, &t.r#ref, reason);
+                    self.log_dropped(view, &t, source, reason);
                     Outcome::dropped(reason)
                 }
                 Decision::Record { route, binding_id } => {
-                    self.record(new_record(&t, route, binding_id)).await?
+                    let note = self.log.on().then(|| Note {
+                        source: source.to_string(),
+                        check: "route".into(),
+                        detail: recorded_detail(route, &binding_id),
+                        trace_id: current_trace_id(),
+                    });
+                    let outcome = self.record(new_record(&t, route, binding_id), note).await?;
+                    if outcome.duplicate {
+                        self.log_duplicate(
+                            &t,
+                            source,
+                            outcome.record_id.as_deref().unwrap_or_default(),
+                        );
+                    }
+                    outcome
                 }
             };
             note(&Span::current(), &outcome);
@@ -359,9 +513,40 @@ impl Delivery {
         .await
     }
 
-    /// A received trigger validated against the limits, on a replica whose policy is current.
-    fn admissible(&self, raw: RawTrigger) -> Result<Trigger> {
-        let t = validate(
+    /// A drop's entry, with the check that decided it in ExplainTrigger's words (worked out
+    /// only for an entry the fold rule keeps).
+    fn log_dropped(&self, view: &PolicyView, t: &Trigger, source: &str, reason: DropReason) {
+        if !self.log.on() {
+            return;
+        }
+        let mut e = entry_of(t, source, Logged::Dropped);
+        e.drop_reason = Some(reason);
+        e.trace_id = current_trace_id();
+        self.log.take_with(e, |e| {
+            let (check, detail) = deciding_check(&explain(view, t));
+            e.check = check;
+            e.detail = detail;
+        });
+    }
+
+    /// A duplicate's entry: answered with its first record.
+    fn log_duplicate(&self, t: &Trigger, source: &str, first: &str) {
+        if !self.log.on() {
+            return;
+        }
+        let mut e = entry_of(t, source, Logged::Duplicate);
+        e.check = "idempotency".into();
+        e.detail = format!(
+            "trigger_id was recorded before for this pack: answered with its first record `{first}`"
+        );
+        e.record_id = Some(first.to_owned());
+        e.trace_id = current_trace_id();
+        self.log.take(e);
+    }
+
+    /// A received trigger validated against the limits.
+    fn validated(&self, raw: RawTrigger) -> Result<Trigger> {
+        validate(
             raw,
             self.limits.max_payload_bytes,
             self.limits.max_json_depth,
@@ -375,9 +560,7 @@ impl Delivery {
                     })
                     .collect(),
             )
-        })?;
-        self.policy.current_or_unavailable()?;
-        Ok(t)
+        })
     }
 
     /// ExplainTrigger: what `deliver` would answer now, and every check behind it, with
@@ -385,10 +568,12 @@ impl Delivery {
     /// policy view and the same idempotency: a trigger id recorded before for the pack is
     /// answered with that record (or refused as a conflict) whatever the checks say now.
     pub async fn explain(&self, raw: RawTrigger) -> Result<Explained> {
-        let mut t = self.admissible(raw)?;
+        let mut t = self.validated(raw)?;
+        self.policy.current_or_unavailable()?;
         let view = self.policy.view.load_full();
         let conformed = self.conforms_trigger(&view, &mut t).await;
-        self.unless_recorded(&t, conformed).await?;
+        self.unless_recorded(std::slice::from_ref(&t), conformed)
+            .await?;
         let explanation = explain(&view, &t);
         let quota = self.quota_check(&view, &t.pack_id, &t.principal).await?;
         let mut duplicate = None;
@@ -408,10 +593,10 @@ impl Delivery {
     }
 
     /// Stores a record through group commit, answering a repeated trigger id with the first record.
-    async fn record(&self, r: Record) -> Result<Outcome> {
+    async fn record(&self, r: Record, note: Option<Note>) -> Result<Outcome> {
         let route = r.route;
         let trigger_id = r.trigger_id.clone().unwrap_or_default();
-        let written = self.sink.write(r).await?;
+        let written = self.sink.write(r, note).await?;
         // The time this record waited for a writer behind others (its lane's, or its turn).
         Span::current().record(
             "hcp.queue_wait_us",
@@ -470,15 +655,26 @@ impl Delivery {
         let decided = started.elapsed();
         let span = decision_span(&t, &decision, self.limits.hash_principals, INGRESS_HUB);
         let outcome = match (decision, record) {
-            (Decision::Record { route, .. }, Some(r)) => {
+            (Decision::Record { route, binding_id }, Some(r)) => {
+                // Written after the Binding's transaction, not in it: the hub's records are
+                // few, and that transaction is the policy's.
+                if self.log.on() {
+                    let mut e = entry_of(&t, INGRESS_HUB, Logged::recorded(route));
+                    e.binding_id.clone_from(&binding_id);
+                    e.check = "route".into();
+                    e.detail = recorded_detail(route, &binding_id);
+                    e.record_id = Some(r.record_id.clone());
+                    self.log.take(e);
+                }
                 Outcome::recorded(route, r.record_id, false)
             }
             (Decision::Drop(reason), _) => {
                 self.drops.count(&t.pack_id, &t.r#ref, reason);
+                self.log_dropped(view, &t, INGRESS_HUB, reason);
                 Outcome::dropped(reason)
             }
             (Decision::Record { .. }, None) => {
-                return Err(Error::Internal("a produced record was not stored".into()))
+                return Err(Error::internal("a produced record was not stored"))
             }
         };
         span.in_scope(|| {

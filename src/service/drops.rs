@@ -1,11 +1,12 @@
 //! The drop log: every drop counted in memory on the hot path and added to the store's drop reports in the background.
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::domain::model::DropReport;
 use crate::domain::trigger::DropReason;
 use crate::error::Result;
+use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::store::{now_micros, DeliveryTables};
 
@@ -40,9 +41,15 @@ pub struct DropLog {
 }
 
 impl DropLog {
-    /// A drop log with a background flusher that stops when the log is dropped. `stored`
-    /// are the keys the store's drop reports already have.
-    pub fn start(store: DeliveryTables, metrics: Arc<Metrics>, stored: Vec<Key>) -> Arc<DropLog> {
+    /// A drop log with a background flusher, upkeep of `life` that ends when closing begins
+    /// (the last counts are then written by `Hub::close`). `stored` are the keys the store's
+    /// drop reports already have.
+    pub fn start(
+        store: DeliveryTables,
+        metrics: Arc<Metrics>,
+        stored: Vec<Key>,
+        life: &Lifecycle,
+    ) -> Arc<DropLog> {
         let log = Arc::new(DropLog {
             store,
             metrics,
@@ -52,12 +59,14 @@ impl DropLog {
             }),
             flushing: tokio::sync::Mutex::new(()),
         });
-        let weak: Weak<DropLog> = Arc::downgrade(&log);
-        tokio::spawn(async move {
+        let (flushed, closing) = (log.clone(), life.closing());
+        life.spawn_upkeep(async move {
             loop {
-                tokio::time::sleep(FLUSH_EVERY).await;
-                let Some(log) = weak.upgrade() else { break };
-                if let Err(e) = log.flush().await {
+                tokio::select! {
+                    _ = tokio::time::sleep(FLUSH_EVERY) => {}
+                    _ = closing.wait() => break,
+                }
+                if let Err(e) = flushed.flush().await {
                     tracing::warn!(error = %e, "drop reports not written yet; will retry");
                 }
             }

@@ -1,6 +1,7 @@
 //! The service's capabilities between the edges and the store — Delivery, Policy, Records — started together by `Hub::start`; admin writes keep the policy view in step with the store.
 pub mod checks;
-mod deliver;
+pub mod decisions;
+pub mod deliver;
 mod drops;
 mod packs;
 mod policy;
@@ -14,19 +15,21 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-pub use deliver::{decision_span, Delivery};
+pub use decisions::DecisionLog;
+pub use deliver::{decision_span, Delivery, Message};
 pub use drops::DropLog;
 pub use packs::Registered;
 pub use policy::{PackState, Policy};
 pub use quota::QuotaCheck;
-pub use records::{Records, ERASE_BATCH};
-pub use watch::{Watch, WatchEvent, WatchLimits, MAX_PER_MESSAGE};
+pub use records::{reader_principal, Records, ERASE_BATCH};
+pub use watch::{Watch, WatchEvent, WatchEvents, WatchLimits, MAX_PER_MESSAGE};
 
 use crate::domain::model::Retention;
 use crate::domain::names::{check_id, check_pack_id};
 use crate::domain::policy::PolicyView;
 use crate::domain::trigger::DropReason;
 use crate::error::{Error, Result};
+use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::store::{Sink, Store};
 
@@ -52,6 +55,10 @@ pub struct Limits {
     pub watch: WatchLimits,
     /// The pool that runs payload checks and lint off the runtime's workers.
     pub checks: checks::CheckLimits,
+    /// The decision log: kept at all, its bounds, and its fold rule.
+    pub decision_log: bool,
+    pub decision_bounds: retention::DecisionBounds,
+    pub decision_fold: crate::domain::decision_log::FoldRule,
 }
 
 impl Default for Limits {
@@ -66,6 +73,12 @@ impl Default for Limits {
             sink_writers: crate::config::DEFAULT_SINK_WRITERS,
             watch: WatchLimits::default(),
             checks: checks::CheckLimits::default(),
+            decision_log: true,
+            decision_bounds: retention::DecisionBounds {
+                age: Some(std::time::Duration::from_secs(7 * 86_400)),
+                max_entries: Some(10_000_000),
+            },
+            decision_fold: crate::domain::decision_log::FoldRule::default(),
         }
     }
 }
@@ -117,17 +130,24 @@ pub struct Hub {
     pub policy: Policy,
     /// Listing, watching and erasing records; drop reports.
     pub records: Records,
+    /// The decision log: ListDecisions, GetDecision.
+    pub decisions: Arc<DecisionLog>,
     pub metrics: Arc<Metrics>,
     store: Store,
     drops: Arc<DropLog>,
-    stop: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Every task and thread the hub starts, and those the edges start through it.
+    life: Lifecycle,
 }
 
 impl Hub {
-    /// Loads the policy view and starts every background task: the drop log's flusher, the
-    /// sink's writers, the retention pruner, the policy listener (PostgreSQL) and the
-    /// records' tail. The listener and the tail run until `stop`.
+    /// Loads the policy view and starts, through one `Lifecycle`, every background task and
+    /// thread of the service: the drop log's flusher, the sink's writer threads, the check
+    /// pool's threads, the retention pruner, the quota returns, the policy listener
+    /// (PostgreSQL) and the records' tail. The edges (`crate::app`: the gRPC server, the HTTP
+    /// listeners, NATS, readiness) start theirs through `lifecycle()`, and `close` stops them
+    /// all in the lifecycle's order.
     pub async fn start(store: Store, limits: Limits, metrics: Arc<Metrics>) -> Result<Hub> {
+        let life = Lifecycle::new();
         let view = store.policy_tables().load_policy().await?;
         // On PostgreSQL another replica may change policy between this load and the moment
         // the listener subscribes; the view is current only once the listener has reloaded.
@@ -137,20 +157,28 @@ impl Hub {
             .delivery_tables()
             .drop_report_keys((drops::MAX_KEYS + DropReason::ALL.len()) as u64)
             .await?;
-        let drops = DropLog::start(store.delivery_tables(), metrics.clone(), stored_keys);
+        let drops = DropLog::start(store.delivery_tables(), metrics.clone(), stored_keys, &life);
+        let decisions = DecisionLog::start(
+            store.decision_tables(),
+            metrics.clone(),
+            limits.decision_log,
+            limits.decision_fold,
+            &life,
+        );
         let sink = Sink::start(
             store.delivery_tables(),
             metrics.clone(),
             limits.batch_timeout,
             limits.sink_writers,
+            &life,
         );
         // Always: the ingress ledger expires whatever the records' retention.
         retention::start(
             store.clone(),
             metrics.clone(),
-            limits.retention.clone(),
+            (limits.retention.clone(), limits.decision_bounds),
             limits.prune_every,
-            Arc::downgrade(&drops),
+            &life,
         );
         let state = Arc::new(PolicyState {
             view: ArcSwap::from_pointee(view),
@@ -158,19 +186,21 @@ impl Hub {
             current: std::sync::atomic::AtomicBool::new(current),
             current_tx: tokio::sync::watch::channel(current).0,
         });
-        let checks = Arc::new(checks::Checks::start(limits.checks));
+        let checks = Arc::new(checks::Checks::start(limits.checks, &life));
         let limits = Arc::new(limits);
         let delivery = Delivery {
             checks,
             store: store.delivery_tables(),
             policy: state.clone(),
             drops: drops.clone(),
+            log: decisions.clone(),
             sink,
             quotas: Arc::new(quota::Quotas::new(store.engine())),
             limits: limits.clone(),
             metrics: metrics.clone(),
+            life: life.clone(),
         };
-        quota::start_returns(Arc::downgrade(&delivery.quotas), store.delivery_tables());
+        quota::start_returns(delivery.quotas.clone(), store.delivery_tables(), &life);
         let policy = Policy {
             store: store.policy_tables(),
             policy: state,
@@ -179,22 +209,24 @@ impl Hub {
         let records = Records {
             store: store.record_tables(),
             drops: drops.clone(),
+            log: decisions.clone(),
             tail: Arc::new(watch::Tail::new(limits.watch)),
             metrics: metrics.clone(),
+            life: life.clone(),
         };
-        let (stop, stopped) = tokio::sync::watch::channel(false);
         // Replicas: follow other replicas' policy changes; report NOT_SERVING while behind.
-        policy.start_listener(stopped.clone());
+        policy.start_listener(&life);
         // WatchRecords: one tail per replica; watches end (resumable) when stopping begins.
-        records.start_tail(stopped);
+        records.start_tail(&life);
         Ok(Hub {
             delivery,
             policy,
             records,
+            decisions,
             metrics,
             store,
             drops,
-            stop: Arc::new(stop),
+            life,
         })
     }
 
@@ -213,20 +245,36 @@ impl Hub {
             )
     }
 
-    /// A receiver that turns true when stopping begins.
-    pub fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.stop.subscribe()
+    /// The lifecycle every task and thread of the service is started through.
+    pub fn lifecycle(&self) -> &Lifecycle {
+        &self.life
     }
 
-    /// Stopping begins: the policy listener stops and open watches end (resumable).
+    /// Stopping begins (shutdown's step 1): the listeners take nothing new, the policy
+    /// listener stops and open watches end (resumable).
     pub fn begin_stop(&self) {
-        let _ = self.stop.send(true);
+        self.life.begin_stop();
     }
 
-    /// Writes pending drop counts and closes the store, giving up at `deadline`: an
-    /// unreachable store must not keep the process from exiting.
+    /// Shuts down in the lifecycle's order, giving up on a step at `deadline` (an unreachable
+    /// store must not keep the process from exiting): stop taking; answer what was taken
+    /// (every task started with `Lifecycle::spawn` ends); flush the sink (its writers commit
+    /// what is queued and end, as do the check pool and the upkeep tasks) and the drop log
+    /// (its last counts written here); close the store.
     pub async fn close(self, deadline: tokio::time::Instant) {
         self.begin_stop();
+        if tokio::time::timeout_at(deadline, self.life.answered())
+            .await
+            .is_err()
+        {
+            tracing::warn!(live = ?self.life.live(), "tasks still answering at shutdown's deadline; left to the exit");
+        }
+        if tokio::time::timeout_at(deadline, self.life.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!(live = ?self.life.live(), "the sink or an upkeep task did not end by shutdown's deadline; left to the exit");
+        }
         match tokio::time::timeout_at(deadline, self.drops.flush()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "drop counts not written at shutdown"),
@@ -234,18 +282,29 @@ impl Hub {
                 tracing::warn!("drop counts not written at shutdown: the store did not answer")
             }
         }
+        match tokio::time::timeout_at(deadline, self.decisions.flush(true)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "decision log entries not written at shutdown")
+            }
+            Err(_) => tracing::warn!(
+                "decision log entries not written at shutdown: the store did not answer"
+            ),
+        }
         let _ = tokio::time::timeout_at(deadline, self.store.close()).await;
     }
 }
 
 /// Runs an admin operation to its end even if the caller goes away, so that a
-/// commit is never separated from the view update that follows it.
+/// commit is never separated from the view update that follows it; shutdown waits for it
+/// (a task of `life`'s, answered in step 2).
 pub async fn detached<T: Send + 'static>(
+    life: &Lifecycle,
     op: impl std::future::Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
-    tokio::spawn(op)
+    life.spawn(op)
         .await
-        .map_err(|e| Error::Internal(format!("admin operation failed: {e}")))?
+        .map_err(|e| Error::internal_from("admin operation failed", e))?
 }
 
 pub fn valid_pack_id(pack_id: &str) -> Result<()> {

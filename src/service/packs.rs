@@ -70,8 +70,8 @@ impl Policy {
         match view.pack(&m.pack_id) {
             // Known pack: its principals are unchanged, only the declaration is new.
             Some(old) => {
-                let catalog = self.store.catalog(&m.pack_id, &m.raw.to_string())?;
-                let mut p = PackPolicy::with_catalog(m, catalog);
+                let trigger_types = self.store.trigger_types(&m.pack_id, &m.raw.to_string())?;
+                let mut p = PackPolicy::with_trigger_types(m, trigger_types);
                 p.activation = old.activation.clone();
                 p.principals = old.principals.clone();
                 self.policy
@@ -95,6 +95,11 @@ impl Policy {
             .get_pack(pack_id)
             .await?
             .ok_or_else(|| unknown_pack(pack_id))
+    }
+
+    /// Registered packs by id, a page of `limit` after `after`.
+    pub async fn list_packs(&self, after: Option<&str>, limit: u64) -> Result<Vec<RegisteredPack>> {
+        self.store.list_packs(after, limit).await
     }
 
     pub async fn delete_pack(&self, actor: &Actor, pack_id: &str) -> Result<()> {

@@ -1,5 +1,5 @@
 //! Admin writes to Sense policy. Each commits to the store, then patches the view, under the writer's turn.
-use crate::store::audit::Actor;
+use crate::store::audit::{Actor, AuditEvent};
 use std::sync::Arc;
 
 use super::deliver::BindingChange;
@@ -41,15 +41,14 @@ impl Policy {
         self.policy.view.load_full()
     }
 
+    /// The lifecycle an admin write run to its end is started through.
+    pub fn lifecycle(&self) -> &crate::lifecycle::Lifecycle {
+        self.delivery.lifecycle()
+    }
+
     /// Whether the policy view is known to be current. Decisions are refused while it is not.
     pub fn current(&self) -> bool {
         self.policy.is_current()
-    }
-
-    /// The store, for the reads that need no rule beyond its own (a page of packs, of routes,
-    /// of audit events).
-    pub fn store(&self) -> &PolicyTables {
-        &self.store
     }
 
     /// Counts Bindings of registered packs by state, for the gauges.
@@ -122,6 +121,20 @@ impl Policy {
     pub async fn list_activations(&self, p: &KeyPage<'_>) -> Result<Vec<ActivationRow>> {
         valid_pack_filters(p)?;
         self.store.list_activations(p).await
+    }
+
+    /// Audit events, newest first, before the (time, id) position `before`; of one pack and
+    /// one principal when given. Reading is not audited.
+    pub async fn list_audit_events(
+        &self,
+        pack_id: Option<&str>,
+        principal: Option<&str>,
+        before: Option<(i64, &str)>,
+        limit: u64,
+    ) -> Result<Vec<AuditEvent>> {
+        self.store
+            .list_audit_events(pack_id, principal, before, limit)
+            .await
     }
 
     /// Project members; `first` filters by project, `second` by principal.

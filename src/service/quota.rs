@@ -5,13 +5,13 @@
 //! spends them locally, so every replica together admits no more than the bucket allows, give
 //! or take the tokens leased and not yet spent (at most a burst per replica, for a second).
 //! Tokens not spent within LEASE_TTL are no longer this replica's to spend: they go back to
-//! the store's bucket — with the lane's next lease, or within a second by the sweep that
+//! the store's bucket — with the allowance's next lease, or within a second by the sweep that
 //! `start_returns` runs — which keeps them as far as its burst holds them, as if they had never
 //! left. So a pause loses no tokens, and a token given back is spent only through the store.
 //! When several quotas refuse a delivery, it is told the longest of their waits. On SQLite
 //! one process serves the store and the bucket is kept in memory.
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{unknown_pack, valid_id, valid_pack_id, Delivery, Policy};
@@ -19,6 +19,7 @@ use crate::domain::model::KeyPage;
 use crate::domain::policy::PolicyView;
 use crate::domain::quota::{Bucket, Quota, Rule};
 use crate::error::{Error, Result};
+use crate::lifecycle::Lifecycle;
 use crate::store::audit::Actor;
 use crate::store::quota::Lease;
 use crate::store::{now_micros, DeliveryTables, Engine};
@@ -27,15 +28,15 @@ use crate::store::{now_micros, DeliveryTables, Engine};
 /// stopped taking a pack's deliveries holds none of the fleet's tokens for longer (give or take
 /// the sweep's period, as long again).
 const LEASE_TTL: Duration = Duration::from_secs(1);
-/// Quota lanes kept before idle ones are let go.
-const MAX_LANES: usize = 65_536;
+/// Quota allowances kept before idle ones are let go.
+const MAX_ALLOWANCES: usize = 65_536;
 
-/// The quota lanes of this replica, one per (pack, principal or "" for the pack) with a quota.
+/// The quota allowances of this replica, one per (pack, principal or "" for the pack) with a quota.
 #[derive(Debug)]
 pub(super) struct Quotas {
     /// By pack, then by principal ("" for the pack-wide quota): looked up by reference, so an
     /// admission allocates nothing.
-    lanes: Mutex<HashMap<String, HashMap<String, Arc<Lane>>>>,
+    allowances: Mutex<HashMap<String, HashMap<String, Arc<Allowance>>>>,
     /// Buckets are the store's, shared by every replica (PostgreSQL).
     fleet: bool,
     /// The connection leases are taken on, of its own: under a flood the pool is busy with
@@ -46,17 +47,17 @@ pub(super) struct Quotas {
 }
 
 #[derive(Debug)]
-struct Lane {
+struct Allowance {
     rule: Rule,
     /// Held only to read and change the state, never across a wait: a flood's callers refused
     /// over quota take turns at a plain lock, not an async queue.
-    state: Mutex<LaneState>,
-    /// The one lease from the store in flight for this lane (fleet).
+    state: Mutex<AllowanceState>,
+    /// The one lease from the store in flight for this allowance (fleet).
     leasing: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
-struct LaneState {
+struct AllowanceState {
     /// The bucket itself, when it is kept in memory.
     bucket: Bucket,
     /// Tokens leased from the store's bucket and not yet spent, and when they were leased.
@@ -100,35 +101,35 @@ pub struct QuotaCheck {
 impl Quotas {
     pub(super) fn new(engine: Engine) -> Quotas {
         Quotas {
-            lanes: Mutex::default(),
+            allowances: Mutex::default(),
             fleet: engine == Engine::Postgres,
             leaser: tokio::sync::Mutex::new(None),
         }
     }
 
-    /// The lane of a quota under `rule`; a lane made under another rule is started over.
-    fn lane(&self, pack_id: &str, principal: Option<&str>, rule: Rule) -> Arc<Lane> {
+    /// The allowance of a quota under `rule`; an allowance made under another rule is started over.
+    fn allowance(&self, pack_id: &str, principal: Option<&str>, rule: Rule) -> Arc<Allowance> {
         let who = principal.unwrap_or("");
-        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(l) = lanes
+        let mut allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = allowances
             .get(pack_id)
             .and_then(|p| p.get(who))
             .filter(|l| l.rule == rule)
         {
             return l.clone();
         }
-        if lanes.values().map(HashMap::len).sum::<usize>() >= MAX_LANES {
-            // Lanes nobody else holds are idle; their buckets are refilled by now or the
+        if allowances.values().map(HashMap::len).sum::<usize>() >= MAX_ALLOWANCES {
+            // Allowances nobody else holds are idle; their buckets are refilled by now or the
             // store's (fleet) anyway. A memory bucket let go starts full again: bounded memory
             // is worth one burst.
-            for p in lanes.values_mut() {
+            for p in allowances.values_mut() {
                 p.retain(|_, l| Arc::strong_count(l) > 1);
             }
-            lanes.retain(|_, p| !p.is_empty());
+            allowances.retain(|_, p| !p.is_empty());
         }
-        let lane = Arc::new(Lane {
+        let allowance = Arc::new(Allowance {
             rule,
-            state: Mutex::new(LaneState {
+            state: Mutex::new(AllowanceState {
                 bucket: Bucket::full(&rule, now_micros()),
                 leased: 0,
                 leased_at: Instant::now(),
@@ -137,18 +138,18 @@ impl Quotas {
             }),
             leasing: tokio::sync::Mutex::new(()),
         });
-        lanes
+        allowances
             .entry(pack_id.to_owned())
             .or_default()
-            .insert(who.to_owned(), lane.clone());
-        lane
+            .insert(who.to_owned(), allowance.clone());
+        allowance
     }
 }
 
 impl Delivery {
     /// Takes one token per trigger from the quotas of `pack_id` and of each principal, all or
     /// none: a fan-out is admitted whole or refused whole.
-    pub(crate) async fn admit(
+    pub(super) async fn admit(
         &self,
         view: &PolicyView,
         pack_id: &str,
@@ -175,14 +176,14 @@ impl Delivery {
         if demands.is_empty() {
             return Ok(());
         }
-        let mut taken: Vec<(Arc<Lane>, u32)> = Vec::with_capacity(demands.len());
+        let mut taken: Vec<(Arc<Allowance>, u32)> = Vec::with_capacity(demands.len());
         for (i, &(principal, rule, n)) in demands.iter().enumerate() {
-            let lane = self.quotas.lane(pack_id, principal, rule);
-            match self.take(&lane, pack_id, principal, n).await {
-                Ok(()) => taken.push((lane, n)),
+            let allowance = self.quotas.allowance(pack_id, principal, rule);
+            match self.take(&allowance, pack_id, principal, n).await {
+                Ok(()) => taken.push((allowance, n)),
                 Err(e) => {
-                    for (lane, n) in taken {
-                        lane.give_back(n, self.quotas.fleet);
+                    for (allowance, n) in taken {
+                        allowance.give_back(n, self.quotas.fleet);
                     }
                     let Error::Throttled { retry_after, .. } = e else {
                         return Err(e);
@@ -191,10 +192,10 @@ impl Delivery {
                     // would only be refused again. The ones taken from (and given back) admit.
                     let mut longest = (principal, rule, retry_after);
                     for &(p, r, n) in &demands[i + 1..] {
-                        let lane = self.quotas.lane(pack_id, p, r);
+                        let allowance = self.quotas.allowance(pack_id, p, r);
                         // A store that does not answer: the wait already known is told.
                         let wait = self
-                            .wait_for(&lane, pack_id, p, n)
+                            .wait_for(&allowance, pack_id, p, n)
                             .await
                             .unwrap_or_default();
                         if wait > longest.2 {
@@ -212,34 +213,34 @@ impl Delivery {
         Ok(())
     }
 
-    /// Takes `n` tokens from a lane: from its memory bucket, or from what it leased, leasing
+    /// Takes `n` tokens from an allowance: from its memory bucket, or from what it leased, leasing
     /// more from the store's bucket when that is short. Over quota: `Throttled`.
     async fn take(
         &self,
-        lane: &Lane,
+        allowance: &Allowance,
         pack_id: &str,
         principal: Option<&str>,
         n: u32,
     ) -> Result<()> {
-        let rule = lane.rule;
+        let rule = allowance.rule;
         if !self.quotas.fleet {
-            return lane
+            return allowance
                 .state()
                 .bucket
                 .take(&rule, now_micros(), n)
                 .map_err(throttled);
         }
-        if let Some(done) = lane.state().spend(n, Instant::now()) {
+        if let Some(done) = allowance.state().spend(n, Instant::now()) {
             return done;
         }
-        // One lease at a time per lane; whoever waited for it looks again first, as the lease
+        // One lease at a time per allowance; whoever waited for it looks again first, as the lease
         // before may have brought enough.
-        let _leasing = lane.leasing.lock().await;
-        if let Some(done) = lane.state().spend(n, Instant::now()) {
+        let _leasing = allowance.leasing.lock().await;
+        if let Some(done) = allowance.state().spend(n, Instant::now()) {
             return done;
         }
         let (want, returned) = {
-            let mut s = lane.state();
+            let mut s = allowance.state();
             (
                 (n - s.leased).max(rule.lease()),
                 std::mem::take(&mut s.returning),
@@ -257,7 +258,7 @@ impl Delivery {
             Ok(l) => l,
             Err(e) => {
                 // Not given back: still owed.
-                lane.state().returning += returned;
+                allowance.state().returning += returned;
                 return Err(e);
             }
         };
@@ -266,12 +267,12 @@ impl Delivery {
             return Ok(());
         };
         let now = Instant::now();
-        let mut s = lane.state();
+        let mut s = allowance.state();
         s.leased_at = now;
         s.leased = s.leased.saturating_add(lease.granted);
         if lease.granted < want {
             // The bucket held less than a lease: its tokens go as fast as they come. What was
-            // leased is spent; after it the lane refuses on its own until a whole lease has
+            // leased is spent; after it the allowance refuses on its own until a whole lease has
             // come, rather than ask the store for every token (and make its callers wait on
             // each other for them).
             // Less the time the lease took: the next one then ends about when a lease is due,
@@ -294,18 +295,18 @@ impl Delivery {
         Err(throttled(wait))
     }
 
-    /// How long until a lane would admit `n` tokens, with nothing taken: its memory bucket, or
+    /// How long until an allowance would admit `n` tokens, with nothing taken: its memory bucket, or
     /// what it holds leased, what it owes back and the store's bucket.
     async fn wait_for(
         &self,
-        lane: &Lane,
+        allowance: &Allowance,
         pack_id: &str,
         principal: Option<&str>,
         n: u32,
     ) -> Result<Duration> {
-        let rule = lane.rule;
+        let rule = allowance.rule;
         let (bucket, held, owed, short_until) = {
-            let s = lane.state();
+            let s = allowance.state();
             let fresh = s.leased_at.elapsed() <= LEASE_TTL;
             let held = if fresh { s.leased } else { 0 };
             let owed = s.returning + if fresh { 0 } else { s.leased };
@@ -353,7 +354,7 @@ impl Delivery {
                 }
             }
         };
-        // Bounded: the lane's callers wait behind this lease, and a store gone silent must
+        // Bounded: the allowance's callers wait behind this lease, and a store gone silent must
         // not hold them past their deadline.
         let leased = tokio::time::timeout(
             self.call_timeout(),
@@ -383,9 +384,9 @@ impl Delivery {
         let mut retry_after = Duration::ZERO;
         for (who, rule) in [(Some(principal), own), (None, pack)] {
             let Some(rule) = rule else { continue };
-            let lane = self.quotas.lane(pack_id, who, rule);
+            let allowance = self.quotas.allowance(pack_id, who, rule);
             let (bucket, leased) = {
-                let s = lane.state();
+                let s = allowance.state();
                 (s.bucket, s.leased > 0 && s.leased_at.elapsed() <= LEASE_TTL)
             };
             let wait = if !self.quotas.fleet {
@@ -486,8 +487,8 @@ fn throttled(retry_after: Duration) -> Error {
     }
 }
 
-impl Lane {
-    fn state(&self) -> std::sync::MutexGuard<'_, LaneState> {
+impl Allowance {
+    fn state(&self) -> std::sync::MutexGuard<'_, AllowanceState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -504,7 +505,7 @@ impl Lane {
     }
 }
 
-impl LaneState {
+impl AllowanceState {
     /// Spends `n` leased tokens if there are so many (`Some(Ok)`), or refuses while the store's
     /// bucket is known short (`Some(Err)`); `None`: a lease is needed. Leases unspent for
     /// LEASE_TTL are let go.
@@ -533,34 +534,36 @@ impl LaneState {
     }
 }
 
-/// Gives back, about every LEASE_TTL, the tokens this replica's lanes leased and did not spend
-/// in time, so that a lane no delivery comes to holds none of the fleet's tokens (PostgreSQL;
-/// on SQLite there is nothing to give back). Ends with the quotas.
-pub(super) fn start_returns(quotas: Weak<Quotas>, store: DeliveryTables) {
-    tokio::spawn(async move {
+/// Gives back, about every LEASE_TTL, the tokens this replica's allowances leased and did not
+/// spend in time, so that an allowance no delivery comes to holds none of the fleet's tokens (PostgreSQL;
+/// on SQLite there is nothing to give back). Upkeep of `life`: ends when closing begins.
+pub(super) fn start_returns(q: Arc<Quotas>, store: DeliveryTables, life: &Lifecycle) {
+    let closing = life.closing();
+    life.spawn_upkeep(async move {
         loop {
-            tokio::time::sleep(LEASE_TTL).await;
-            let Some(q) = quotas.upgrade() else { return };
+            tokio::select! {
+                _ = tokio::time::sleep(LEASE_TTL) => {}
+                _ = closing.wait() => return,
+            }
             if !q.fleet {
                 return;
             }
             let now = Instant::now();
-            let mut owed: Vec<(String, String, Arc<Lane>, u32)> = Vec::new();
+            let mut owed: Vec<(String, String, Arc<Allowance>, u32)> = Vec::new();
             {
-                let lanes = q.lanes.lock().unwrap_or_else(|p| p.into_inner());
-                for (pack_id, by) in lanes.iter() {
-                    for (who, lane) in by {
-                        let mut s = lane.state();
+                let allowances = q.allowances.lock().unwrap_or_else(|p| p.into_inner());
+                for (pack_id, by) in allowances.iter() {
+                    for (who, allowance) in by {
+                        let mut s = allowance.state();
                         s.expire(now);
                         let n = std::mem::take(&mut s.returning);
                         if n > 0 {
-                            owed.push((pack_id.clone(), who.clone(), lane.clone(), n));
+                            owed.push((pack_id.clone(), who.clone(), allowance.clone(), n));
                         }
                     }
                 }
             }
-            drop(q);
-            for (pack_id, who, lane, n) in owed {
+            for (pack_id, who, allowance, n) in owed {
                 let principal = (!who.is_empty()).then_some(who.as_str());
                 let given = tokio::time::timeout(
                     LEASE_TTL,
@@ -569,7 +572,7 @@ pub(super) fn start_returns(quotas: Weak<Quotas>, store: DeliveryTables) {
                 .await;
                 if !matches!(given, Ok(Ok(_))) {
                     // Still owed: the next lease or sweep gives them back.
-                    lane.state().returning += n;
+                    allowance.state().returning += n;
                 }
             }
         }

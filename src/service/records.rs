@@ -1,9 +1,10 @@
-//! Reads of the sink, the drop log and the audit log — reading changes nothing (§7.5.3) — and the erasure of a principal's records.
+//! Reads of the sink and the drop log — reading changes nothing (§7.5.3) — whom a reader reads as, and the erasure of a principal's records.
 use std::sync::Arc;
 
 use super::drops::DropLog;
 use super::watch::Tail;
 use super::{valid_id, valid_pack_id};
+use crate::auth::{Caller, Role};
 use crate::domain::model::{DropReport, RecordFilter};
 use crate::domain::names::{check_land, check_ref};
 use crate::domain::trigger::DropReason;
@@ -18,6 +19,36 @@ pub const ERASE_BATCH: u64 = super::retention::PRUNE_BATCH;
 /// The pause between two batches of an erasure: deliveries waiting on the writer go first.
 const ERASE_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// Whom a read is for, the one rule for readers of every read (records, watches, trigger
+/// types). A reader reads as its own principal, whatever it names, and may name no other:
+/// `Some(own)`, which the caller puts in place of what was asked. Any other caller (an admin,
+/// a producer, or anyone when authentication is off) reads as it asks: `None`.
+pub fn reader_principal(caller: Option<&Caller>, asked: &str) -> Result<Option<String>> {
+    let Some(Caller::Known(id)) = caller else {
+        return Ok(None);
+    };
+    if id.role != Role::Reader {
+        return Ok(None);
+    }
+    // Authentication refuses a reader without a principal; were one to come through, it
+    // reads nothing rather than everyone's.
+    let Some(own) = id.principal.clone().filter(|p| !p.is_empty()) else {
+        return Err(Error::PermissionDenied(
+            "a reader without a principal reads nothing".into(),
+        ));
+    };
+    if !asked.is_empty() {
+        // Checked first, so a refusal never echoes an invisible or control character.
+        valid_id("principal", asked)?;
+    }
+    if !asked.is_empty() && asked != own {
+        return Err(Error::PermissionDenied(format!(
+            "a reader reads only as its own principal, not as `{asked}`"
+        )));
+    }
+    Ok(Some(own))
+}
+
 /// Records once written: listed in pages, watched as they commit, erased by principal; and
 /// the drop reports. Owns the records' tail that watches read.
 #[derive(Clone, Debug)]
@@ -26,14 +57,17 @@ pub struct Records {
     pub(super) tail: Arc<Tail>,
     /// Pending drop counts are written before a report is read.
     pub(super) drops: Arc<DropLog>,
+    /// An erasure takes the principal's decision log entries with its records.
+    pub(super) log: Arc<super::DecisionLog>,
     pub(super) metrics: Arc<Metrics>,
+    /// The tail and erasures run to their end are tasks of this lifecycle.
+    pub(super) life: crate::lifecycle::Lifecycle,
 }
 
 impl Records {
-    /// Whether a record read before an erasure was erased by it (WatchRecords checks each
-    /// record as it goes out).
-    pub fn erased(&self, r: &crate::domain::model::Record) -> bool {
-        self.tail.erased(r)
+    /// The lifecycle an erasure run to its end is started through.
+    pub fn lifecycle(&self) -> &crate::lifecycle::Lifecycle {
+        &self.life
     }
 
     /// EraseRecords: deletes every record of `principal` (of `pack_id` only, when given) in
@@ -63,11 +97,13 @@ impl Records {
             .await?;
         self.tail.erase(vec![erasure]);
         self.metrics.records_deleted("erasure", erased);
+        let decisions = self.log.erase(principal, pack).await?;
+        tracing::info!(principal, pack_id, decisions, "decision log entries erased");
         tracing::info!(principal, pack_id, erased, "records erased");
         Ok(erased)
     }
 
-    /// Audit events, newest first, before the (time, id) position `before`; reading is not audited.
+    /// Records matching `f` after the cursor `after`, at most `limit`, in `f`'s order.
     pub async fn list_records(
         &self,
         f: &RecordFilter,

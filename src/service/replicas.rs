@@ -37,16 +37,18 @@ impl Policy {
     }
 
     /// On PostgreSQL, starts following the store's policy changes, keeping this replica's
-    /// view in step with the others'. It stops when `stop` completes.
-    pub(super) fn start_listener(&self, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let Some(mut changes) = self.store.policy_changes() else {
+    /// view in step with the others': one task of `life` that runs the store's listener and
+    /// follows what it hears, until stopping begins.
+    pub(super) fn start_listener(&self, life: &crate::lifecycle::Lifecycle) {
+        let Some((mut changes, listen)) = self.store.policy_changes() else {
             return;
         };
-        let svc = self.clone();
-        tokio::spawn(async move {
+        let (svc, stopping) = (self.clone(), life.stopping());
+        life.spawn(async move {
             tokio::select! {
+                _ = listen => {}
                 _ = svc.follow(&mut changes) => {}
-                _ = stop.wait_for(|s| *s) => {}
+                _ = stopping.wait() => {}
             }
         });
     }

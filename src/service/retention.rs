@@ -1,8 +1,9 @@
-//! Retention: records older than their land's age, and ingress ledger rows past their expiry, are deleted in small batches in the background.
-use std::sync::{Arc, Weak};
+//! Retention: records older than their land's age, decision log entries older than theirs, and ingress ledger rows past their expiry, are deleted in the background.
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::domain::model::Retention;
+use crate::lifecycle::{Lifecycle, Signal};
 use crate::metrics::Metrics;
 use crate::store::Lands;
 use crate::store::{now_micros, IngressTables, RecordTables, Store};
@@ -16,26 +17,28 @@ pub const BATCH_PAUSE: Duration = Duration::from_millis(20);
 
 /// Deletes, every `every`, the records of each land older than its age (the lands listed by
 /// their own, every other land by the default) and the expired rows of the ingress ledger,
-/// in batches of PRUNE_BATCH with a pause between. Stops when `alive` can no longer be
-/// upgraded.
-pub fn start<T: Send + Sync + 'static>(
+/// in batches of PRUNE_BATCH with a pause between. A task of `life` that ends when stopping
+/// begins, between two batches: a pass is work of its own, not an answer anyone waits for.
+pub fn start(
     store: Store,
     metrics: Arc<Metrics>,
-    retention: Retention,
+    (retention, decisions): (Retention, DecisionBounds),
     every: Duration,
-    alive: Weak<T>,
+    life: &Lifecycle,
 ) {
-    tokio::spawn(async move {
+    let stopping = life.stopping();
+    life.spawn(async move {
         let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
         let listed: Vec<String> = retention.lands.keys().cloned().collect();
         let records = store.record_tables();
         let mut sweep_due = true;
         loop {
-            tokio::time::sleep(every).await;
-            if alive.upgrade().is_none() {
-                return;
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stopping.wait() => return,
             }
-            prune_ledger(&store.ingress_tables(), now_micros()).await;
+            prune_ledger(&store.ingress_tables(), now_micros(), &stopping).await;
+            prune_decisions(&store, decisions, &stopping).await;
             // Records' ages run on the clock that stamps them: the database's when they are
             // partitioned (every replica alike, whatever its own clock), else this one's.
             let now = if store.partitioned() {
@@ -61,7 +64,7 @@ pub fn start<T: Send + Sync + 'static>(
             }
             for (lands, cutoff) in passes {
                 let (records, metrics) = (&records, &metrics);
-                let total = in_batches("records", PRUNE_BATCH, || async move {
+                let total = in_batches("records", PRUNE_BATCH, &stopping, || async move {
                     let n = records.prune_records(cutoff, lands, PRUNE_BATCH).await?;
                     metrics.records_deleted("retention", n);
                     Ok(n)
@@ -130,9 +133,64 @@ async fn sweep_ledger(records: &RecordTables) -> crate::error::Result<u64> {
     Ok(swept)
 }
 
+/// How long the decision log keeps entries, and how many at most (`None`: no bound).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DecisionBounds {
+    pub age: Option<Duration>,
+    pub max_entries: Option<u64>,
+}
+
+/// The decision log's entries past its bounds: older than its age, and the oldest past its
+/// most entries. PostgreSQL drops whole partitions (on the database's clock; the bound by the
+/// planner's count), SQLite deletes a batch at a time.
+async fn prune_decisions(store: &Store, bounds: DecisionBounds, stopping: &Signal) {
+    let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+    let log = store.decision_tables();
+    if store.partitioned() {
+        let dropped = async {
+            let now = store.db_now().await?;
+            let cutoff = bounds.age.map(|a| now.saturating_sub(micros(a)));
+            store
+                .record_tables()
+                .drop_decision_partitions(cutoff, bounds.max_entries, now)
+                .await
+        };
+        match dropped.await {
+            Ok(d) if d.partitions > 0 => tracing::info!(
+                partitions = d.partitions,
+                entries = d.records,
+                "dropped decision log partitions past its bounds"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "decision log partitions not dropped; will retry"),
+        }
+        return;
+    }
+    let mut total = 0;
+    if let Some(age) = bounds.age {
+        let cutoff = now_micros().saturating_sub(micros(age));
+        total += in_batches("the decision log", PRUNE_BATCH, stopping, || {
+            log.prune_decisions(cutoff, PRUNE_BATCH)
+        })
+        .await;
+    }
+    if let Some(max) = bounds.max_entries {
+        total += in_batches("the decision log", PRUNE_BATCH, stopping, || {
+            log.prune_decisions_over(max, PRUNE_BATCH)
+        })
+        .await;
+    }
+    if total > 0 {
+        tracing::info!(
+            deleted = total,
+            "pruned decision log entries past its bounds"
+        );
+    }
+}
+
 /// Deletes the ingress ledger's rows expired at `now`, a batch at a time.
-async fn prune_ledger(store: &IngressTables, now: i64) {
-    let total = in_batches("the ingress ledger", PRUNE_BATCH, || {
+async fn prune_ledger(store: &IngressTables, now: i64, stopping: &Signal) {
+    let total = in_batches("the ingress ledger", PRUNE_BATCH, stopping, || {
         store.prune_ingress_ledger(now, PRUNE_BATCH)
     })
     .await;
@@ -142,8 +200,14 @@ async fn prune_ledger(store: &IngressTables, now: i64) {
 }
 
 /// Runs `batch` (which deletes at most `size` rows) until it deletes fewer, pausing
-/// BATCH_PAUSE between; a failure ends the pass (the next retries). Returns rows deleted.
-async fn in_batches<F>(what: &str, size: u64, mut batch: impl FnMut() -> F) -> u64
+/// BATCH_PAUSE between; a failure, or stopping, ends the pass (the next retries). Returns rows
+/// deleted.
+async fn in_batches<F>(
+    what: &str,
+    size: u64,
+    stopping: &Signal,
+    mut batch: impl FnMut() -> F,
+) -> u64
 where
     F: std::future::Future<Output = crate::error::Result<u64>>,
 {
@@ -152,7 +216,7 @@ where
         match batch().await {
             Ok(n) => {
                 total += n;
-                if n < size {
+                if n < size || stopping.is_given() {
                     return total;
                 }
                 tokio::time::sleep(BATCH_PAUSE).await;

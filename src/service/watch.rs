@@ -10,8 +10,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 
 use super::Records;
 use crate::domain::model::{Erasure, Position, Record, RecordFilter};
@@ -216,7 +222,7 @@ impl Tail {
     /// Whether a record a watcher is about to send was erased since it was read: checked as
     /// the message goes out, so records taken from the ring or the store before an erasure
     /// are not sent after it.
-    pub fn erased(&self, r: &Record) -> bool {
+    fn erased(&self, r: &Record) -> bool {
         if self.recent_count.load(Ordering::Acquire) == 0 {
             return false;
         }
@@ -267,14 +273,14 @@ impl Drop for Slot {
 }
 
 impl Records {
-    /// Starts this replica's tail; it stops, ending every watch with UNAVAILABLE, when `stop`
-    /// completes.
-    pub(super) fn start_tail(&self, mut stop: watch::Receiver<bool>) {
-        let svc = self.clone();
-        tokio::spawn(async move {
+    /// Starts this replica's tail, a task of `life`; it stops, ending every watch with
+    /// UNAVAILABLE, when stopping begins.
+    pub(super) fn start_tail(&self, life: &crate::lifecycle::Lifecycle) {
+        let (svc, stopping) = (self.clone(), life.stopping());
+        life.spawn(async move {
             tokio::select! {
                 _ = svc.run_tail() => {}
-                _ = stop.wait_for(|s| *s) => {}
+                _ = stopping.wait() => {}
             }
             svc.tail.set(|s| s.state = TailState::Stopped);
         });
@@ -450,12 +456,39 @@ pub struct Watch {
     _slot: Slot,
 }
 
+/// A watch's messages as its caller takes them, then how it ended.
+pub type WatchEvents = Pin<Box<dyn Stream<Item = WatchEvent> + Send + 'static>>;
+
 impl Watch {
+    /// Starts the watch (see `run`) and hands over its messages: every record matching
+    /// `filter` committed after `from`, then new ones as they commit, and last why it ended.
+    /// A record erased since it was read is left out as its message is taken — the last look
+    /// before it goes out, however long the message waited for its reader.
+    pub fn start(self, filter: RecordFilter, from: Position) -> WatchEvents {
+        let tail = self.svc.tail.clone();
+        let (tx, rx) = mpsc::channel(1);
+        let (ended_tx, ended) = oneshot::channel();
+        // The call's own task, not the lifecycle's: it ends with the call (its reader gone) or,
+        // at stopping, with a resume token.
+        tokio::spawn(self.run(filter, from, tx, ended_tx));
+        let events =
+            ReceiverStream::new(rx)
+                .chain(Ended(Some(ended)))
+                .map(move |event| match event {
+                    WatchEvent::Sent { records, position } => WatchEvent::Sent {
+                        records: records.into_iter().filter(|r| !tail.erased(r)).collect(),
+                        position,
+                    },
+                    ended @ WatchEvent::Ended { .. } => ended,
+                });
+        Box::pin(events)
+    }
+
     /// Sends every record matching `filter` committed after `from`, then new ones as they
     /// commit, until the receiver goes or the watch is ended: why goes to `ended`, not after
     /// the records in `out`, so a reader that takes nothing does not hold the watch (its slot
     /// and this task) past the lag bound. Its reader reads `ended` once `out` is empty.
-    pub async fn run(
+    async fn run(
         self,
         filter: RecordFilter,
         from: Position,
@@ -487,6 +520,21 @@ impl Watch {
             why: end.1,
             position,
         });
+    }
+}
+
+/// The end of a watch, told once its messages are read.
+struct Ended(Option<oneshot::Receiver<WatchEvent>>);
+
+impl Stream for Ended {
+    type Item = WatchEvent;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<WatchEvent>> {
+        let Some(rx) = self.0.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let out = std::task::ready!(Pin::new(rx).poll(cx)).ok();
+        self.0 = None;
+        Poll::Ready(out)
     }
 }
 

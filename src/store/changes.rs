@@ -100,7 +100,6 @@ impl Shared {
 #[derive(Debug)]
 pub struct PolicyChanges {
     shared: Arc<Shared>,
-    listener: tokio::task::JoinHandle<()>,
 }
 
 impl PolicyChanges {
@@ -120,26 +119,26 @@ impl PolicyChanges {
     }
 }
 
-impl Drop for PolicyChanges {
-    fn drop(&mut self) {
-        self.listener.abort();
-    }
-}
-
 impl PolicyTables {
-    /// The policy changes announced through this store, on PostgreSQL; `None` on SQLite, whose
-    /// one process is the only writer.
-    pub fn policy_changes(&self) -> Option<PolicyChanges> {
+    /// The policy changes announced through this store, on PostgreSQL, and the listener that
+    /// hears them, to be run (it never ends by itself) alongside whatever takes the changes;
+    /// `None` on SQLite, whose one process is the only writer.
+    pub fn policy_changes(
+        &self,
+    ) -> Option<(
+        PolicyChanges,
+        impl std::future::Future<Output = ()> + Send + 'static,
+    )> {
         if self.engine() != Engine::Postgres {
             return None;
         }
         let shared = Arc::new(Shared::default());
         let store = self.clone();
-        let listener = tokio::spawn({
+        let listen = {
             let shared = shared.clone();
             async move { store.listen(&shared).await }
-        });
-        Some(PolicyChanges { shared, listener })
+        };
+        Some((PolicyChanges { shared }, listen))
     }
 
     async fn listen(&self, out: &Shared) {
@@ -292,7 +291,6 @@ mod tests {
         let shared = Arc::new(Shared::default());
         let mut changes = PolicyChanges {
             shared: shared.clone(),
-            listener: tokio::spawn(async {}),
         };
         let push = tokio::spawn({
             let shared = shared.clone();

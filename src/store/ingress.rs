@@ -9,7 +9,7 @@ use crate::domain::ingress::{IngressKind, Mapping, Route};
 use crate::error::{Error, Result};
 
 fn route(m: ingress_routes::Model) -> Result<Route> {
-    let bad = |what: &str| Error::Internal(format!("bad stored ingress route {what}"));
+    let bad = |what: &str| Error::internal(format!("bad stored ingress route {what}"));
     Ok(Route {
         kind: IngressKind::parse(&m.kind).ok_or_else(|| bad("kind"))?,
         mapping: serde_json::from_str::<Mapping>(&m.mapping).map_err(|_| bad("mapping"))?,
@@ -38,9 +38,9 @@ impl IngressTables {
             pack_id: Set(r.pack_id.clone()),
             kind: Set(r.kind.as_str().to_owned()),
             mapping: Set(serde_json::to_string(&r.mapping)
-                .map_err(|e| Error::Internal(format!("mapping not stored: {e}")))?),
+                .map_err(|e| Error::internal_from("mapping not stored", e))?),
             secrets: Set(serde_json::to_string(&r.secrets)
-                .map_err(|e| Error::Internal(format!("secrets not stored: {e}")))?),
+                .map_err(|e| Error::internal_from("secrets not stored", e))?),
             fan_out: Set(r.fan_out),
             type_prefix: Set(r.type_prefix.clone()),
             nats_stream: Set(r.nats_stream.clone()),

@@ -1,8 +1,8 @@
 //! The store: every SQL the service runs, behind one type, on SQLite or PostgreSQL.
 pub mod audit;
 pub mod changes;
+pub mod decisions;
 pub mod entity;
-pub mod fair;
 mod ingress;
 pub use ingress::{LedgerKey, LedgerState};
 mod nodelay;
@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::StoreConfig;
-use crate::domain::pack::schema::Catalog;
+use crate::domain::pack::schema::TriggerTypes;
 use crate::error::Error;
 use hcp_sense_migration::{Migrator, MigratorTrait};
 use secrecy::ExposeSecret;
@@ -51,13 +51,13 @@ pub struct Store {
     write_turn: Arc<tokio::sync::Mutex<()>>,
     config: StoreConfig,
     commits: Arc<Commits>,
-    /// Each pack's catalog compiled from its manifest, by the manifest's digest: a pack's
+    /// Each pack's trigger types compiled from its manifest, by the manifest's digest: a pack's
     /// payload schemas are compiled once per version, however often its policy is reloaded.
-    catalogs: Arc<std::sync::Mutex<Catalogs>>,
+    trigger_types: Arc<std::sync::Mutex<TriggerTypesByPack>>,
 }
 
-/// By pack: the digest of the manifest a catalog was compiled from, and the catalog.
-type Catalogs = std::collections::HashMap<String, ([u8; 32], Arc<Catalog>)>;
+/// By pack: the digest of the manifest its trigger types were compiled from, and them.
+type TriggerTypesByPack = std::collections::HashMap<String, ([u8; 32], Arc<TriggerTypes>)>;
 
 /// Wake-ups for the watch tail: records committed through this process, or announced by
 /// another replica. Each only says "read again"; what was written is read by position.
@@ -136,6 +136,11 @@ part!(
     /// Records' part: listing, tailing, erasing and pruning records, and the drop reports.
     RecordTables,
     record_tables
+);
+part!(
+    /// The decision log's part: its entries appended, listed, erased and pruned.
+    DecisionTables,
+    decision_tables
 );
 part!(
     /// Ingress's part: routes and the ledger of deliveries seen.
@@ -231,7 +236,7 @@ impl Store {
             write_turn: Arc::default(),
             config: cfg.clone(),
             commits: Arc::default(),
-            catalogs: Arc::default(),
+            trigger_types: Arc::default(),
         })
     }
 
@@ -498,7 +503,7 @@ pub(crate) fn classify(e: DbErr) -> Error {
         Error::Unavailable("the store is unavailable; retry later".into())
     } else {
         tracing::error!(error = %e, "store error");
-        Error::Internal("store error".into())
+        Error::internal_from("store error", e)
     }
 }
 

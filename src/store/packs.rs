@@ -163,7 +163,7 @@ impl PolicyTables {
         super::audit::record(txn, actor, Some(pack_id), None, before, None).await?;
         w.commit_announcing(pack_id).await?;
         // Its compiled schemas go with it: nothing else holds them once the view lets go.
-        self.forget_catalog(pack_id);
+        self.forget_trigger_types(pack_id);
         Ok(true)
     }
 
@@ -198,7 +198,7 @@ impl PolicyTables {
             .map(|row| {
                 let id = row.pack_id.as_str();
                 let corrupt =
-                    |what: &str| Error::Internal(format!("pack `{id}` has a bad stored {what}"));
+                    |what: &str| Error::internal(format!("pack `{id}` has a bad stored {what}"));
                 let raw: serde_json::Value =
                     serde_json::from_str(&row.manifest).map_err(|_| corrupt("manifest"))?;
                 let triggers = triggers

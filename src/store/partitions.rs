@@ -1,7 +1,8 @@
-//! The partitions of PostgreSQL's `records`: made ahead, made at once when a write finds none, dropped whole when retention passes them, and the trigger ledger's rows swept after them.
+//! The partitions of PostgreSQL's `records` and `decisions`: made ahead, made at once when a write finds none, dropped whole when retention passes them, and the trigger ledger's rows swept after records'.
 //!
 //! A partition `records_<lower>_<upper>` holds the records the database stored in
-//! [lower, upper), microseconds of its own clock (`stored_time`). docs/partitions.md says why.
+//! [lower, upper), microseconds of its own clock (`stored_time`); `decisions_<lower>_<upper>`
+//! the decision log's entries written then (`decided_time`). docs/partitions.md says why.
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 
 use super::{classify, Engine, RecordTables, Store};
@@ -20,6 +21,24 @@ const DB_NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::
 /// SQLSTATE of a row that fits no partition.
 pub(crate) const NO_PARTITION: &str = "23514";
 
+/// A table partitioned by the database's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parted {
+    Records,
+    Decisions,
+}
+
+impl Parted {
+    pub const ALL: [Parted; 2] = [Parted::Records, Parted::Decisions];
+
+    pub fn table(self) -> &'static str {
+        match self {
+            Parted::Records => "records",
+            Parted::Decisions => "decisions",
+        }
+    }
+}
+
 /// An attached partition's range, in microseconds of the database's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Partition {
@@ -28,13 +47,16 @@ pub struct Partition {
 }
 
 impl Partition {
-    fn name(&self) -> String {
-        format!("records_{}_{}", self.lower, self.upper)
+    fn name(&self, of: Parted) -> String {
+        format!("{}_{}_{}", of.table(), self.lower, self.upper)
     }
 
-    /// The range a table named by `name` holds, when it is one of ours.
-    fn parse(name: &str) -> Option<Partition> {
-        let (lower, upper) = name.strip_prefix("records_")?.split_once('_')?;
+    /// The range a table named by `name` holds, when it is one of `of`'s.
+    fn parse(of: Parted, name: &str) -> Option<Partition> {
+        let (lower, upper) = name
+            .strip_prefix(of.table())?
+            .strip_prefix('_')?
+            .split_once('_')?;
         let (lower, upper) = (lower.parse().ok()?, upper.parse().ok()?);
         (lower < upper).then_some(Partition { lower, upper })
     }
@@ -93,25 +115,33 @@ impl Store {
         row.map(|r| r.try_get::<i64>("", "now"))
             .transpose()
             .map_err(classify)?
-            .ok_or_else(|| crate::error::Error::Internal("no clock".into()))
+            .ok_or_else(|| crate::error::Error::internal("no clock"))
     }
 
     /// The partitions attached to `records`, oldest first.
     pub async fn partitions(&self) -> Result<Vec<Partition>> {
+        self.partitions_of(Parted::Records).await
+    }
+
+    /// The partitions attached to `of`, oldest first.
+    pub async fn partitions_of(&self, of: Parted) -> Result<Vec<Partition>> {
         let rows = self
             .db
             .query_all_raw(Statement::from_string(
                 DbBackend::Postgres,
-                "SELECT c.relname::text AS name FROM pg_inherits i \
-                 JOIN pg_class c ON c.oid = i.inhrelid \
-                 WHERE i.inhparent = 'records'::regclass AND NOT i.inhdetachpending",
+                format!(
+                    "SELECT c.relname::text AS name FROM pg_inherits i \
+                     JOIN pg_class c ON c.oid = i.inhrelid \
+                     WHERE i.inhparent = '{}'::regclass AND NOT i.inhdetachpending",
+                    of.table()
+                ),
             ))
             .await
             .map_err(classify)?;
         let mut out: Vec<Partition> = rows
             .iter()
             .filter_map(|r| r.try_get::<String>("", "name").ok())
-            .filter_map(|n| Partition::parse(&n))
+            .filter_map(|n| Partition::parse(of, &n))
             .collect();
         out.sort_by_key(|p| p.lower);
         Ok(out)
@@ -120,18 +150,19 @@ impl Store {
     /// Makes the partition that `t` (the database's clock) falls in, when it has none. Made
     /// apart and then attached: attaching locks `records` only against other DDL, where
     /// `CREATE … PARTITION OF` would lock out every write while it waited.
-    async fn cover(&self, t: i64, existing: &mut Vec<Partition>) -> Result<bool> {
+    async fn cover(&self, of: Parted, t: i64, existing: &mut Vec<Partition>) -> Result<bool> {
         let Some(p) = range_for(t, self.partition_width(), existing) else {
             return Ok(false);
         };
-        let name = p.name();
+        let name = p.name(of);
+        let table = of.table();
         let made = async {
             let txn = self.db.begin().await?;
             for sql in [
                 format!("SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'"),
-                format!("CREATE TABLE IF NOT EXISTS {name} (LIKE records INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"),
+                format!("CREATE TABLE IF NOT EXISTS {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"),
                 format!(
-                    "ALTER TABLE records ATTACH PARTITION {name} FOR VALUES FROM ({}) TO ({})",
+                    "ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ({}) TO ({})",
                     p.lower, p.upper
                 ),
             ] {
@@ -141,29 +172,32 @@ impl Store {
         };
         if let Err(e) = made.await {
             // Another replica may have made it (or an overlapping one) first.
-            *existing = self.partitions().await?;
+            *existing = self.partitions_of(of).await?;
             if range_for(t, self.partition_width(), existing).is_none() {
                 return Ok(false);
             }
             return Err(classify(e));
         }
-        tracing::info!(partition = %name, "made a records partition");
+        tracing::info!(partition = %name, "made a partition");
         existing.push(p);
         existing.sort_by_key(|p| p.lower);
         Ok(true)
     }
 
-    /// Makes the partitions for now and AHEAD widths after, where missing. Returns how many.
+    /// Makes the partitions of every partitioned table for now and AHEAD widths after,
+    /// where missing. Returns how many.
     pub async fn make_partitions_ahead(&self) -> Result<u64> {
         if !self.partitioned() {
             return Ok(0);
         }
         let now = self.db_now().await?;
-        let mut existing = self.partitions().await?;
         let mut made = 0;
-        for k in 0..=AHEAD {
-            let t = now.saturating_add(k.saturating_mul(self.partition_width()));
-            made += u64::from(self.cover(t, &mut existing).await?);
+        for of in Parted::ALL {
+            let mut existing = self.partitions_of(of).await?;
+            for k in 0..=AHEAD {
+                let t = now.saturating_add(k.saturating_mul(self.partition_width()));
+                made += u64::from(self.cover(of, t, &mut existing).await?);
+            }
         }
         Ok(made)
     }
@@ -172,9 +206,14 @@ impl Store {
     /// now (the row's time, or a moment after it, which is where the retry goes).
     pub(crate) async fn repair_partition(&self) -> Result<()> {
         let now = self.db_now().await?;
-        let mut existing = self.partitions().await?;
-        if self.cover(now, &mut existing).await? {
-            tracing::warn!("a write found no records partition for now; made it");
+        for of in Parted::ALL {
+            let mut existing = self.partitions_of(of).await?;
+            if self.cover(of, now, &mut existing).await? {
+                tracing::warn!(
+                    table = of.table(),
+                    "a write found no partition for now; made it"
+                );
+            }
         }
         Ok(())
     }
@@ -187,14 +226,15 @@ impl RecordTables {
     /// interrupted. O(partitions) statements, whatever the records in them.
     pub async fn drop_partitions_before(&self, cutoff: i64) -> Result<Dropped> {
         let mut done = Dropped::default();
-        for name in self.detached_leftovers().await? {
-            self.finish_detached(&name, &mut done).await?;
+        for name in self.detached_leftovers(Parted::Records).await? {
+            self.finish_detached(Parted::Records, &name, &mut done)
+                .await?;
         }
         for p in self.partitions().await? {
             if p.upper > cutoff {
                 break;
             }
-            let name = p.name();
+            let name = p.name(Parted::Records);
             self.db
                 .execute_raw(Statement::from_sql_and_values(
                     DbBackend::Postgres,
@@ -210,37 +250,116 @@ impl RecordTables {
                 .await
                 .map_err(classify)?;
             done.statements += 2;
-            self.finish_detached(&name, &mut done).await?;
+            self.finish_detached(Parted::Records, &name, &mut done)
+                .await?;
             tracing::info!(partition = %name, "dropped a records partition past retention");
         }
         Ok(done)
     }
 
+    /// Drops every partition of the decision log whose entries are all older than `cutoff`
+    /// (the database's clock), and then, when the rest hold more than `max_entries` by the
+    /// planner's count, the oldest of them until they do not — never the partition of `now`
+    /// or one ahead of it. Detached concurrently; finishes a detach a crash interrupted.
+    /// `records` counts the entries dropped.
+    pub async fn drop_decision_partitions(
+        &self,
+        cutoff: Option<i64>,
+        max_entries: Option<u64>,
+        now: i64,
+    ) -> Result<Dropped> {
+        let of = Parted::Decisions;
+        let mut done = Dropped::default();
+        for name in self.detached_leftovers(of).await? {
+            self.finish_detached(of, &name, &mut done).await?;
+        }
+        let parts = self.partitions_of(of).await?;
+        let mut kept = Vec::new();
+        for p in parts {
+            if cutoff.is_some_and(|c| p.upper <= c) {
+                self.drop_decision_partition(p, &mut done).await?;
+            } else {
+                kept.push(p);
+            }
+        }
+        let Some(max) = max_entries else {
+            return Ok(done);
+        };
+        // Newest first: what fits under the bound stays, the older rest goes.
+        let mut held = 0u64;
+        let mut over = false;
+        for p in kept.into_iter().rev() {
+            if over && p.upper <= now {
+                self.drop_decision_partition(p, &mut done).await?;
+                continue;
+            }
+            held = held.saturating_add(self.planned_rows(&p.name(of)).await?);
+            over = held > max;
+        }
+        Ok(done)
+    }
+
+    async fn drop_decision_partition(&self, p: Partition, done: &mut Dropped) -> Result<()> {
+        let name = p.name(Parted::Decisions);
+        self.db
+            .execute_unprepared(&format!(
+                "ALTER TABLE decisions DETACH PARTITION {name} CONCURRENTLY"
+            ))
+            .await
+            .map_err(classify)?;
+        done.statements += 1;
+        self.finish_detached(Parted::Decisions, &name, done).await?;
+        tracing::info!(partition = %name, "dropped a decision log partition");
+        Ok(())
+    }
+
+    /// The planner's count of a table's rows (0 when it was never analyzed).
+    async fn planned_rows(&self, name: &str) -> Result<u64> {
+        let n = self
+            .db
+            .query_one_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT greatest(c.reltuples, 0)::bigint AS n FROM pg_class c \
+                 WHERE c.relname = $1 AND pg_table_is_visible(c.oid)",
+                [name.into()],
+            ))
+            .await
+            .map_err(classify)?
+            .map(|r| r.try_get::<i64>("", "n"))
+            .transpose()
+            .map_err(classify)?
+            .unwrap_or(0);
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// Our partitions no longer attached (a drop interrupted after its detach), or whose
     /// concurrent detach was interrupted.
-    async fn detached_leftovers(&self) -> Result<Vec<String>> {
+    async fn detached_leftovers(&self, of: Parted) -> Result<Vec<String>> {
         let rows = self
             .db
             .query_all_raw(Statement::from_string(
                 DbBackend::Postgres,
-                "SELECT c.relname::text AS name FROM pg_class c \
-                 LEFT JOIN pg_inherits i ON i.inhrelid = c.oid \
-                 WHERE c.relkind = 'r' AND c.relname ~ '^records_[0-9]+_[0-9]+$' \
-                   AND pg_table_is_visible(c.oid) \
-                   AND (i.inhrelid IS NULL OR i.inhdetachpending)",
+                format!(
+                    "SELECT c.relname::text AS name FROM pg_class c \
+                     LEFT JOIN pg_inherits i ON i.inhrelid = c.oid \
+                     WHERE c.relkind = 'r' AND c.relname ~ '^{}_[0-9]+_[0-9]+$' \
+                       AND pg_table_is_visible(c.oid) \
+                       AND (i.inhrelid IS NULL OR i.inhdetachpending)",
+                    of.table()
+                ),
             ))
             .await
             .map_err(classify)?;
         Ok(rows
             .iter()
             .filter_map(|r| r.try_get::<String>("", "name").ok())
-            .filter(|n| Partition::parse(n).is_some())
+            .filter(|n| Partition::parse(of, n).is_some())
             .collect())
     }
 
     /// Counts a detached partition's records and drops it; finalizes the detach first when
     /// a crash left it pending.
-    async fn finish_detached(&self, name: &str, done: &mut Dropped) -> Result<()> {
+    async fn finish_detached(&self, of: Parted, name: &str, done: &mut Dropped) -> Result<()> {
         let pending = self
             .db
             .query_one_raw(Statement::from_sql_and_values(
@@ -258,7 +377,8 @@ impl RecordTables {
         if pending {
             self.db
                 .execute_unprepared(&format!(
-                    "ALTER TABLE records DETACH PARTITION {name} FINALIZE"
+                    "ALTER TABLE {} DETACH PARTITION {name} FINALIZE",
+                    of.table()
                 ))
                 .await
                 .map_err(classify)?;
@@ -368,9 +488,14 @@ mod tests {
 
     #[test]
     fn only_our_names_parse() {
-        assert_eq!(Partition::parse("records_100_200"), Some(p(100, 200)));
-        assert_eq!(Partition::parse("records_200_100"), None);
-        assert_eq!(Partition::parse("records_unpartitioned"), None);
-        assert_eq!(Partition::parse("record_triggers"), None);
+        let r = Parted::Records;
+        assert_eq!(Partition::parse(r, "records_100_200"), Some(p(100, 200)));
+        assert_eq!(Partition::parse(r, "records_200_100"), None);
+        assert_eq!(Partition::parse(r, "records_unpartitioned"), None);
+        assert_eq!(Partition::parse(r, "record_triggers"), None);
+        assert_eq!(Partition::parse(r, "decisions_100_200"), None);
+        let d = Parted::Decisions;
+        assert_eq!(Partition::parse(d, "decisions_100_200"), Some(p(100, 200)));
+        assert_eq!(Partition::parse(d, "records_100_200"), None);
     }
 }

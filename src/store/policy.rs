@@ -14,7 +14,7 @@ use super::entity::{
 use super::{classify, DeliveryTables, PolicyTables, Store};
 use crate::domain::filter::Filter;
 use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member, Record};
-use crate::domain::pack::schema::Catalog;
+use crate::domain::pack::schema::TriggerTypes;
 use crate::domain::pack::BindingMode;
 use crate::domain::policy::{Activation, BindingRef, BindingState, PackPolicy, PolicyView, Route};
 use crate::error::{Error, Result};
@@ -25,7 +25,7 @@ use std::sync::Arc;
 const LOAD_CHUNK: u64 = 5000;
 
 fn corrupt(what: &str) -> Error {
-    Error::Internal(format!("bad stored {what}"))
+    Error::internal(format!("bad stored {what}"))
 }
 
 fn route(s: &str) -> Result<Route> {
@@ -161,10 +161,10 @@ impl PolicyTables {
             .all(&self.db)
             .await
             .map_err(classify)?;
-        // Catalogs of packs deleted while this replica was not listening go too.
+        // TriggerTypesByPack of packs deleted while this replica was not listening go too.
         {
             let known: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
-            self.catalogs
+            self.trigger_types
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|id, _| known.contains(id.as_str()));
@@ -178,11 +178,11 @@ impl PolicyTables {
         Ok(PolicyView::from_packs(all))
     }
 
-    /// The catalog of a pack's stored manifest, compiled only when the manifest is new to this
+    /// The trigger types of a pack's stored manifest, compiled only when the manifest is new to this
     /// process.
-    pub fn catalog(&self, pack_id: &str, manifest: &str) -> Result<Arc<Catalog>> {
+    pub fn trigger_types(&self, pack_id: &str, manifest: &str) -> Result<Arc<TriggerTypes>> {
         let digest: [u8; 32] = Sha256::digest(manifest.as_bytes()).into();
-        let mut cache = self.catalogs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.trigger_types.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((d, c)) = cache.get(pack_id) {
             if *d == digest {
                 return Ok(c.clone());
@@ -190,23 +190,23 @@ impl PolicyTables {
         }
         let raw: serde_json::Value =
             serde_json::from_str(manifest).map_err(|_| corrupt("manifest"))?;
-        let c = Arc::new(Catalog::of_manifest(&raw));
+        let c = Arc::new(TriggerTypes::of_manifest(&raw));
         cache.insert(pack_id.to_owned(), (digest, c.clone()));
         Ok(c)
     }
 
-    /// Drops the compiled catalog of a pack that is no longer registered, so its memory is
+    /// Drops the compiled trigger types of a pack that is no longer registered, so its memory is
     /// returned once no policy view holds it.
-    pub fn forget_catalog(&self, pack_id: &str) {
-        self.catalogs
+    pub fn forget_trigger_types(&self, pack_id: &str) {
+        self.trigger_types
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(pack_id);
     }
 
-    /// Packs whose catalog is compiled in this process.
-    pub fn catalogs_held(&self) -> usize {
-        self.catalogs
+    /// Packs whose trigger types are compiled in this process.
+    pub fn trigger_types_held(&self) -> usize {
+        self.trigger_types
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .len()
@@ -221,8 +221,8 @@ impl PolicyTables {
             .await
             .map_err(classify)?
         else {
-            // Deleted (on another replica, when this one hears of it): its catalog goes too.
-            self.forget_catalog(pack_id);
+            // Deleted (on another replica, when this one hears of it): its trigger types go too.
+            self.forget_trigger_types(pack_id);
             return Ok(None);
         };
         let refs: Vec<String> = pack_triggers::Entity::find()
@@ -243,7 +243,7 @@ impl PolicyTables {
             &refs.iter().map(String::as_str).collect::<Vec<_>>(),
             stimuli.into_iter().map(|s| (s.r#ref, s.land)),
         );
-        policy.catalog = self.catalog(pack_id, &pack.manifest)?;
+        policy.trigger_types = self.trigger_types(pack_id, &pack.manifest)?;
         // Rows come in chunks, so loading a pack with many principals never holds
         // more than a chunk of rows besides the policy itself.
         macro_rules! each_row {
@@ -539,7 +539,7 @@ impl DeliveryTables {
         record: Option<&mut Record>,
     ) -> Result<()> {
         if let Some(r) = record {
-            super::sink::write_records(txn, self, None, std::slice::from_mut(r)).await?;
+            super::sink::write_records(txn, self, None, std::slice::from_mut(r), &[]).await?;
         }
         Ok(())
     }

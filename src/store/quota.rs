@@ -12,9 +12,9 @@ use crate::error::{Error, Result};
 
 /// A stored row as a quota; a stored rule the rules no longer allow is a fault.
 pub(super) fn quota(q: sense_quotas::Model) -> Result<Quota> {
-    let burst = u32::try_from(q.burst).map_err(|_| Error::Internal("bad stored quota".into()))?;
-    let rule = Rule::new(q.rate_per_second, burst)
-        .map_err(|_| Error::Internal("bad stored quota".into()))?;
+    let burst = u32::try_from(q.burst).map_err(|_| Error::internal("bad stored quota"))?;
+    let rule =
+        Rule::new(q.rate_per_second, burst).map_err(|_| Error::internal("bad stored quota"))?;
     Ok(Quota {
         pack_id: q.pack_id,
         principal: (!q.principal.is_empty()).then_some(q.principal),
@@ -82,7 +82,7 @@ impl PolicyTables {
                 Ok(())
             })
             .await?;
-        quota(row.ok_or_else(|| Error::Internal("a quota was not stored".into()))?)
+        quota(row.ok_or_else(|| Error::internal("a quota was not stored"))?)
     }
 
     pub async fn get_quota(&self, pack_id: &str, principal: Option<&str>) -> Result<Option<Quota>> {

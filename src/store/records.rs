@@ -16,10 +16,10 @@ use crate::error::{Error, Result};
 fn record(m: records::Model) -> Result<Record> {
     let payload = match serde_json::from_str(&m.payload) {
         Ok(serde_json::Value::Object(p)) => p,
-        _ => return Err(Error::Internal("bad stored payload".into())),
+        _ => return Err(Error::internal("bad stored payload")),
     };
     Ok(Record {
-        route: Route::parse(&m.route).ok_or_else(|| Error::Internal("bad stored route".into()))?,
+        route: Route::parse(&m.route).ok_or_else(|| Error::internal("bad stored route"))?,
         record_id: m.record_id,
         principal: m.principal,
         binding_id: m.binding_id,
@@ -209,7 +209,6 @@ impl RecordTables {
         batch: u64,
         pause: std::time::Duration,
     ) -> Result<(u64, Erasure)> {
-        use records::Column as C;
         let mut total = 0u64;
         loop {
             // Every record at or below this position has committed before the delete below
@@ -218,90 +217,15 @@ impl RecordTables {
                 Engine::Postgres => self.watermark().await?,
                 Engine::Sqlite => Position::default(),
             };
-            let mut theirs = Query::select();
-            theirs
-                .column(C::RecordId)
-                .from(records::Entity)
-                .and_where(Expr::col(C::Principal).eq(principal))
-                .limit(batch);
-            if let Some(p) = pack_id {
-                theirs.and_where(Expr::col(C::PackId).eq(p));
-            }
             let w = self.begin_write().await?;
-            let n = if self.partitioned() {
-                let (pack, mut values): (&str, Vec<sea_orm::Value>) = match pack_id {
-                    Some(p) => ("AND pack_id = $3", vec![p.into()]),
-                    None => ("", vec![]),
-                };
-                values.insert(0, principal.into());
-                values.insert(1, i64::try_from(batch).unwrap_or(i64::MAX).into());
-                let theirs = format!(
-                    "SELECT record_id, stored_time FROM records WHERE principal = $1 {pack} LIMIT $2"
-                );
-                delete_with_ledger(&w.txn, &theirs, values).await?
-            } else {
-                records::Entity::delete_many()
-                    .filter(C::RecordId.in_subquery(theirs.to_owned()))
-                    .exec(&w.txn)
-                    .await
-                    .map_err(classify)?
-                    .rows_affected
-            };
+            let n = self.erase_batch(&w, principal, pack_id, batch).await?;
             total += n;
             // Done only when a batch finds none: on PostgreSQL a batch short of `batch` may
             // have skipped rows another deleter (retention, an erasure retried) held meanwhile.
             if n == 0 {
-                let upto = match self.engine() {
-                    Engine::Postgres => upto,
-                    // The table's last position goes when the records erased were the last
-                    // ones; the sequence, read under the writer's turn, never goes back.
-                    Engine::Sqlite => {
-                        let next = w
-                            .txn
-                            .query_one_raw(Statement::from_string(
-                                DbBackend::Sqlite,
-                                "SELECT next FROM record_sequence WHERE name = 'records'",
-                            ))
-                            .await
-                            .map_err(classify)?
-                            .map(|row| row.try_get::<i64>("", "next"))
-                            .transpose()
-                            .map_err(classify)?
-                            .unwrap_or(1);
-                        Position {
-                            txid: 0,
-                            seq: next - 1,
-                        }
-                    }
-                };
-                let erasure = Erasure {
-                    principal: principal.to_owned(),
-                    pack_id: pack_id.map(str::to_owned),
-                    upto_txid: upto.txid,
-                    upto_seq: upto.seq,
-                };
-                let count = serde_json::json!({ "erased_records": total, "pack_id": pack_id });
-                audit::record(
-                    &w.txn,
-                    actor,
-                    pack_id,
-                    Some(principal),
-                    None,
-                    audit::json(&count),
-                )
-                .await?;
-                if self.engine() == Engine::Postgres {
-                    let note = serde_json::to_string(&erasure).unwrap_or_default();
-                    w.txn
-                        .execute_raw(Statement::from_sql_and_values(
-                            DbBackend::Postgres,
-                            "SELECT pg_notify($1, $2)",
-                            [super::RECORDS_CHANNEL.into(), note.into()],
-                        ))
-                        .await
-                        .map_err(classify)?;
-                }
-                w.commit().await?;
+                let erasure = self
+                    .close_erasure(w, actor, principal, pack_id, upto, total)
+                    .await?;
                 return Ok((total, erasure));
             }
             w.commit().await?;
@@ -309,6 +233,111 @@ impl RecordTables {
                 tokio::time::sleep(pause).await;
             }
         }
+    }
+
+    /// Deletes at most `batch` of a principal's records (of one pack, when given), with
+    /// their ledger rows on a partitioned table; answers how many.
+    async fn erase_batch(
+        &self,
+        w: &super::WriteTxn,
+        principal: &str,
+        pack_id: Option<&str>,
+        batch: u64,
+    ) -> Result<u64> {
+        use records::Column as C;
+        if self.partitioned() {
+            let (pack, mut values): (&str, Vec<sea_orm::Value>) = match pack_id {
+                Some(p) => ("AND pack_id = $3", vec![p.into()]),
+                None => ("", vec![]),
+            };
+            values.insert(0, principal.into());
+            values.insert(1, i64::try_from(batch).unwrap_or(i64::MAX).into());
+            let theirs = format!(
+                "SELECT record_id, stored_time FROM records WHERE principal = $1 {pack} LIMIT $2"
+            );
+            return delete_with_ledger(&w.txn, &theirs, values).await;
+        }
+        let mut theirs = Query::select();
+        theirs
+            .column(C::RecordId)
+            .from(records::Entity)
+            .and_where(Expr::col(C::Principal).eq(principal))
+            .limit(batch);
+        if let Some(p) = pack_id {
+            theirs.and_where(Expr::col(C::PackId).eq(p));
+        }
+        Ok(records::Entity::delete_many()
+            .filter(C::RecordId.in_subquery(theirs.to_owned()))
+            .exec(&w.txn)
+            .await
+            .map_err(classify)?
+            .rows_affected)
+    }
+
+    /// Ends an erasure in the transaction of the batch that found none: the position it
+    /// reaches (`upto` on PostgreSQL), the audit row with the count, and on PostgreSQL the
+    /// note that tells the other replicas' watches.
+    async fn close_erasure(
+        &self,
+        w: super::WriteTxn,
+        actor: &Actor,
+        principal: &str,
+        pack_id: Option<&str>,
+        upto: Position,
+        total: u64,
+    ) -> Result<Erasure> {
+        let upto = match self.engine() {
+            Engine::Postgres => upto,
+            // The table's last position goes when the records erased were the last
+            // ones; the sequence, read under the writer's turn, never goes back.
+            Engine::Sqlite => {
+                let next = w
+                    .txn
+                    .query_one_raw(Statement::from_string(
+                        DbBackend::Sqlite,
+                        "SELECT next FROM record_sequence WHERE name = 'records'",
+                    ))
+                    .await
+                    .map_err(classify)?
+                    .map(|row| row.try_get::<i64>("", "next"))
+                    .transpose()
+                    .map_err(classify)?
+                    .unwrap_or(1);
+                Position {
+                    txid: 0,
+                    seq: next - 1,
+                }
+            }
+        };
+        let erasure = Erasure {
+            principal: principal.to_owned(),
+            pack_id: pack_id.map(str::to_owned),
+            upto_txid: upto.txid,
+            upto_seq: upto.seq,
+        };
+        let count = serde_json::json!({ "erased_records": total, "pack_id": pack_id });
+        audit::record(
+            &w.txn,
+            actor,
+            pack_id,
+            Some(principal),
+            None,
+            audit::json(&count),
+        )
+        .await?;
+        if self.engine() == Engine::Postgres {
+            let note = serde_json::to_string(&erasure).unwrap_or_default();
+            w.txn
+                .execute_raw(Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    "SELECT pg_notify($1, $2)",
+                    [super::RECORDS_CHANNEL.into(), note.into()],
+                ))
+                .await
+                .map_err(classify)?;
+        }
+        w.commit().await?;
+        Ok(erasure)
     }
 
     /// Records matching the filter, in position order (or reverse), after the cursor.
@@ -450,7 +479,7 @@ impl RecordTables {
                 )?);
             }
         }
-        let lo = lo.ok_or_else(|| Error::Internal("no snapshot".into()))?;
+        let lo = lo.ok_or_else(|| Error::internal("no snapshot"))?;
         let reach = match out.last() {
             Some(last) if out.len() as u64 >= limit => last.position,
             _ => below(lo),
@@ -558,7 +587,7 @@ impl RecordTables {
             .query_one_raw(Statement::from_string(DbBackend::Postgres, HORIZON))
             .await
             .map_err(classify)?
-            .ok_or_else(|| Error::Internal("no snapshot".into()))?;
+            .ok_or_else(|| Error::internal("no snapshot"))?;
         let lo: i64 = row.try_get("", "lo").map_err(classify)?;
         let hi: i64 = row.try_get("", "hi").map_err(classify)?;
         Ok((lo, hi))
@@ -604,7 +633,7 @@ impl RecordTables {
             .map(|d| {
                 Ok(DropReport {
                     reason: DropReason::parse(&d.reason)
-                        .ok_or_else(|| Error::Internal("bad stored drop reason".into()))?,
+                        .ok_or_else(|| Error::internal("bad stored drop reason"))?,
                     pack_id: d.pack_id,
                     r#ref: d.r#ref,
                     count: d.count,

@@ -6,13 +6,22 @@ use sea_orm::{ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect,
 use tokio::sync::{oneshot, Mutex};
 
 use super::entity::records;
-use super::fair::{FairQueue, LANE_BOUND, TOTAL_BOUND};
 use super::{classify, DeliveryTables, Engine, Store};
+use crate::domain::decision_log::Note;
 use crate::domain::model::Record;
 use crate::domain::policy::Route;
 use crate::domain::trigger::Identity;
 use crate::error::{Error, Result};
+use crate::fair::FairQueue;
+use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
+
+/// Records one (pack, principal) lane holds queued; its next callers wait, not answered, until
+/// a writer takes one: a flood queues this much and no more, whatever its callers number.
+pub const LANE_BOUND: usize = 1024;
+/// Records every lane holds together. Each lane's callers wait for a lane permit first, so at
+/// most LANE_BOUND of one lane's callers ever wait in the queue beside the others'.
+pub const TOTAL_BOUND: usize = 8192;
 
 /// What became of one record in a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +36,8 @@ pub enum Stored {
 
 struct Job {
     record: Record,
+    /// The decision log's entry, written with the record when the log is on.
+    note: Option<Note>,
     done: oneshot::Sender<Result<Written>>,
 }
 
@@ -37,21 +48,11 @@ pub struct Written {
     pub waited: std::time::Duration,
 }
 
-/// The writer side of the sink. Cheap to clone; writers stop when every clone is gone.
+/// The writer side of the sink. Cheap to clone; its writers are threads of the lifecycle it
+/// was started with.
 #[derive(Clone, Debug)]
 pub struct Sink {
     queue: Arc<FairQueue<Job>>,
-    _open: Arc<Open>,
-}
-
-/// Closes the queue when the last Sink goes: writers take what is queued, then stop.
-#[derive(Debug)]
-struct Open(Arc<FairQueue<Job>>);
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        self.0.close();
-    }
 }
 
 impl std::fmt::Debug for Job {
@@ -87,6 +88,36 @@ const INSERT_POSTGRES: &str = "WITH x AS ( \
             (SELECT pg_current_xact_id()::text::bigint), stored_time \
      FROM x WHERE producer_trigger_id IS NULL OR record_id IN (SELECT record_id FROM claimed)";
 
+/// INSERT_POSTGRES with the decision log: each record inserted whose row carries a note
+/// (`source`) has its entry written by the same statement, at the record's stored time (the
+/// partition key of both). Answers the records inserted as `n`.
+const INSERT_POSTGRES_LOGGED: &str = "WITH x AS ( \
+       SELECT *, (extract(epoch FROM statement_timestamp()) * 1000000)::bigint AS stored_time \
+       FROM jsonb_to_recordset($1::jsonb) AS x(record_id text, principal text, binding_id text, land text, pack_id text, \
+            ref text, payload text, route text, project text, producer_trigger_id text, received_time bigint, \
+            source text, check_name text, detail text, trace_id text)), \
+     claimed AS ( \
+       INSERT INTO record_triggers AS k (pack_id, producer_trigger_id, record_id, stored_time) \
+       SELECT pack_id, producer_trigger_id, record_id, stored_time FROM x WHERE producer_trigger_id IS NOT NULL \
+       ON CONFLICT (pack_id, producer_trigger_id) DO UPDATE \
+         SET record_id = excluded.record_id, stored_time = excluded.stored_time \
+         WHERE k.stored_time < (SELECT floor_time FROM record_floor) \
+       RETURNING k.record_id), \
+     ins AS ( \
+       INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, \
+              received_time, commit_txid, stored_time) \
+       SELECT record_id, principal, binding_id, land, pack_id, ref, payload, route, project, producer_trigger_id, received_time, \
+              (SELECT pg_current_xact_id()::text::bigint), stored_time \
+       FROM x WHERE producer_trigger_id IS NULL OR record_id IN (SELECT record_id FROM claimed) \
+       RETURNING record_id), \
+     logged AS ( \
+       INSERT INTO decisions (decided_time, pack_id, ref, principal, land, project, binding_id, trigger_id, source, outcome, \
+              check_name, detail, record_id, trace_id) \
+       SELECT stored_time, pack_id, ref, principal, land, project, binding_id, producer_trigger_id, source, route, \
+              coalesce(check_name, ''), coalesce(detail, ''), record_id, trace_id \
+       FROM x WHERE source IS NOT NULL AND record_id IN (SELECT record_id FROM ins)) \
+     SELECT count(*) AS n FROM ins";
+
 /// Most records in one batch.
 pub const MAX_BATCH: usize = 512;
 
@@ -95,12 +126,14 @@ impl Sink {
     /// its own, so a busy gRPC runtime never delays a commit that a whole batch waits for. They
     /// take batches from one fair queue (lanes per pack and principal, served in turn; see
     /// `fair`) and commit independently: the store, not a lock, orders their records (see
-    /// `Position`). SQLite has one writer whatever is asked.
+    /// `Position`). SQLite has one writer whatever is asked. The writers are threads of `life`:
+    /// when closing begins the queue closes, and they commit what is queued and end.
     pub fn start(
         store: DeliveryTables,
         metrics: Arc<Metrics>,
         batch_timeout: std::time::Duration,
         writers: usize,
+        life: &Lifecycle,
     ) -> Sink {
         let queue = Arc::new(FairQueue::<Job>::new(LANE_BOUND, TOTAL_BOUND));
         // Writers take batches in turn, so one waits on the queue at a time.
@@ -118,44 +151,42 @@ impl Sink {
                 metrics.clone(),
                 committing.clone(),
             );
-            let spawned = std::thread::Builder::new()
-                .name(format!("hcp-sense-sink-{n}"))
-                .spawn(move || {
-                    let rt = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt,
-                        Err(e) => {
-                            tracing::error!(error = %e, "sink runtime did not start");
-                            return;
-                        }
-                    };
-                    rt.block_on(write_batches(
-                        &store,
-                        (&queue, &turn),
-                        (&committing, shared_batch),
-                        metrics,
-                        batch_timeout,
-                    ));
-                });
+            let spawned = life.thread(format!("hcp-sense-sink-{n}"), move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!(error = %e, "sink runtime did not start");
+                        return;
+                    }
+                };
+                rt.block_on(write_batches(
+                    &store,
+                    (&queue, &turn),
+                    (&committing, shared_batch),
+                    metrics,
+                    batch_timeout,
+                ));
+            });
             if let Err(e) = spawned {
                 tracing::error!(error = %e, "sink thread did not start");
             }
         }
-        Sink {
-            _open: Arc::new(Open(queue.clone())),
-            queue,
-        }
+        let closed = queue.clone();
+        life.on_close(move || closed.close());
+        Sink { queue }
     }
 
     /// Writes one record durably; returns once its batch has committed. Waits first, not
     /// answered, while its (pack, principal) lane of the queue is full.
-    pub async fn write(&self, record: Record) -> Result<Written> {
+    /// `note` is the decision log's entry, written in the same commit.
+    pub async fn write(&self, record: Record, note: Option<Note>) -> Result<Written> {
         let (done, answer) = oneshot::channel();
         let (pack, principal) = (record.pack_id.clone(), record.principal.clone());
         self.queue
-            .push(&pack, &principal, Job { record, done })
+            .push(&pack, &principal, Job { record, note, done })
             .await
             .map_err(|_| Error::Unavailable("the sink is shutting down".into()))?;
         answer.await.map_err(|_| {
@@ -277,10 +308,12 @@ async fn write_batches(
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         let mut records = Vec::with_capacity(batch.len());
+        let mut notes = Vec::with_capacity(batch.len());
         let mut answers = Vec::with_capacity(batch.len());
         for (pack, job, waited) in batch {
             metrics.queue_waited(&pack, waited);
             records.push(job.record);
+            notes.push(job.note);
             answers.push((job.done, waited));
         }
         let packs: std::collections::BTreeSet<&str> =
@@ -294,7 +327,7 @@ async fn write_batches(
                 writer = Some(DeliveryTables(parent.dedicated().await?));
             }
             match &writer {
-                Some(w) => w.insert_batch(&mut records).await,
+                Some(w) => w.insert_batch(&mut records, &notes).await,
                 None => Err(Error::Unavailable("the store is unavailable; retry".into())),
             }
         })
@@ -307,6 +340,7 @@ async fn write_batches(
         if matches!(result, Err(Error::Unavailable(_))) {
             if let Some(stuck) = writer.take() {
                 // Closing may wait on a silent connection too; it must not hold the writer.
+                // A task of the writer's own runtime, which ends with the writer's thread.
                 tokio::spawn(stuck.0.close());
             }
         }
@@ -348,12 +382,17 @@ async fn write_batches(
 impl DeliveryTables {
     /// Writes a batch atomically (see `write_records`). On PostgreSQL the batch is one
     /// statement in its own transaction: one round trip, committed when it answers.
-    pub async fn insert_batch(&self, rs: &mut [Record]) -> Result<Vec<Stored>> {
+    /// `notes` are the records' decision log entries (none when the log is off), by index.
+    pub async fn insert_batch(
+        &self,
+        rs: &mut [Record],
+        notes: &[Option<Note>],
+    ) -> Result<Vec<Stored>> {
         match self.engine() {
-            Engine::Postgres => write_records(&self.db, self, Some(Retry), rs).await,
+            Engine::Postgres => write_records(&self.db, self, Some(Retry), rs, notes).await,
             Engine::Sqlite => {
                 let w = self.begin_write().await?;
-                let stored = write_records(&w.txn, self, None, rs).await?;
+                let stored = write_records(&w.txn, self, None, rs, notes).await?;
                 w.commit().await?;
                 Ok(stored)
             }
@@ -365,12 +404,15 @@ impl DeliveryTables {
 /// on PostgreSQL also as one statement of its own. Records whose (pack, trigger id) is already
 /// stored, or repeated earlier in the batch, are not inserted and come back as the first
 /// record (or as a conflict when that was a different trigger). The first records are looked
-/// up only when the insert skipped a row.
+/// up only when the insert skipped a row. Each record inserted whose note (by index in
+/// `notes`) is given has its decision log entry written with it: on PostgreSQL in the same
+/// statement, on SQLite in the caller's transaction.
 pub(crate) async fn write_records(
     db: &impl ConnectionTrait,
     store: &Store,
     retry: Option<Retry>,
     rs: &mut [Record],
+    notes: &[Option<Note>],
 ) -> Result<Vec<Stored>> {
     let engine = store.engine();
     if rs.is_empty() {
@@ -380,7 +422,7 @@ pub(crate) async fn write_records(
         super::stamp(r);
     }
     let inserted = match engine {
-        Engine::Postgres => insert_postgres(db, store, retry, rs).await?,
+        Engine::Postgres => insert_postgres(db, store, retry, rs, notes).await?,
         Engine::Sqlite => insert_sqlite(db, rs).await?,
     };
     // None: every row was inserted and nothing was looked up.
@@ -392,12 +434,31 @@ pub(crate) async fn write_records(
     if let (Engine::Postgres, Some(firsts)) = (engine, &firsts) {
         forget_orphans(db, rs, firsts).await?;
     }
+    let stored = stored_as(rs, firsts.as_deref())?;
+    if engine == Engine::Sqlite && notes.iter().any(Option::is_some) {
+        let entries: Vec<_> = rs
+            .iter()
+            .zip(notes)
+            .zip(&stored)
+            .filter_map(|((r, note), s)| match (note, s) {
+                (Some(n), Stored::Inserted { .. }) => Some(n.entry(r, r.received_time)),
+                _ => None,
+            })
+            .collect();
+        super::decisions::insert_sqlite(db, &entries).await?;
+    }
+    Ok(stored)
+}
+
+/// What became of each record of a batch, from the first records of the trigger ids the
+/// insert skipped (`None`: it skipped none).
+fn stored_as(rs: &[Record], firsts: Option<&[FirstRecord]>) -> Result<Vec<Stored>> {
     rs.iter()
         .map(|r| {
             let inserted = Stored::Inserted {
                 record_id: r.record_id.clone(),
             };
-            let (Some(t), Some(firsts)) = (r.trigger_id.as_deref(), &firsts) else {
+            let (Some(t), Some(firsts)) = (r.trigger_id.as_deref(), firsts) else {
                 return Ok(inserted);
             };
             match firsts
@@ -409,7 +470,7 @@ pub(crate) async fn write_records(
                 Some(f) => Ok(Stored::Duplicate {
                     record_id: f.record_id.clone(),
                     route: Route::parse(&f.route)
-                        .ok_or_else(|| Error::Internal("bad stored route".into()))?,
+                        .ok_or_else(|| Error::internal("bad stored route"))?,
                 }),
                 // The first record went (retention, or its partition dropped) between the
                 // insert and the lookup; its ledger row was forgotten above, so a retry records.
@@ -440,6 +501,15 @@ struct Row<'a> {
     project: Option<&'a str>,
     producer_trigger_id: Option<&'a str>,
     received_time: i64,
+    /// The decision log's note, when the record has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    check_name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace_id: Option<&'a str>,
 }
 
 /// One statement, one round trip; returns how many rows it inserted. Rows go in (pack,
@@ -452,15 +522,21 @@ async fn insert_postgres(
     store: &Store,
     retry: Option<Retry>,
     rs: &[Record],
+    notes: &[Option<Note>],
 ) -> Result<u64> {
-    let mut order: Vec<&Record> = rs.iter().collect();
-    order.sort_by(|a, b| (&a.pack_id, &a.trigger_id).cmp(&(&b.pack_id, &b.trigger_id)));
-    order.dedup_by(|b, a| {
+    let mut order: Vec<(&Record, Option<&Note>)> = rs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r, notes.get(i).and_then(Option::as_ref)))
+        .collect();
+    order.sort_by(|(a, _), (b, _)| (&a.pack_id, &a.trigger_id).cmp(&(&b.pack_id, &b.trigger_id)));
+    order.dedup_by(|(b, _), (a, _)| {
         a.trigger_id.is_some() && (&a.pack_id, &a.trigger_id) == (&b.pack_id, &b.trigger_id)
     });
+    let logged = order.iter().any(|(_, n)| n.is_some());
     let rows: Vec<Row<'_>> = order
         .iter()
-        .map(|r| Row {
+        .map(|&(r, note)| Row {
             record_id: &r.record_id,
             principal: &r.principal,
             binding_id: &r.binding_id,
@@ -472,16 +548,30 @@ async fn insert_postgres(
             project: r.project.as_deref(),
             producer_trigger_id: r.trigger_id.as_deref(),
             received_time: r.received_time,
+            source: note.map(|n| n.source.as_str()),
+            check_name: note.map(|n| n.check.as_str()),
+            detail: note.map(|n| n.detail.as_str()),
+            trace_id: note.and_then(|n| n.trace_id.as_deref()),
         })
         .collect();
-    let batch = serde_json::to_string(&rows)
-        .map_err(|e| Error::Internal(format!("batch not encoded: {e}")))?;
-    let insert = || {
-        db.execute_raw(Statement::from_sql_and_values(
-            DbBackend::Postgres,
-            INSERT_POSTGRES,
-            [batch.clone().into()],
-        ))
+    let batch =
+        serde_json::to_string(&rows).map_err(|e| Error::internal_from("batch not encoded", e))?;
+    let insert = || async {
+        let statement = |sql: &str| {
+            Statement::from_sql_and_values(DbBackend::Postgres, sql, [batch.clone().into()])
+        };
+        if !logged {
+            return db
+                .execute_raw(statement(INSERT_POSTGRES))
+                .await
+                .map(|d| d.rows_affected());
+        }
+        let row = db.query_one_raw(statement(INSERT_POSTGRES_LOGGED)).await?;
+        let n: i64 = match row {
+            Some(r) => r.try_get("", "n")?,
+            None => 0,
+        };
+        Ok(u64::try_from(n).unwrap_or(0))
     };
     let done = match insert().await {
         Err(e) if super::sqlstate(&e).as_deref() == Some(super::partitions::NO_PARTITION) => {
@@ -497,7 +587,7 @@ async fn insert_postgres(
         done => done,
     }
     .map_err(classify)?;
-    Ok(done.rows_affected())
+    Ok(done)
 }
 
 /// SQLite: its one writer takes `seq` numbers from a counter inside the transaction, then
@@ -513,7 +603,7 @@ async fn insert_sqlite(txn: &impl ConnectionTrait, rs: &[Record]) -> Result<u64>
         ))
         .await
         .map_err(classify)?
-        .ok_or_else(|| Error::Internal("the record sequence is missing".into()))?;
+        .ok_or_else(|| Error::internal("the record sequence is missing"))?;
     let next: i64 = row.try_get("", "next").map_err(classify)?;
     let mut seq = next - n;
     let mut inserted = 0;

@@ -85,6 +85,8 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
             "50",
             "--flood-callers",
             "16",
+            "--decision-entries",
+            "5000",
             "--json",
             json.to_str().expect("path"),
         ])
@@ -121,6 +123,9 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
     // The cold check and the floor it is read against.
     assert!(check["cold_check_us"].as_f64() > Some(0.0), "{check}");
     assert!(check["cold_empty_check_us"].as_f64() > Some(0.0), "{check}");
+    let lookup = find("postgres", "decisions-lookup");
+    assert_eq!(lookup["errors"], 0, "{lookup}");
+    assert!(lookup["get_p99_ms"].as_f64() > Some(0.0), "{lookup}");
     for store in ["sqlite", "postgres"] {
         assert!(find(store, "store limit")["rows_per_sec"].as_f64() > Some(0.0));
         for c in [4, 8] {
@@ -138,6 +143,27 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
         assert_eq!(w["missing"], 0, "{w}");
         assert!(w["records"].as_u64() > Some(0), "{w}");
         assert!(w["p99_ms"].as_f64().is_some(), "{w}");
+        // The decision log: on against off, measured, and its account exact.
+        for load in ["recorded, 1000/s", "dropped, 1000/s", "recorded, C=8"] {
+            let d = results
+                .iter()
+                .find(|r| r["store"] == store && r["phase"] == "decisions" && r["load"] == load)
+                .unwrap_or_else(|| panic!("no {store} decisions at {load} in {report}"));
+            assert_eq!(d["errors"], 0, "{d}");
+            assert!(d["on_server_cpu_us"].as_f64() > Some(0.0), "{d}");
+            assert!(d["off_server_cpu_us"].as_f64() > Some(0.0), "{d}");
+        }
+        let a = find(store, "decisions-account");
+        assert_eq!(a["logged_inbox"], a["answered_inbox"], "{a}");
+        assert_eq!(a["logged_dropped"], a["answered_dropped"], "{a}");
+        assert!(a["answered_dropped"].as_i64() > Some(0), "{a}");
+        for log in ["on", "off"] {
+            let f = results
+                .iter()
+                .find(|r| r["store"] == store && r["phase"] == "decisions-flood" && r["log"] == log)
+                .unwrap_or_else(|| panic!("no {store} decisions-flood {log} in {report}"));
+            assert_eq!(f["errors"], 0, "{f}");
+        }
         assert!(find(store, "idle watchers")["idle_rss_mib"]
             .as_f64()
             .is_some());

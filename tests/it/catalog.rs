@@ -636,7 +636,7 @@ on_both_stores!(a_page_of_trigger_types_has_a_byte_bound => run_a_page_of_trigge
 /// payload is over the budget is refused at registration, naming its pointer and the numbers;
 /// one within it is accepted, and a payload large enough to be checked on the check pool is
 /// answered as inline (refused naming the pointer, or recorded). Manifest text nested past its
-/// bound is refused naming `manifest_text`. A deleted pack's compiled catalog is let go.
+/// bound is refused naming `manifest_text`. A deleted pack's compiled trigger types are let go.
 async fn run_pattern_costs_are_bounded_at_the_payload_limit(kind: StoreKind) {
     let app = crate::helpers::spawn_app(kind).await;
     set_up_tracker(&app.channel).await;
@@ -708,7 +708,7 @@ async fn run_pattern_costs_are_bounded_at_the_payload_limit(kind: StoreKind) {
 }
 on_both_stores!(pattern_costs_are_bounded_at_the_payload_limit => run_pattern_costs_are_bounded_at_the_payload_limit);
 
-/// A deleted pack's compiled catalog is not kept by the store, on the replica that deleted it
+/// A deleted pack's compiled trigger types are not kept by the store, on the replica that deleted it
 /// and on one that reloads its view after.
 async fn run_a_deleted_packs_catalog_is_let_go(kind: StoreKind) {
     let db = crate::helpers::TestDb::create(kind).await;
@@ -726,12 +726,12 @@ async fn run_a_deleted_packs_catalog_is_let_go(kind: StoreKind) {
     };
     tables.put_pack(&actor, &m, 1).await.expect("stored");
     let p = tables.load_pack_policy("tracker").await.expect("loaded");
-    assert!(p.is_some_and(|p| p.catalog.schema("ticket.created").is_some()));
+    assert!(p.is_some_and(|p| p.trigger_types.schema("ticket.created").is_some()));
     other.policy_tables().load_policy().await.expect("view");
     assert_eq!(
         (
-            tables.catalogs_held(),
-            other.policy_tables().catalogs_held()
+            tables.trigger_types_held(),
+            other.policy_tables().trigger_types_held()
         ),
         (1, 1)
     );
@@ -739,9 +739,9 @@ async fn run_a_deleted_packs_catalog_is_let_go(kind: StoreKind) {
         .delete_pack(&actor, "tracker")
         .await
         .expect("deleted"));
-    assert_eq!(tables.catalogs_held(), 0);
+    assert_eq!(tables.trigger_types_held(), 0);
     // The other replica hears of it (or reloads the whole view): let go there too.
     other.policy_tables().load_policy().await.expect("view");
-    assert_eq!(other.policy_tables().catalogs_held(), 0);
+    assert_eq!(other.policy_tables().trigger_types_held(), 0);
 }
 on_both_stores!(a_deleted_packs_catalog_is_let_go => run_a_deleted_packs_catalog_is_let_go);

@@ -46,6 +46,7 @@ async fn grpcurl_session(kind: StoreKind) {
             "grpc.reflection.v1.ServerReflection",
             "grpc.reflection.v1alpha.ServerReflection",
             "hcp.sense.v1.AuditService",
+            "hcp.sense.v1.DecisionService",
             "hcp.sense.v1.IngestService",
             "hcp.sense.v1.IngressService",
             "hcp.sense.v1.PackService",

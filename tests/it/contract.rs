@@ -197,7 +197,8 @@ both_stores! {
         use hcp_sense::service::DropLog;
         let metrics = Arc::new(hcp_sense::metrics::Metrics::new(100));
         let store = hcp_sense::store::Store::connect(&hcp_sense::config::StoreConfig::at(app.test_db.url.clone())).await.expect("store").delivery_tables();
-        let log = DropLog::start(store.clone(), metrics.clone(), vec![]);
+        let life = hcp_sense::lifecycle::Lifecycle::new();
+        let log = DropLog::start(store.clone(), metrics.clone(), vec![], &life);
         for i in 0..10_050 {
             log.count(&format!("invented-{i}"), "x.y", Why::UnknownPack);
         }
@@ -210,7 +211,7 @@ both_stores! {
         drop(log);
         // A restarted server knows the keys already stored.
         let keys = store.drop_report_keys(20_000).await.expect("keys");
-        let log = DropLog::start(store.clone(), metrics, keys);
+        let log = DropLog::start(store.clone(), metrics, keys, &life);
         for i in 0..100 {
             log.count(&format!("after-restart-{i}"), "x.y", Why::UnknownPack);
         }

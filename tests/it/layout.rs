@@ -54,6 +54,40 @@ fn every_grpc_status_comes_from_the_one_error_table() {
     assert!(table.contains("impl From<Error> for Status"));
 }
 
+/// One table (src/reply.rs) says what each error tells a caller; the doors render it: no
+/// door picks an HTTP status for an error, and only grpc/status.rs builds a stream item's error.
+#[test]
+fn every_reply_to_an_error_comes_from_the_one_table() {
+    let error_statuses = [
+        "StatusCode::BAD_REQUEST",
+        "StatusCode::UNAUTHORIZED",
+        "StatusCode::NOT_FOUND",
+        "StatusCode::CONFLICT",
+        "StatusCode::UNPROCESSABLE_ENTITY",
+        "StatusCode::TOO_MANY_REQUESTS",
+        "StatusCode::INTERNAL_SERVER_ERROR",
+    ];
+    for (path, text) in sources("ingress") {
+        for c in error_statuses {
+            assert!(
+                !text.contains(c),
+                "{path} answers an error with {c}: render crate::reply::Reply instead"
+            );
+        }
+    }
+    for (path, text) in sources("") {
+        if path.ends_with("src/grpc/status.rs") {
+            continue;
+        }
+        assert!(
+            !text.contains("TriggerError {"),
+            "{path} builds a stream item's error: use grpc::status::trigger_error"
+        );
+    }
+    let table = std::fs::read_to_string(repo_path("src/reply.rs")).expect("reply.rs");
+    assert!(table.contains("impl From<Error> for Reply"));
+}
+
 #[test]
 fn the_domain_imports_no_grpc_or_sql_and_the_edge_no_store() {
     for (path, text) in sources("domain") {
@@ -61,13 +95,49 @@ fn the_domain_imports_no_grpc_or_sql_and_the_edge_no_store() {
             assert!(!text.contains(c), "{path} uses {c}");
         }
     }
-    for (path, text) in sources("grpc") {
+    // The doors that adapt a protocol: gRPC's handlers, and the ingress listeners.
+    let mut doors = sources("grpc");
+    doors.extend(
+        sources("ingress")
+            .into_iter()
+            .filter(|(path, _)| path.ends_with("/http.rs") || path.ends_with("/nats.rs")),
+    );
+    for (path, text) in doors {
         // Types the store defines (Actor, time) are fine; calls on it go through the service.
-        assert!(
-            !text.contains("service.store") && !text.contains(".store."),
-            "{path} calls the store"
-        );
+        if let Some(how) = store_call(&text) {
+            panic!("{path} calls the store ({how}): give the service handle the read");
+        }
     }
+    // No handle hands its store out: a read a door needs is a method of the handle.
+    for dir in ["service", "ingress"] {
+        for (path, text) in sources(dir) {
+            assert!(
+                !text.contains("pub fn store(") && !text.contains("pub(crate) fn store("),
+                "{path} hands its store out"
+            );
+        }
+    }
+}
+
+/// How `text` reaches a store, if it does: a field (`.store.`) or an accessor (`.store()`,
+/// `Policy::store(`). Whitespace is taken out first, so a call split across lines is seen too.
+fn store_call(text: &str) -> Option<&'static str> {
+    let text: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    ["service.store", ".store.", ".store()", "::store("]
+        .into_iter()
+        .find(|c| text.contains(c))
+}
+
+#[test]
+fn a_handler_reading_the_store_through_an_accessor_is_caught() {
+    let accessor = "let mut packs = self\n    .policy\n    .store()\n    .list_packs(after, 10)";
+    assert_eq!(store_call(accessor), Some(".store()"));
+    let field = "self.policy\n    .store\n    .list_packs(after, 10)";
+    assert_eq!(store_call(field), Some(".store."));
+    assert_eq!(store_call("Policy::store(&self.policy)"), Some("::store("));
+    // An atomic's store, and a read through the handle, are not the store.
+    assert_eq!(store_call("self.0.store(true, Ordering::SeqCst)"), None);
+    assert_eq!(store_call("self.policy.list_packs(after, 10)"), None);
 }
 
 /// The store owns every SQL statement: no other layer names sea-orm or sqlx.

@@ -13,9 +13,9 @@ use crate::cli::{connect, set_up_weather};
 use crate::helpers::{http_get, StoreKind, TestDb};
 use crate::support::served::Served;
 
-const NATS: &str = "nats://127.0.0.1:4222";
+pub(crate) const NATS: &str = "nats://127.0.0.1:4222";
 
-fn python(args: &[&str]) -> Value {
+pub(crate) fn python(args: &[&str]) -> Value {
     let out = Command::new("python3")
         .arg("tests/python/nats_publish.py")
         .args(args)
@@ -48,7 +48,7 @@ async fn counts(db: &sea_orm::DatabaseConnection) -> (i64, i64) {
 }
 
 /// Puts a NATS route of the weather pack on `stream`, for the subjects under `subject`.
-async fn put_nats_route(
+pub(crate) async fn put_nats_route(
     ch: &tonic::transport::Channel,
     route_id: &str,
     stream: &str,
@@ -259,7 +259,7 @@ async fn s7_6_nats_ingress_survives_a_broker_restart() {
 }
 
 /// A name of this test process, store and test alone, so no two tests share a stream.
-fn unique(kind: StoreKind, what: &str) -> String {
+pub(crate) fn unique(kind: StoreKind, what: &str) -> String {
     let store = match kind {
         StoreKind::Sqlite => "sqlite",
         StoreKind::Postgres => "postgres",
@@ -281,12 +281,12 @@ async fn trigger_ids(db: &sea_orm::DatabaseConnection) -> BTreeSet<String> {
 }
 
 /// `n` trigger ids `prefix-0` … `prefix-{n-1}`, as `publish` sends them.
-fn ids(prefix: &str, n: usize) -> BTreeSet<String> {
+pub(crate) fn ids(prefix: &str, n: usize) -> BTreeSet<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
 
 /// Waits (up to 30 s) until the records are exactly `want`, never one outside it.
-async fn recorded_exactly(
+pub(crate) async fn recorded_exactly(
     db: &sea_orm::DatabaseConnection,
     want: &BTreeSet<String>,
     context: &str,

@@ -3,13 +3,16 @@
 //! server's `hcp_sense_decision_duration_seconds` over each phase.
 use std::time::Duration;
 
+use serde_json::json;
 use tonic::transport::Channel;
 
-use crate::cpu;
 use crate::load::{closed, open, Load, Phase, Population};
 use crate::pb::policy_service_client::PolicyServiceClient;
 use crate::pb::{ActivateSenseRequest, Route as PbRoute};
+use crate::report::{result, row};
+use crate::seed::prepare;
 use crate::server::Server;
+use crate::{cpu, Options};
 
 /// The filter measured: a typical one, over the benchmark triggers' payload and ref.
 pub const TYPICAL: &str = "payload.repository.private == false && ref.startsWith(\"issue.\")";
@@ -143,4 +146,105 @@ pub fn pair_changes(a: &[Measured], b: &[Measured]) -> PairChanges {
         min: changes.first().copied().unwrap_or(f64::NAN),
         max: changes.last().copied().unwrap_or(f64::NAN),
     }
+}
+
+/// An activation filter's cost on each store, at the sweep's first concurrency: recorded
+/// phases with every activation unfiltered and filtered alternately (four of each), the
+/// recorded rate and the server's own decision time of each.
+pub async fn filter_phase(o: &Options) -> anyhow::Result<()> {
+    ab_phase(o, "filter", ("no filter", "filtered"), |chs, pop, on| {
+        let ch = chs[0].clone();
+        async move { activate_all(&ch, pop, if on { TYPICAL } else { "" }).await }
+    })
+    .await
+}
+
+/// Phases A and B alternating on each store, at full load and at a steady 1,000/s, `set`
+/// switching between them; the decision's time, the server's CPU per call and the rates.
+pub async fn ab_phase<F, Fut>(
+    o: &Options,
+    name: &str,
+    labels: (&str, &str),
+    set: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(Vec<Channel>, Population, bool) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let c = o.first();
+    let mean = |ms: &[Measured], f: fn(&Measured) -> f64| {
+        ms.iter().map(f).sum::<f64>() / ms.len().max(1) as f64
+    };
+    for kind in &o.stores {
+        let pop = o.population(o.principals);
+        let (db, server) = prepare(o, kind, "filter", pop, &[]).await?;
+        let chs = server.channels(o.channels).await?;
+        // At full load for the rate; at a steady 1,000/s for the decision's own time, which
+        // under full load also counts the time its thread waits for a core.
+        for (pace, label) in [
+            (Pace::Closed(c), format!("C={c}")),
+            (Pace::Open(1000.0), "1000/s".to_owned()),
+        ] {
+            let (plain, filtered) =
+                alternating(&server, &chs, o.duration(), pace, pop, o.ab_rounds, |on| {
+                    set(chs.clone(), pop, on)
+                })
+                .await?;
+            for (p, f) in plain.iter().zip(&filtered) {
+                row(
+                    kind,
+                    &format!("recorded, {label}, {}", labels.0),
+                    &p.phase,
+                    None,
+                );
+                row(
+                    kind,
+                    &format!("recorded, {label}, {}", labels.1),
+                    &f.phase,
+                    None,
+                );
+            }
+            let (a, b) = (
+                mean(&plain, |m| m.phase.rate()),
+                mean(&filtered, |m| m.phase.rate()),
+            );
+            let (da, db_) = (
+                mean(&plain, |m| m.decision_us),
+                mean(&filtered, |m| m.decision_us),
+            );
+            let (ca, cb) = (
+                mean(&plain, |m| m.server_cpu_us),
+                mean(&filtered, |m| m.server_cpu_us),
+            );
+            let (la, lb) = labels;
+            // Each A beside its B: the change of rate pair by pair, so a drift over the run
+            // (records piling up) weighs on neither kind.
+            let pairs = pair_changes(&plain, &filtered);
+            println!(
+                "{kind:<9} {name} at {label}: decision {da:.2} us {la}, {db_:.2} us {lb} ({:+.2} us); server CPU per call {ca:.1} us {la}, {cb:.1} us {lb} ({:+.1} us); recorded {a:.0}/s {la}, {b:.0}/s {lb}: {:+.1}% (means of {}); pair by pair {:+.1}% ± {:.1}% (mean ± standard error of {} pairs), median {:+.1}%, {:+.1}% to {:+.1}%",
+                db_ - da,
+                cb - ca,
+                (b / a - 1.0) * 100.0,
+                plain.len(),
+                pairs.mean * 100.0,
+                pairs.standard_error * 100.0,
+                pairs.n,
+                pairs.median * 100.0,
+                pairs.min * 100.0,
+                pairs.max * 100.0,
+            );
+            result(json!({
+                "store": kind, "phase": name, "load": label, "a": la, "b": lb,
+                "plain_decision_us": da, "filtered_decision_us": db_, "extra_decision_us": db_ - da,
+                "plain_server_cpu_us": ca, "filtered_server_cpu_us": cb,
+                "plain_per_s": a, "filtered_per_s": b, "change": b / a - 1.0,
+                "pairs": pairs.n, "pair_change_mean": pairs.mean,
+                "pair_change_standard_error": pairs.standard_error,
+                "pair_change_median": pairs.median,
+            }));
+        }
+        server.stop();
+        db.drop_db().await;
+    }
+    Ok(())
 }

@@ -4,12 +4,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde_json::json;
 use tonic::transport::Channel;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 use tonic_types::StatusExt;
 
 use crate::load::{trigger, Load, Population};
 use crate::pb::ingest_service_client::IngestServiceClient;
+use crate::report::result;
+use crate::seed::prepare;
+use crate::server::Server;
+use crate::{bin, cpu, pb, Options};
 
 /// One paced series: `Phase`'s latencies (sorted, µs) and errors; its `pct` reads them.
 pub use crate::load::Phase as Paced;
@@ -426,4 +431,294 @@ impl SinkDuring {
                 ),
         }
     }
+}
+
+/// Fairness across two replicas on one PostgreSQL: one replica flooded (pack 0), the quiet pack
+/// (pack 1) and Health measured on both at once.
+pub async fn flood_replicas_phase(o: &Options) -> anyhow::Result<()> {
+    let pop = o.population(o.principals);
+    let (db, server) = prepare(o, "postgres", "flood2", pop, &[]).await?;
+    let other = Server::start(bin(o), &db.url, &[])?;
+    let flooded = server.channels(o.channels).await?;
+    let beside = other.channels(1).await?;
+    let c = o.flood_callers;
+    let r = run_replicas(&flooded, &beside[0], o.duration(), c, 1, pop, "replicas").await;
+    let ratio = |q: &Paced, h: &Paced, p: f64| q.pct(p) / h.pct(p).max(1e-9);
+    println!(
+        "postgres  flood, two replicas: {c} callers on one: there the quiet pack p50 {:.1} / p99 {:.1} ms, Health {:.1} / {:.1} ms ({:.2}x / {:.2}x); on the other the quiet pack {:.1} / {:.1} ms, Health {:.1} / {:.1} ms ({:.2}x / {:.2}x); flood {:.0}/s",
+        r.quiet_flooded.pct(0.5), r.quiet_flooded.pct(0.99),
+        r.health_flooded.pct(0.5), r.health_flooded.pct(0.99),
+        ratio(&r.quiet_flooded, &r.health_flooded, 0.5), ratio(&r.quiet_flooded, &r.health_flooded, 0.99),
+        r.quiet_other.pct(0.5), r.quiet_other.pct(0.99),
+        r.health_other.pct(0.5), r.health_other.pct(0.99),
+        ratio(&r.quiet_other, &r.health_other, 0.5), ratio(&r.quiet_other, &r.health_other, 0.99),
+        r.flood_rate
+    );
+    result(json!({
+        "store": "postgres", "phase": "flood replicas", "callers": c,
+        "flooded_quiet_p50_ms": r.quiet_flooded.pct(0.5), "flooded_quiet_p99_ms": r.quiet_flooded.pct(0.99),
+        "flooded_health_p50_ms": r.health_flooded.pct(0.5), "flooded_health_p99_ms": r.health_flooded.pct(0.99),
+        "other_quiet_p50_ms": r.quiet_other.pct(0.5), "other_quiet_p99_ms": r.quiet_other.pct(0.99),
+        "other_health_p50_ms": r.health_other.pct(0.5), "other_health_p99_ms": r.health_other.pct(0.99),
+        "flood_per_sec": r.flood_rate,
+        "quiet_errors": r.quiet_flooded.errors + r.quiet_other.errors,
+        "errors": r.errors,
+    }));
+    other.stop();
+    server.stop();
+    db.drop_db().await;
+    Ok(())
+}
+
+/// Fairness on one store: pack 1 delivering every 20 ms beside Health/Check, with no flood and
+/// while pack 0 floods; pack 0's rate alone and beside it; up to ten packs flooding at once,
+/// with as many callers each. Then quotas (`quota_phase`).
+pub async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
+    let pop = o.population(o.principals);
+    let (db, server) = prepare(o, kind, "flood", pop, &[]).await?;
+    let chs = server.channels(o.channels).await?;
+    let (d, c) = (o.duration(), o.flood_callers);
+    anyhow::ensure!(pop.packs >= 2, "the flood phase needs --packs 2 or more");
+    let spread = pop.packs.min(10);
+    let calm = run(&chs, d, 0, 1, Some(1), pop, "calm").await;
+    let alone = run(&chs, d, c, 1, None, pop, "alone").await;
+    let scraped = server.scrape().await;
+    let during = run(&chs, d, c, 1, Some(1), pop, "during").await;
+    let sink = SinkDuring::between(&scraped, &server.scrape().await, "pack-1");
+    let ten = run(&chs, d, c, spread, None, pop, "ten").await;
+    let rate = |m: &Measured| m.rates.get(&0).copied().unwrap_or(0.0);
+    let (q, h) = (&during.quiet, &during.health);
+    println!(
+        "{kind:<9} flood: quiet pack alone p50 {:.1} / p99 {:.1} ms; Health alone {:.1} / {:.1} ms",
+        calm.quiet.pct(0.5),
+        calm.quiet.pct(0.99),
+        calm.health.pct(0.5),
+        calm.health.pct(0.99)
+    );
+    println!(
+        "{kind:<9} flood: {c} callers on one pack: quiet pack p50 {:.1} / p99 {:.1} ms, Health {:.1} / {:.1} ms: {:.2}x / {:.2}x Health's ({} quiet errors)",
+        q.pct(0.5), q.pct(0.99), h.pct(0.5), h.pct(0.99),
+        q.pct(0.5) / h.pct(0.5), q.pct(0.99) / h.pct(0.99), q.errors
+    );
+    println!(
+        "{kind:<9} flood: where the quiet pack's time went: {:.2} ms in the sink's queue (mean), batches of {:.0} records (mean) committing in {:.2} ms (mean); the same trigger to the no-op on its connection meanwhile p50 {:.1} / p99 {:.1} ms ({:.2}x / {:.2}x Health's)",
+        sink.quiet_wait_ms, sink.batch_records, sink.commit_ms,
+        during.noop.pct(0.5), during.noop.pct(0.99),
+        during.noop.pct(0.5) / h.pct(0.5), during.noop.pct(0.99) / h.pct(0.99)
+    );
+    println!(
+        "{kind:<9} flood: flooding pack {:.0}/s alone, {:.0}/s beside the quiet pack ({:.2}x); {} flood errors",
+        rate(&alone), rate(&during), rate(&during) / rate(&alone), alone.errors + during.errors
+    );
+    let total: f64 = ten.rates.values().sum();
+    let shares: Vec<f64> = (0..spread)
+        .map(|p| ten.rates.get(&p).copied().unwrap_or(0.0) * spread as f64 / total.max(1.0))
+        .collect();
+    let (lo, hi) = shares
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(*s), hi.max(*s)));
+    println!(
+        "{kind:<9} flood: {spread} packs flooding ({} callers each): {total:.0}/s in all, each pack's rate over an even share {lo:.2}x to {hi:.2}x; {} errors",
+        c / spread, ten.errors
+    );
+    let flooding = Flooding {
+        server: &server,
+        chs: &chs,
+        kind,
+        duration: d,
+        callers: c,
+        pop,
+    };
+    let mut flooded = quota_phase(&flooding, rate(&alone)).await?;
+    for (k, v) in [
+        ("calm_quiet_p50_ms", calm.quiet.pct(0.5)),
+        ("calm_quiet_p99_ms", calm.quiet.pct(0.99)),
+        ("calm_health_p50_ms", calm.health.pct(0.5)),
+        ("calm_health_p99_ms", calm.health.pct(0.99)),
+        ("quiet_p50_ms", q.pct(0.5)),
+        ("quiet_p99_ms", q.pct(0.99)),
+        ("health_p50_ms", h.pct(0.5)),
+        ("health_p99_ms", h.pct(0.99)),
+        ("flood_alone_per_sec", rate(&alone)),
+        ("flood_beside_quiet_per_sec", rate(&during)),
+        ("spread_per_sec", total),
+        ("spread_share_min", lo),
+        ("spread_share_max", hi),
+        // Where the quiet pack's time went.
+        ("quiet_noop_p50_ms", during.noop.pct(0.5)),
+        ("quiet_noop_p99_ms", during.noop.pct(0.99)),
+        ("quiet_queue_wait_ms", sink.quiet_wait_ms),
+        ("batch_records_mean", sink.batch_records),
+        ("commit_ms_mean", sink.commit_ms),
+    ] {
+        flooded[k] = json!(v);
+    }
+    flooded["quiet_errors"] = json!(q.errors);
+    flooded["spread_packs"] = json!(spread);
+    flooded["errors"] = json!(alone.errors + during.errors + ten.errors);
+    flooded["store"] = json!(kind);
+    flooded["phase"] = json!("flood");
+    flooded["callers"] = json!(c);
+    result(flooded);
+    server.stop();
+    db.drop_db().await;
+    Ok(())
+}
+
+/// One store's flood phase: its server and channels, how long each part runs and with how
+/// many callers, over which population.
+pub struct Flooding<'a> {
+    pub server: &'a Server,
+    pub chs: &'a [Channel],
+    pub kind: &'a str,
+    pub duration: Duration,
+    pub callers: usize,
+    pub pop: Population,
+}
+
+/// Quotas on one store: what a refusal costs against a drop (the same callers, each sent
+/// again at once), with the no-op as the floor under both, and a quota of a quarter of
+/// `alone` (the flooding pack's rate alone) held while it floods beside the quiet pack. Each
+/// with the CPU the server (and PostgreSQL) spent per answer: the cost on the service's side,
+/// apart from the client's, which shares these cores.
+pub async fn quota_phase(f: &Flooding<'_>, alone: f64) -> anyhow::Result<serde_json::Value> {
+    let (server, chs, kind, pop) = (f.server, f.chs, f.kind, f.pop);
+    let (d, c) = (f.duration, f.callers);
+    let pid = server.pid();
+    let costed = |m: fn(usize, usize, Population) -> pb::DeliverTriggerRequest| {
+        let chs = &chs;
+        async move {
+            let before = cpu::sample(pid);
+            let started = Instant::now();
+            let (per_sec, errors) = answers(chs, (d, c), m, pop, Load::Recorded).await;
+            let calls = (per_sec * started.elapsed().as_secs_f64()) as usize;
+            let cost = before.per_call(&cpu::sample(pid), calls);
+            (per_sec, errors, cost.server + cost.postgres)
+        }
+    };
+    // The floor under both: the same triggers to the no-op, which only decodes and answers.
+    let noop = {
+        let before = cpu::sample(pid);
+        let started = Instant::now();
+        let dropped = |w, n, p| dropped(w, n, p, false);
+        let (per_sec, errors) = answers(chs, (d, c), dropped, pop, Load::Noop).await;
+        let calls = (per_sec * started.elapsed().as_secs_f64()) as usize;
+        (
+            per_sec,
+            errors,
+            before.per_call(&cpu::sample(pid), calls).server,
+        )
+    };
+    let drops = [
+        costed(|w, n, p| dropped(w, n, p, false)).await,
+        costed(|w, n, p| dropped(w, n, p, true)).await,
+    ];
+    let mut admin = pb::policy_service_client::PolicyServiceClient::new(chs[0].clone());
+    admin.put_quota(pack_0_quota(0.001, 1)).await?;
+    let refusals = [
+        costed(|w, n, p| of_pack_0(w, n, p, false)).await,
+        costed(|w, n, p| of_pack_0(w, n, p, true)).await,
+    ];
+    for (i, what) in ["without trigger ids", "with trigger ids"]
+        .iter()
+        .enumerate()
+    {
+        println!(
+            "{kind:<9} flood: {c} callers {what}: refused over quota {:.0}/s vs dropped {:.0}/s ({:.2}x); server CPU per refusal {:.1} µs vs per drop {:.1} µs ({:.2}x); {} errors",
+            refusals[i].0,
+            drops[i].0,
+            refusals[i].0 / drops[i].0.max(1e-9),
+            refusals[i].2,
+            drops[i].2,
+            refusals[i].2 / drops[i].2.max(1e-9),
+            refusals[i].1 + drops[i].1
+        );
+    }
+    println!(
+        "{kind:<9} flood: {c} callers to the no-op (decoded and answered, nothing else): {:.0}/s, server CPU {:.1} µs per answer: refusal over it {:.2}x, drop over it {:.2}x; {} errors",
+        noop.0,
+        noop.2,
+        refusals[0].2 / noop.2.max(1e-9),
+        drops[0].2 / noop.2.max(1e-9),
+        noop.1
+    );
+    let mut costs = quota_held(f, alone).await?;
+    for (k, v) in json!({
+        "dropped_per_sec": drops[0].0, "refused_per_sec": refusals[0].0,
+        "dropped_with_ids_per_sec": drops[1].0, "refused_with_ids_per_sec": refusals[1].0,
+        "drop_server_cpu_us": drops[0].2, "refusal_server_cpu_us": refusals[0].2,
+        "drop_with_ids_server_cpu_us": drops[1].2, "refusal_with_ids_server_cpu_us": refusals[1].2,
+        "drop_refuse_errors": drops[0].1 + drops[1].1 + refusals[0].1 + refusals[1].1,
+        // The floor under a refusal and a drop.
+        "noop_per_sec": noop.0, "noop_server_cpu_us": noop.2, "noop_errors": noop.1,
+    })
+    .as_object()
+    .into_iter()
+    .flatten()
+    {
+        costs[k] = v.clone();
+    }
+    Ok(costs)
+}
+
+/// A quota of `rate` a second (and `burst`) on the flooding pack, pack 0.
+pub fn pack_0_quota(rate: f64, burst: u32) -> pb::PutQuotaRequest {
+    pb::PutQuotaRequest {
+        pack_id: "pack-0".into(),
+        principal: None,
+        rate_per_second: rate,
+        burst,
+    }
+}
+
+/// A quota of a quarter of `alone` (the flooding pack's rate alone, at least 100/s) on the
+/// flooding pack while it floods beside the quiet pack: what it recorded, what it was refused,
+/// and what the server counted meanwhile.
+pub async fn quota_held(f: &Flooding<'_>, alone: f64) -> anyhow::Result<serde_json::Value> {
+    let (server, chs, kind, pop) = (f.server, f.chs, f.kind, f.pop);
+    let (d, c) = (f.duration, f.callers);
+    let mut admin = pb::policy_service_client::PolicyServiceClient::new(chs[0].clone());
+    let limit = (alone * 0.25).round().max(100.0);
+    let before = server.scrape().await;
+    admin
+        .put_quota(pack_0_quota(limit, (limit / 10.0).ceil() as u32))
+        .await?;
+    let held = run(chs, d, c, 1, Some(1), pop, "quota").await;
+    let after = server.scrape().await;
+    admin
+        .delete_quota(pb::DeleteQuotaRequest {
+            pack_id: "pack-0".into(),
+            principal: None,
+        })
+        .await?;
+    // What the server counted for pack 0 meanwhile: decided as recorded or dropped.
+    let counted = |disposition: &str| -> f64 {
+        after
+            .iter()
+            .filter(|(k, _)| {
+                k.starts_with("hcp_sense_deliveries_total{")
+                    && k.contains(r#"pack="pack-0""#)
+                    && k.contains(&format!(r#"disposition="{disposition}"#))
+            })
+            .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+            .sum()
+    };
+    let held_rate = held.rates.get(&0).copied().unwrap_or(0.0);
+    println!(
+        "{kind:<9} flood: quota {limit:.0}/s on the flooding pack: recorded {held_rate:.0}/s ({:.3}x the quota), refused {:.0}/s with RetryInfo; server counted {:.0} recorded (of {} answered), {:.0} dropped; quiet pack p50 {:.1} / p99 {:.1} ms",
+        held_rate / limit,
+        held.refused_per_sec,
+        counted("recorded"),
+        held.recorded,
+        counted("dropped"),
+        held.quiet.pct(0.5),
+        held.quiet.pct(0.99)
+    );
+    Ok(json!({
+        "quota_per_sec": limit, "quota_recorded_per_sec": held_rate,
+        "quota_refused_per_sec": held.refused_per_sec,
+        "quota_counted_recorded": counted("recorded"), "quota_answered_recorded": held.recorded,
+        "quota_counted_dropped": counted("dropped"),
+        "quota_quiet_p50_ms": held.quiet.pct(0.5), "quota_quiet_p99_ms": held.quiet.pct(0.99),
+    }))
 }

@@ -16,6 +16,9 @@ use crate::pb::{
     deliver_trigger_request, lint_pack_request, register_pack_request, DeliverTriggerRequest,
     LintPackRequest, RegisterPackRequest,
 };
+use crate::report::result;
+use crate::seed::prepare;
+use crate::Options;
 
 /// The hostile pack's id.
 const PACK: &str = "hostile";
@@ -189,4 +192,47 @@ pub async fn run(
         lat_us: lat,
     };
     (quiet, health, Hostile { codes, answers })
+}
+
+/// The costliest payload schema lint accepts (a pattern whose DFA blows up, at the largest size
+/// the budget allows at the payload limit), fed its worst payload by closed-loop callers:
+/// Health/Check and pack 1's DeliverTrigger, every 20 ms, idle and meanwhile, as ratios of
+/// the same series idle in the same run.
+pub async fn hostile_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
+    let pop = o.population(o.principals);
+    let (db, server) = prepare(o, kind, "hostile", pop, &[]).await?;
+    let chs = server.channels(o.channels).await?;
+    anyhow::ensure!(pop.packs >= 2, "the hostile phase needs --packs 2 or more");
+    let n = worst_accepted(&chs[0]).await?;
+    // The server's default payload limit (the benchmark starts servers with it).
+    let worst = worst_payload(64 * 1024);
+    let (d, c) = (o.duration(), o.hostile_callers);
+    let (quiet_idle, health_idle, _) = run(&chs, d, 0, &worst, 1, pop, "idle").await;
+    let (quiet, health, h) = run(&chs, d, c, &worst, 1, pop, "hostile").await;
+    let ratio =
+        |a: &crate::load::Phase, b: &crate::load::Phase, p: f64| a.pct(p) / b.pct(p).max(1e-9);
+    println!(
+        "{kind:<9} hostile: pattern a[ab]{{{n}}}c (the largest lint accepts), {c} callers sending 64 KiB of a/b: Health p50 {:.2} / p99 {:.2} ms against {:.2} / {:.2} idle ({:.2}x / {:.2}x); pack 1 DeliverTrigger p50 {:.2} / p99 {:.2} ms against {:.2} / {:.2} idle ({:.2}x / {:.2}x); errors {} / {}; the hostile calls: {:.0}/s answered {:?}, p50 {:.1} / p99 {:.1} ms",
+        health.pct(0.5), health.pct(0.99), health_idle.pct(0.5), health_idle.pct(0.99),
+        ratio(&health, &health_idle, 0.5), ratio(&health, &health_idle, 0.99),
+        quiet.pct(0.5), quiet.pct(0.99), quiet_idle.pct(0.5), quiet_idle.pct(0.99),
+        ratio(&quiet, &quiet_idle, 0.5), ratio(&quiet, &quiet_idle, 0.99),
+        health.errors, quiet.errors,
+        h.answers.calls as f64 / h.answers.secs.max(1e-9), h.codes,
+        h.answers.pct(0.5), h.answers.pct(0.99),
+    );
+    result(json!({
+        "store": kind, "phase": "hostile", "callers": c, "pattern_repeat": n,
+        "health_idle_p50_ms": health_idle.pct(0.5), "health_idle_p99_ms": health_idle.pct(0.99),
+        "health_p50_ms": health.pct(0.5), "health_p99_ms": health.pct(0.99),
+        "quiet_idle_p50_ms": quiet_idle.pct(0.5), "quiet_idle_p99_ms": quiet_idle.pct(0.99),
+        "quiet_p50_ms": quiet.pct(0.5), "quiet_p99_ms": quiet.pct(0.99),
+        "health_errors": health.errors, "quiet_errors": quiet.errors,
+        "hostile_per_sec": h.answers.calls as f64 / h.answers.secs.max(1e-9),
+        "hostile_codes": h.codes,
+        "hostile_p50_ms": h.answers.pct(0.5), "hostile_p99_ms": h.answers.pct(0.99),
+    }));
+    server.stop();
+    db.drop_db().await;
+    Ok(())
 }

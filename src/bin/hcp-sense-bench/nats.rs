@@ -3,12 +3,16 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+use serde_json::json;
 use tonic::transport::Channel;
 
-use crate::load::{trigger, Load, Population};
+use crate::load::{stream, trigger, Load, Population};
 use crate::pb::{
     ingress_service_client::IngressServiceClient, IngressKind, IngressRoute, PutIngressRouteRequest,
 };
+use crate::report::result;
+use crate::seed::prepare;
+use crate::Options;
 
 async fn recorded(db: &DatabaseConnection) -> anyhow::Result<i64> {
     let row = db
@@ -103,4 +107,30 @@ pub async fn drain(
     };
     let _ = js.delete_stream(&name).await;
     Ok(rate)
+}
+
+/// NATS ingress on one store: the DeliverTriggers streams' rate, then messages drained from a
+/// JetStream stream by the server's consumers, on the same server.
+pub async fn nats_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
+    let pop = o.population(o.principals);
+    let (db, server) = prepare(o, kind, "nats", pop, &["--nats-url", &o.nats_url]).await?;
+    let chs = server.channels(o.channels).await?;
+    let streamed = stream(&chs, o.duration(), pop, o.stream_in_flight)
+        .await
+        .rate();
+    let conn = db.connect().await?;
+    let drained = drain(&chs[0], &conn, &o.nats_url, pop, o.nats_messages, kind).await?;
+    let _ = conn.close().await;
+    println!(
+        "{kind:<9} nats: {} messages drained at {drained:.0} recorded/s; DeliverTriggers streams {streamed:.0}/s on the same server: {:.2}",
+        o.nats_messages,
+        drained / streamed
+    );
+    result(json!({
+        "store": kind, "phase": "nats", "messages": o.nats_messages,
+        "nats_per_s": drained, "stream_per_s": streamed, "ratio": drained / streamed,
+    }));
+    server.stop();
+    db.drop_db().await;
+    Ok(())
 }

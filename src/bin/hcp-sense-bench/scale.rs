@@ -4,10 +4,12 @@ use std::time::{Duration, Instant};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::json;
 
-use crate::load::{closed, Load, Phase};
+use crate::load::{closed, Load, Phase, Population};
+use crate::records::{list_page_latency, page_down};
 use crate::report::{header, result, row};
+use crate::seed::prepare;
 use crate::server::Server;
-use crate::{bin, cpu, list_page_latency, page_down, prepare, Options};
+use crate::{bin, cpu, Options};
 
 const DAY: i64 = 86_400_000_000;
 /// Days of records seeded, one partition each.
@@ -226,9 +228,24 @@ pub async fn scale_phase(o: &Options, n: usize) -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64()
     );
     lookup_cost(&conn, o).await?;
+    let (base, without) = without_retention(o, &db.url, pop).await?;
+    let cutoff = today - (DAYS - EXPIRED_DAYS) * DAY;
+    let pass = with_retention(o, &db.url, &conn, cutoff, &base).await?;
+    report_pass(&conn, n, cutoff, &pass, &without).await?;
+    let _ = conn.close().await;
+    db.drop_db().await;
+    println!();
+    Ok(())
+}
 
-    // Without retention: the baseline and the recorded phases the pass is compared with.
-    let server = Server::start(bin(o), &db.url, &[])?;
+/// Without retention: the baseline and the recorded phases the pass is compared with, the
+/// ListRecords pages and the dropped phases; answers the baseline and the recorded rates.
+async fn without_retention(
+    o: &Options,
+    url: &str,
+    pop: Population,
+) -> anyhow::Result<(Phase, Vec<f64>)> {
+    let server = Server::start(bin(o), url, &[])?;
     let chs = server.channels(o.channels).await?;
     header();
     let base = closed(&chs, o.duration(), o.first(), pop, Load::Noop).await;
@@ -258,28 +275,48 @@ pub async fn scale_phase(o: &Options, n: usize) -> anyhow::Result<()> {
         Some(&base),
     );
     server.stop();
+    Ok((base, without))
+}
 
-    // With retention: the age puts the cutoff at the start of the 21st day back, so the 9
-    // days before it expire whole (the partition after the cutoff is trimmed of the few
-    // records stored in the seconds between this start and the pass).
+/// What the phase with retention measured of its pass.
+struct Pass {
+    /// Records stored before the cutoff when the server started.
+    expired: i64,
+    same_before: Phase,
+    during: Phase,
+    began: Duration,
+    took: Duration,
+    /// Autovacuum and autoanalyze runs before the pass's phase.
+    vacuums_before: i64,
+}
+
+const VACUUMS: &str = "SELECT (coalesce(sum(autovacuum_count), 0) + coalesce(sum(autoanalyze_count), 0))::bigint FROM pg_stat_user_tables";
+
+/// With retention: the age puts the cutoff at the start of the 21st day back, so the 9 days
+/// before it expire whole (the partition after the cutoff is trimmed of the few records
+/// stored in the seconds between this start and the pass).
+async fn with_retention(
+    o: &Options,
+    url: &str,
+    conn: &DatabaseConnection,
+    cutoff: i64,
+    base: &Phase,
+) -> anyhow::Result<Pass> {
     let now = scalar(
-        &conn,
+        conn,
         "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
     )
     .await?;
-    let age_secs = (now - (today - (DAYS - EXPIRED_DAYS) * DAY)) / 1_000_000;
+    let age_secs = (now - cutoff) / 1_000_000;
     let expired = scalar(
-        &conn,
-        &format!(
-            "SELECT count(*)::bigint FROM records WHERE stored_time < {}",
-            today - (DAYS - EXPIRED_DAYS) * DAY
-        ),
+        conn,
+        &format!("SELECT count(*)::bigint FROM records WHERE stored_time < {cutoff}"),
     )
     .await?;
     let age = age_secs.to_string();
     let server = Server::start(
         bin(o),
-        &db.url,
+        url,
         &[
             "--record-retention-secs",
             &age,
@@ -297,17 +334,16 @@ pub async fn scale_phase(o: &Options, n: usize) -> anyhow::Result<()> {
         "postgres",
         "recorded, keyed, before the pass",
         &same_before,
-        Some(&base),
+        Some(base),
     );
-    let vacuums = "SELECT (coalesce(sum(autovacuum_count), 0) + coalesce(sum(autoanalyze_count), 0))::bigint FROM pg_stat_user_tables";
-    let vacuums_before = scalar(&conn, vacuums).await?;
-    let watcher = tokio::spawn(watch_pass(db.url.clone(), EXPIRED_DAYS));
+    let vacuums_before = scalar(conn, VACUUMS).await?;
+    let watcher = tokio::spawn(watch_pass(url.to_owned(), EXPIRED_DAYS));
     let (during, c) = recorded(&server, &chs, o, 10, Load::RecordedKeyed).await;
     row(
         "postgres",
         "recorded, keyed, pass under way",
         &during,
-        Some(&base),
+        Some(base),
     );
     println!(
         "          CPU per recorded call: server {:.0} µs, PostgreSQL {:.0} µs",
@@ -319,23 +355,46 @@ pub async fn scale_phase(o: &Options, n: usize) -> anyhow::Result<()> {
         "postgres",
         "recorded, keyed, after the pass",
         &after,
-        Some(&base),
+        Some(base),
     );
     server.stop();
+    Ok(Pass {
+        expired,
+        same_before,
+        during,
+        began,
+        took,
+        vacuums_before,
+    })
+}
+
+/// What the pass left behind, and its line and result.
+async fn report_pass(
+    conn: &DatabaseConnection,
+    n: usize,
+    cutoff: i64,
+    pass: &Pass,
+    without: &[f64],
+) -> anyhow::Result<()> {
+    let Pass {
+        expired,
+        same_before,
+        during,
+        began,
+        took,
+        vacuums_before,
+    } = pass;
     let left = scalar(
-        &conn,
-        &format!(
-            "SELECT count(*)::bigint FROM records WHERE stored_time < {}",
-            today - (DAYS - EXPIRED_DAYS) * DAY
-        ),
+        conn,
+        &format!("SELECT count(*)::bigint FROM records WHERE stored_time < {cutoff}"),
     )
     .await?;
     let ledger_left = scalar(
-        &conn,
+        conn,
         "SELECT count(*)::bigint FROM record_triggers WHERE stored_time < (SELECT floor_time FROM record_floor)",
     )
     .await?;
-    let vacuums_during = scalar(&conn, vacuums).await? - vacuums_before;
+    let vacuums_during = scalar(conn, VACUUMS).await? - vacuums_before;
     let without_mean = without.iter().sum::<f64>() / without.len() as f64;
     println!(
         "retention pass: {EXPIRED_DAYS} partitions, {expired} records, began {:.1} s into the phase, took {:.2} s \
@@ -355,8 +414,5 @@ pub async fn scale_phase(o: &Options, n: usize) -> anyhow::Result<()> {
         "recorded_during_over_first_server": during.rate() / without_mean,
         "ledger_rows_left": ledger_left,
     }));
-    let _ = conn.close().await;
-    db.drop_db().await;
-    println!();
     Ok(())
 }

@@ -15,6 +15,8 @@ use crate::pb::{
     register_pack_request, ActivateSenseRequest, BindingState, GrantSenseEnableRequest,
     PutBindingRequest, RegisterPackRequest, Route,
 };
+use crate::server::Server;
+use crate::{bin, server, Options};
 
 pub fn now_micros() -> i64 {
     std::time::SystemTime::now()
@@ -453,4 +455,41 @@ pub async fn store_limit(
         n += LIMIT_ROWS;
     }
     Ok((n, start.elapsed().as_secs_f64()))
+}
+
+/// A migrated database seeded with `pop`, and a server on it started with `extra`.
+pub async fn prepare(
+    o: &Options,
+    kind: &str,
+    tag: &str,
+    pop: Population,
+    extra: &[&str],
+) -> anyhow::Result<(BenchDb, Server)> {
+    let bin = bin(o);
+    let db = BenchDb::create(kind, &o.postgres_url, tag).await?;
+    server::migrate(bin, &db.url)?;
+    let server = Server::start(bin, &db.url, extra)?;
+    let ch = server.channels(1).await?;
+    if pop.principals <= o.api_seed_limit {
+        let secs = policy_via_api(&ch[0], pop).await?;
+        println!(
+            "{kind:<9} seeded {} principals on {} packs through the admin API in {secs:.1} s",
+            pop.principals, pop.packs
+        );
+        return Ok((db, server));
+    }
+    packs(&ch[0], pop).await?;
+    server.stop();
+    let conn = db.connect().await?;
+    let t0 = Instant::now();
+    policy_bulk(&conn, pop).await?;
+    let _ = conn.close().await;
+    println!(
+        "{kind:<9} seeded {} principals through the bulk path in {:.1} s",
+        pop.principals,
+        t0.elapsed().as_secs_f64()
+    );
+    // A server reads the policy when it starts.
+    let server = Server::start(bin, &db.url, extra)?;
+    Ok((db, server))
 }

@@ -1,4 +1,4 @@
-//! An OTLP/gRPC trace receiver that counts the spans a server exports to it.
+//! The telemetry phase: what exporting every span over OTLP costs the record path, measured against an OTLP/gRPC trace receiver here that counts the spans a server exports to it.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -6,6 +6,12 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     trace_service_server::{TraceService, TraceServiceServer},
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
+
+use crate::load::{closed, Load};
+use crate::report::{header, row};
+use crate::seed::prepare;
+use crate::server::Server;
+use crate::{bin, Options};
 
 #[derive(Clone, Default)]
 pub struct SpanCounter(Arc<AtomicUsize>);
@@ -46,4 +52,51 @@ impl TraceService for SpanCounter {
         self.0.fetch_add(n, Ordering::Relaxed);
         Ok(tonic::Response::new(Default::default()))
     }
+}
+
+/// DeliverTrigger with telemetry fully on (every span exported over OTLP to a local receiver)
+/// against off, on one database, in one run.
+pub async fn telemetry_cost(o: &Options) -> anyhow::Result<()> {
+    println!("telemetry (sqlite): OTLP export of every span to a local receiver, against none");
+    let counter = SpanCounter::default();
+    let endpoint = counter.serve().await?;
+    let pop = o.population(o.principals);
+    let (db, seeded) = prepare(o, "sqlite", "telemetry", pop, &[]).await?;
+    seeded.stop();
+    header();
+    let mut rates = Vec::new();
+    for (name, env) in [
+        ("off", vec![]),
+        (
+            "on",
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+                ("OTEL_TRACES_SAMPLER", "always_on"),
+            ],
+        ),
+    ] {
+        let server = Server::start_env(bin(o), &db.url, &[], &env)?;
+        let chs = server.channels(o.channels).await?;
+        let rec = closed(&chs, o.duration(), o.first(), pop, Load::Recorded).await;
+        row("sqlite", &format!("recorded, telemetry {name}"), &rec, None);
+        let dropped = closed(&chs, o.duration(), o.first(), pop, Load::Dropped).await;
+        row(
+            "sqlite",
+            &format!("dropped, telemetry {name}"),
+            &dropped,
+            None,
+        );
+        rates.push((rec.rate(), dropped.rate()));
+        server.stop();
+    }
+    if let [off, on] = rates[..] {
+        println!(
+            "telemetry on / off: recorded {:.2}, dropped {:.2}; spans received {}\n",
+            on.0 / off.0,
+            on.1 / off.1,
+            counter.spans()
+        );
+    }
+    db.drop_db().await;
+    Ok(())
 }

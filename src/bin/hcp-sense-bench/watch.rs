@@ -3,6 +3,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde_json::json;
 use tonic::transport::Channel;
 
 use crate::load::{trigger, Load, Population};
@@ -10,7 +11,10 @@ use crate::pb::{
     ingest_service_client::IngestServiceClient, record_service_client::RecordServiceClient,
     watch_records_request::Start, WatchRecordsRequest,
 };
+use crate::report::result;
+use crate::seed::prepare;
 use crate::server::Server;
+use crate::Options;
 
 fn from_now() -> WatchRecordsRequest {
     WatchRecordsRequest {
@@ -114,4 +118,38 @@ pub async fn idle_rss(server: &Server, chs: &[Channel], n: usize) -> anyhow::Res
     let (after, _) = server.rss_kib();
     drop(open);
     Ok(after.saturating_sub(before) as f64 / 1024.0)
+}
+
+/// WatchRecords on one store: ack-to-watcher latency at a fixed rate, then idle watchers' memory.
+pub async fn watch_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
+    let pop = o.population(o.principals);
+    let (db, server) = prepare(o, kind, "watch", pop, &[]).await?;
+    let chs = server.channels(o.channels).await?;
+    for &rate in &o.watch_rate {
+        let (lat, missing) = latency(&chs, o.duration(), pop, rate).await?;
+        let pct = |q: f64| {
+            lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+                .map_or(f64::NAN, |us| *us as f64 / 1000.0)
+        };
+        let (p50, p99) = (pct(0.5), pct(0.99));
+        println!(
+            "{kind:<9} watch: ack to watcher p50 {p50:.2} ms, p99 {p99:.2} ms at {rate:.0} recorded/s ({} records, {missing} not received)",
+            lat.len(),
+        );
+        result(json!({
+            "store": kind, "phase": "watch", "rate": rate, "records": lat.len(),
+            "missing": missing, "p50_ms": p50, "p99_ms": p99,
+        }));
+    }
+    let mib = idle_rss(&server, &chs, o.watch_idle).await?;
+    println!(
+        "{kind:<9} watch: {} idle watches: +{mib:.1} MiB RSS",
+        o.watch_idle
+    );
+    result(json!({
+        "store": kind, "phase": "idle watchers", "idle_watchers": o.watch_idle, "idle_rss_mib": mib,
+    }));
+    server.stop();
+    db.drop_db().await;
+    Ok(())
 }

@@ -118,7 +118,7 @@ impl LintReport {
 
 /// Deepest manifest text may nest (mappings, sequences and flow collections), checked by a
 /// linear scan before any parser reads it: a manifest nests 4 levels down to a payload schema,
-/// which may nest `schema::MAX_SCHEMA_DEPTH` (32) more.
+/// which may nest `schema::cost::MAX_SCHEMA_DEPTH` (32) more.
 pub const MAX_MANIFEST_DEPTH: usize = 64;
 
 /// Parses manifest text as JSON, or failing that as YAML (s7_1_1). Text nested deeper than
@@ -151,94 +151,152 @@ pub fn parse_manifest_text(text: &str) -> Result<Value, String> {
 /// `>`) are text, as they are to the parser. Where it cannot tell it errs on the side of more:
 /// a bracket opening a plain scalar's continuation line counts.
 pub fn nesting(text: &str, stop: usize) -> (usize, usize) {
-    /// A block collection open at a column: its depth, and whether it is a mapping whose last
-    /// key has its value on the lines below (where a `- ` at the same column is nested).
-    struct Open {
-        col: usize,
-        depth: usize,
-        awaits: bool,
-    }
-    let mut max = (0usize, 0usize);
-    let mut open: Vec<Open> = Vec::new();
-    let mut flow = 0usize;
-    // The depth a flow collection opened on.
-    let mut base = 0usize;
-    // The quote a scalar spanning lines is still inside.
-    let mut quote: Option<u8> = None;
-    // The indentation of the line that opened a block scalar still being read.
-    let mut block_scalar: Option<usize> = None;
-    // Whether the next token starts a value (where a quote or bracket is an indicator, not
-    // part of a plain scalar).
-    let mut value_start = true;
+    let mut scan = Nesting::new();
     for (n, line) in text.lines().enumerate() {
+        scan.line(n + 1, line);
+        if scan.max.0 > stop {
+            break;
+        }
+    }
+    scan.max
+}
+
+/// A block collection open at a column: its depth, and whether it is a mapping whose last
+/// key has its value on the lines below (where a `- ` at the same column is nested).
+struct Open {
+    col: usize,
+    depth: usize,
+    awaits: bool,
+}
+
+/// What `nesting` carries from one line to the next.
+struct Nesting {
+    /// The deepest depth seen and the line (from 1) where it was first reached.
+    max: (usize, usize),
+    open: Vec<Open>,
+    /// How many flow collections are open.
+    flow: usize,
+    /// The depth a flow collection opened on.
+    base: usize,
+    /// The quote a scalar spanning lines is still inside.
+    quote: Option<u8>,
+    /// The indentation of the line that opened a block scalar still being read.
+    block_scalar: Option<usize>,
+    /// Whether the next token starts a value (where a quote or bracket is an indicator, not
+    /// part of a plain scalar).
+    value_start: bool,
+}
+
+impl Nesting {
+    fn new() -> Self {
+        Nesting {
+            max: (0, 0),
+            open: Vec::new(),
+            flow: 0,
+            base: 0,
+            quote: None,
+            block_scalar: None,
+            value_start: true,
+        }
+    }
+
+    fn note(&mut self, depth: usize, line_no: usize) {
+        if depth > self.max.0 {
+            self.max = (depth, line_no);
+        }
+    }
+
+    /// Reads one line (numbered from 1).
+    fn line(&mut self, line_no: usize, line: &str) {
         let b = line.as_bytes();
         let ind = b.iter().take_while(|&&c| c == b' ').count();
-        let mut i = ind;
-        let note = |d: usize, max: &mut (usize, usize)| {
-            if d > max.0 {
-                *max = (d, n + 1);
+        // The depth of the block collection this line's content is in, where its content
+        // starts, and where its key starts when it has one.
+        let (depth, i, key_col) = if self.quote.is_none() && self.flow == 0 {
+            match self.block_line(b, ind) {
+                Some(start) => start,
+                // Blank, a comment, or a block scalar's text: nothing nests.
+                None => return,
             }
+        } else {
+            (self.base, ind, None)
         };
-        // The depth of the block collection this line's content is in, and where its key
-        // starts when it has one.
-        let mut depth = base;
-        let mut key_col = None;
-        if quote.is_none() && flow == 0 {
-            let body = &b[ind..];
-            if let Some(at) = block_scalar {
-                if body.iter().all(u8::is_ascii_whitespace) || ind > at {
-                    continue;
-                }
-                block_scalar = None;
+        self.note(depth + self.flow, line_no);
+        self.tokens(line_no, line, depth, i, key_col);
+        if self.quote.is_none() && self.flow == 0 && opens_block_scalar(line) {
+            self.block_scalar = Some(ind);
+        }
+    }
+
+    /// Starts a line outside any quote or flow collection: closes the block collections it
+    /// is not inside, opens a sequence for each `- ` entry it begins with, and answers its
+    /// depth, where its key starts and that column; `None` when the line holds no token.
+    fn block_line(&mut self, b: &[u8], ind: usize) -> Option<(usize, usize, Option<usize>)> {
+        let mut i = ind;
+        let body = &b[ind..];
+        if let Some(at) = self.block_scalar {
+            if body.iter().all(u8::is_ascii_whitespace) || ind > at {
+                return None;
             }
-            if body.is_empty() || body[0] == b'#' {
-                continue;
+            self.block_scalar = None;
+        }
+        if body.is_empty() || body[0] == b'#' {
+            return None;
+        }
+        if body.starts_with(b"---") || body.starts_with(b"...") {
+            self.open.clear();
+            i += 3;
+        }
+        let dash =
+            |i: usize| b.get(i) == Some(&b'-') && matches!(b.get(i + 1), None | Some(b' ' | b'\t'));
+        while let Some(top) = self.open.last() {
+            if top.col < ind || (top.col == ind && top.awaits && dash(i)) {
+                break;
             }
-            if body.starts_with(b"---") || body.starts_with(b"...") {
-                open.clear();
-                i += 3;
-            }
-            let dash = |i: usize| {
-                b.get(i) == Some(&b'-') && matches!(b.get(i + 1), None | Some(b' ' | b'\t'))
-            };
-            while let Some(top) = open.last() {
-                if top.col < ind || (top.col == ind && top.awaits && dash(i)) {
-                    break;
-                }
-                open.pop();
-            }
-            depth = open.last().map_or(0, |o| o.depth);
-            // Entries: `- - x` opens two sequences on one line.
-            loop {
-                while b.get(i).is_some_and(|c| *c == b' ' || *c == b'\t') {
-                    i += 1;
-                }
-                if !dash(i) {
-                    break;
-                }
-                depth += 1;
-                open.push(Open {
-                    col: i,
-                    depth,
-                    awaits: false,
-                });
+            self.open.pop();
+        }
+        let mut depth = self.open.last().map_or(0, |o| o.depth);
+        // Entries: `- - x` opens two sequences on one line.
+        loop {
+            while b.get(i).is_some_and(|c| *c == b' ' || *c == b'\t') {
                 i += 1;
             }
-            key_col = Some(i);
-            base = depth;
-            value_start = true;
+            if !dash(i) {
+                break;
+            }
+            depth += 1;
+            self.open.push(Open {
+                col: i,
+                depth,
+                awaits: false,
+            });
+            i += 1;
         }
-        note(depth + flow, &mut max);
+        self.base = depth;
+        self.value_start = true;
+        Some((depth, i, Some(i)))
+    }
+
+    /// Reads a line's tokens from `i`: quotes, flow brackets, block keys and comments.
+    fn tokens(
+        &mut self,
+        line_no: usize,
+        line: &str,
+        mut depth: usize,
+        mut i: usize,
+        mut key_col: Option<usize>,
+    ) {
+        let b = line.as_bytes();
         let mut last = b' ';
         while i < b.len() {
             let c = b[i];
             i += 1;
-            if let Some(q) = quote {
+            if let Some(q) = self.quote {
                 if (c == b'\\' && q == b'"') || (c == q && q == b'\'' && b.get(i) == Some(&b'\'')) {
                     i += 1;
                 } else if c == q {
-                    quote = None;
-                    value_start = false;
+                    self.quote = None;
+                    self.value_start = false;
                 }
                 last = c;
                 continue;
@@ -246,60 +304,54 @@ pub fn nesting(text: &str, stop: usize) -> (usize, usize) {
             match c {
                 b'#' if last == b' ' || last == b'\t' => break,
                 b' ' | b'\t' => {}
-                b'"' | b'\'' if value_start => quote = Some(c),
-                b'[' | b'{' if value_start || flow > 0 => {
-                    if flow == 0 {
-                        base = depth;
+                b'"' | b'\'' if self.value_start => self.quote = Some(c),
+                b'[' | b'{' if self.value_start || self.flow > 0 => {
+                    if self.flow == 0 {
+                        self.base = depth;
                     }
-                    flow += 1;
-                    note(base + flow, &mut max);
-                    value_start = true;
+                    self.flow += 1;
+                    self.note(self.base + self.flow, line_no);
+                    self.value_start = true;
                 }
-                b']' | b'}' if flow > 0 => {
-                    flow -= 1;
-                    value_start = false;
+                b']' | b'}' if self.flow > 0 => {
+                    self.flow -= 1;
+                    self.value_start = false;
                 }
-                b',' if flow > 0 => value_start = true,
+                b',' if self.flow > 0 => self.value_start = true,
                 b':' if matches!(b.get(i), None | Some(b' ' | b'\t')) => {
                     // A block key: a mapping, one deeper than what holds it.
-                    if let Some(col) = key_col.take().filter(|_| flow == 0) {
+                    if let Some(col) = key_col.take().filter(|_| self.flow == 0) {
                         depth += 1;
                         let rest = line[i..].trim_start();
-                        open.push(Open {
+                        self.open.push(Open {
                             col,
                             depth,
                             awaits: rest.is_empty() || rest.starts_with('#'),
                         });
-                        note(depth, &mut max);
+                        self.note(depth, line_no);
                     }
-                    value_start = true;
+                    self.value_start = true;
                 }
                 // An explicit key, or an anchor or tag before a value: the value follows.
-                b'?' if value_start => {}
-                b'&' | b'!' if value_start => {
+                b'?' if self.value_start => {}
+                b'&' | b'!' if self.value_start => {
                     while b.get(i).is_some_and(|c| *c != b' ' && *c != b'\t') {
                         i += 1;
                     }
                 }
-                _ => value_start = false,
+                _ => self.value_start = false,
             }
             last = c;
         }
-        if max.0 > stop {
-            return max;
-        }
-        if quote.is_none() && flow == 0 {
-            // `key: |`, `- >-`: the lines below, indented deeper, are the scalar's text.
-            let t = line.split(" #").next().unwrap_or_default().trim_end();
-            let t = t.trim_end_matches(|c: char| c == '+' || c == '-' || c.is_ascii_digit());
-            if [" |", " >", "\t|", "\t>"].iter().any(|e| t.ends_with(e))
-                || matches!(t.trim_start(), "|" | ">")
-            {
-                block_scalar = Some(ind);
-            }
-        }
     }
-    max
+}
+
+/// Whether a line ends in a block scalar's indicator (`key: |`, `- >-`): the lines below,
+/// indented deeper, are the scalar's text.
+fn opens_block_scalar(line: &str) -> bool {
+    let t = line.split(" #").next().unwrap_or_default().trim_end();
+    let t = t.trim_end_matches(|c: char| c == '+' || c == '-' || c.is_ascii_digit());
+    [" |", " >", "\t|", "\t>"].iter().any(|e| t.ends_with(e)) || matches!(t.trim_start(), "|" | ">")
 }
 
 #[cfg(test)]

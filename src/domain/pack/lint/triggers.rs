@@ -5,9 +5,10 @@ use serde_json::{Map, Value};
 
 use super::Linter;
 use crate::domain::names::check_ref;
-use crate::domain::pack::schema::{
-    PayloadSchema, MAX_PACK_PATTERNS, MAX_PACK_PATTERN_BYTES, MAX_PATTERN_WORK,
+use crate::domain::pack::schema::cost::{
+    MAX_PACK_PATTERNS, MAX_PACK_PATTERN_BYTES, MAX_PATTERN_WORK,
 };
+use crate::domain::pack::schema::PayloadSchema;
 use crate::domain::pack::{DeclaredTrigger, TriggerSource, BINDING_DEGRADED};
 
 /// The declared triggers, the field of each one's ref, and every valid ref declared.
@@ -156,9 +157,9 @@ fn payload_schema(l: &mut Linter, t: &Map<String, Value>, path: &str, r: &str) -
                     format!(
                         "this one {}: its DFA passes {} bytes, an NFA of {} states × {}",
                         p.per_byte,
-                        crate::domain::pack::schema::DFA_TEST_BYTES,
+                        crate::domain::pack::schema::cost::DFA_TEST_BYTES,
                         p.nfa_states,
-                        crate::domain::pack::schema::NFA_UNITS_PER_STATE
+                        crate::domain::pack::schema::cost::NFA_UNITS_PER_STATE
                     )
                 };
                 l.error(

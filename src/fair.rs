@@ -1,4 +1,4 @@
-//! The sink's queue: records wait in lanes per pack and, within a pack, per principal, and writers take them round-robin, so one lane's backlog delays only that lane.
+//! A fair queue of any items: they wait in lanes per pack and, within a pack, per principal, and takers serve the lanes round-robin, so one lane's backlog delays only that lane (the sink's records in store/sink.rs, the payload checks in service/checks.rs).
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -6,12 +6,6 @@ use std::time::Instant;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-/// Records one (pack, principal) lane holds queued; its next callers wait, not answered, until
-/// a writer takes one: a flood queues this much and no more, whatever its callers number.
-pub const LANE_BOUND: usize = 1024;
-/// Records every lane holds together. Each lane's callers wait for a lane permit first, so at
-/// most LANE_BOUND of one lane's callers ever wait here beside the others'.
-pub const TOTAL_BOUND: usize = 8192;
 /// Lanes kept before those idle are swept.
 const IDLE_LANES: usize = 4096;
 

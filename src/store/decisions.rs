@@ -1,0 +1,352 @@
+//! The decision log's table: entries appended in batches (a recorded trigger's in its record's statement, see `sink`), listed newest first by the viewer rules of records, erased by principal, pruned past retention.
+use sea_orm::sea_query::{Alias, Condition, Expr, ExprTrait, Order, Query, SelectStatement};
+use sea_orm::{ConnectionTrait, DbBackend, QueryResult, Statement};
+
+use super::{classify, DecisionTables, Engine};
+use crate::domain::decision_log::{Entry, Logged};
+use crate::domain::trigger::{DropReason, BRAIN};
+use crate::error::{Error, Result};
+
+/// What a listing of the log asks for; every filter given must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DecisionFilter {
+    /// Brain entries need this principal's membership in their project; none are listed
+    /// without one.
+    pub viewer: Option<String>,
+    pub principal: Option<String>,
+    pub pack_id: Option<String>,
+    pub r#ref: Option<String>,
+    pub trigger_id: Option<String>,
+    pub outcome: Option<Logged>,
+    pub drop_reason: Option<DropReason>,
+    /// A door (`grpc`, `http`, `nats`, `hub`) or a whole source (`http:<route id>`).
+    pub source: Option<String>,
+    pub start_time: Option<i64>,
+    pub end_time: Option<i64>,
+}
+
+/// Columns an insert names, after `decided_time`, in the order of `values`.
+const COLUMNS: [&str; 15] = [
+    "pack_id",
+    "ref",
+    "principal",
+    "land",
+    "project",
+    "binding_id",
+    "trigger_id",
+    "source",
+    "outcome",
+    "drop_reason",
+    "check_name",
+    "detail",
+    "record_id",
+    "trace_id",
+    "folded",
+];
+
+/// Most entries in one SQLite insert statement (16 values each, under SQLite's 32,766).
+const SQLITE_CHUNK: usize = 256;
+
+/// An entry as the PostgreSQL insert reads it from the batch's JSON.
+#[derive(serde::Serialize)]
+struct Row<'a> {
+    pack_id: &'a str,
+    r#ref: &'a str,
+    principal: &'a str,
+    land: &'a str,
+    project: Option<&'a str>,
+    binding_id: &'a str,
+    trigger_id: Option<&'a str>,
+    source: &'a str,
+    outcome: &'a str,
+    drop_reason: Option<&'a str>,
+    check_name: &'a str,
+    detail: &'a str,
+    record_id: Option<&'a str>,
+    trace_id: Option<&'a str>,
+    folded: i64,
+}
+
+/// PostgreSQL: the batch as one JSON parameter of one statement; `decided_time` is the
+/// database's clock (the partition key), so every replica writes into the same partition.
+const INSERT_POSTGRES: &str = "INSERT INTO decisions (pack_id, ref, principal, land, project, binding_id, trigger_id, \
+       source, outcome, drop_reason, check_name, detail, record_id, trace_id, folded) \
+     SELECT pack_id, ref, principal, land, project, binding_id, trigger_id, source, outcome, drop_reason, \
+       check_name, detail, record_id, trace_id, folded \
+     FROM jsonb_to_recordset($1::jsonb) AS x(pack_id text, ref text, principal text, land text, project text, \
+       binding_id text, trigger_id text, source text, outcome text, drop_reason text, check_name text, detail text, \
+       record_id text, trace_id text, folded bigint)";
+
+impl DecisionTables {
+    /// Appends `entries` in one transaction (one statement on PostgreSQL). A batch that finds
+    /// no partition for now has it made and is written again.
+    pub async fn insert_decisions(&self, entries: &[Entry]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        match self.engine() {
+            Engine::Postgres => {
+                let rows: Vec<Row<'_>> = entries.iter().map(row).collect();
+                let batch = serde_json::to_string(&rows)
+                    .map_err(|e| Error::internal_from("decisions not encoded", e))?;
+                let insert = || {
+                    self.db.execute_raw(Statement::from_sql_and_values(
+                        DbBackend::Postgres,
+                        INSERT_POSTGRES,
+                        [batch.clone().into()],
+                    ))
+                };
+                match insert().await {
+                    Err(e)
+                        if super::sqlstate(&e).as_deref()
+                            == Some(super::partitions::NO_PARTITION) =>
+                    {
+                        self.repair_partition().await?;
+                        insert().await.map_err(classify)?;
+                    }
+                    done => {
+                        done.map_err(classify)?;
+                    }
+                }
+                Ok(())
+            }
+            Engine::Sqlite => {
+                let w = self.begin_write().await?;
+                insert_sqlite(&w.txn, entries).await?;
+                w.commit().await
+            }
+        }
+    }
+
+    /// Entries matching `f`, newest first, after the cursor `(decided_time, seq)`, at most `limit`.
+    pub async fn list_decisions(
+        &self,
+        f: &DecisionFilter,
+        after: Option<(i64, i64)>,
+        limit: u64,
+    ) -> Result<Vec<Entry>> {
+        let mut q = select(f);
+        if let Some((t, seq)) = after {
+            let key = Expr::tuple([
+                Expr::col(Alias::new("decided_time")),
+                Expr::col(Alias::new("seq")),
+            ]);
+            q.and_where(key.lt(Expr::tuple([Expr::val(t), Expr::val(seq)])));
+        }
+        q.order_by(Alias::new("decided_time"), Order::Desc)
+            .order_by(Alias::new("seq"), Order::Desc)
+            .limit(limit);
+        let rows = self
+            .db
+            .query_all_raw(self.db.get_database_backend().build(&q))
+            .await
+            .map_err(classify)?;
+        rows.iter().map(entry).collect()
+    }
+
+    /// Deletes every entry of `principal` (of one pack, when given); answers how many.
+    pub async fn erase_decisions(&self, principal: &str, pack_id: Option<&str>) -> Result<u64> {
+        let mut q = Query::delete();
+        q.from_table(Alias::new("decisions"))
+            .and_where(Expr::col(Alias::new("principal")).eq(principal));
+        if let Some(p) = pack_id {
+            q.and_where(Expr::col(Alias::new("pack_id")).eq(p));
+        }
+        let done = self
+            .db
+            .execute_raw(self.db.get_database_backend().build(&q))
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+
+    /// Deletes up to `limit` entries decided before `cutoff` (SQLite; PostgreSQL drops
+    /// partitions instead); answers how many.
+    pub async fn prune_decisions(&self, cutoff: i64, limit: u64) -> Result<u64> {
+        let w = self.begin_write().await?;
+        let done = w
+            .txn
+            .execute_raw(Statement::from_sql_and_values(
+                DbBackend::Sqlite,
+                "DELETE FROM decisions WHERE seq IN \
+                 (SELECT seq FROM decisions WHERE decided_time < ? ORDER BY decided_time LIMIT ?)",
+                [
+                    cutoff.into(),
+                    i64::try_from(limit).unwrap_or(i64::MAX).into(),
+                ],
+            ))
+            .await
+            .map_err(classify)?;
+        w.commit().await?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl DecisionTables {
+    /// Deletes up to `limit` of the oldest entries while more than `max` are kept (SQLite;
+    /// PostgreSQL drops partitions instead); answers how many.
+    pub async fn prune_decisions_over(&self, max: u64, limit: u64) -> Result<u64> {
+        let w = self.begin_write().await?;
+        let done = w
+            .txn
+            .execute_raw(Statement::from_sql_and_values(
+                DbBackend::Sqlite,
+                "DELETE FROM decisions WHERE seq IN (SELECT seq FROM decisions ORDER BY seq \
+                 LIMIT max(0, min(?, (SELECT count(*) FROM decisions) - ?)))",
+                [
+                    i64::try_from(limit).unwrap_or(i64::MAX).into(),
+                    i64::try_from(max).unwrap_or(i64::MAX).into(),
+                ],
+            ))
+            .await
+            .map_err(classify)?;
+        w.commit().await?;
+        Ok(done.rows_affected())
+    }
+}
+
+/// The select of `f`'s entries, with the viewer rule of brain entries (§7.5.2).
+fn select(f: &DecisionFilter) -> SelectStatement {
+    let col = |c: &str| Expr::col(Alias::new(c));
+    let mut q = Query::select();
+    q.columns(
+        ["seq", "decided_time"]
+            .into_iter()
+            .chain(COLUMNS)
+            .map(Alias::new),
+    )
+    .from(Alias::new("decisions"));
+    let eq = |q: &mut SelectStatement, c: &str, v: &Option<String>| {
+        if let Some(v) = v {
+            q.and_where(Expr::col(Alias::new(c)).eq(v.as_str()));
+        }
+    };
+    eq(&mut q, "principal", &f.principal);
+    eq(&mut q, "pack_id", &f.pack_id);
+    eq(&mut q, "ref", &f.r#ref);
+    eq(&mut q, "trigger_id", &f.trigger_id);
+    if let Some(o) = f.outcome {
+        q.and_where(col("outcome").eq(o.as_str()));
+    }
+    if let Some(r) = f.drop_reason {
+        q.and_where(col("drop_reason").eq(r.as_str()));
+    }
+    if let Some(s) = &f.source {
+        if s.contains(':') {
+            q.and_where(col("source").eq(s.as_str()));
+        } else {
+            q.cond_where(
+                Condition::any()
+                    .add(col("source").eq(s.as_str()))
+                    .add(col("source").like(format!("{s}:%"))),
+            );
+        }
+    }
+    if let Some(t) = f.start_time {
+        q.and_where(col("decided_time").gte(t));
+    }
+    if let Some(t) = f.end_time {
+        q.and_where(col("decided_time").lt(t));
+    }
+    let member_of = |viewer: &str| {
+        Query::select()
+            .column(Alias::new("project"))
+            .from(Alias::new("project_members"))
+            .and_where(Expr::col(Alias::new("principal")).eq(viewer))
+            .to_owned()
+    };
+    q.cond_where(match &f.viewer {
+        None => Condition::all().add(col("land").ne(BRAIN)),
+        Some(v) => Condition::any()
+            .add(col("land").ne(BRAIN))
+            .add(col("project").in_subquery(member_of(v))),
+    });
+    q
+}
+
+fn row(e: &Entry) -> Row<'_> {
+    Row {
+        pack_id: &e.pack_id,
+        r#ref: &e.r#ref,
+        principal: &e.principal,
+        land: &e.land,
+        project: e.project.as_deref(),
+        binding_id: &e.binding_id,
+        trigger_id: e.trigger_id.as_deref(),
+        source: &e.source,
+        outcome: e.outcome.as_str(),
+        drop_reason: e.drop_reason.map(DropReason::as_str),
+        check_name: &e.check,
+        detail: &e.detail,
+        record_id: e.record_id.as_deref(),
+        trace_id: e.trace_id.as_deref(),
+        folded: e.folded,
+    }
+}
+
+/// SQLite: in the caller's transaction, `decided_time` from the entry (the service's clock).
+pub(crate) async fn insert_sqlite(txn: &impl ConnectionTrait, entries: &[Entry]) -> Result<()> {
+    for chunk in entries.chunks(SQLITE_CHUNK) {
+        let one = format!("({})", vec!["?"; COLUMNS.len() + 1].join(", "));
+        let sql = format!(
+            "INSERT INTO decisions (decided_time, {}) VALUES {}",
+            COLUMNS.join(", "),
+            vec![one.as_str(); chunk.len()].join(", ")
+        );
+        let mut values: Vec<sea_orm::Value> = Vec::with_capacity(chunk.len() * 16);
+        for e in chunk {
+            values.extend([
+                e.decided_time.into(),
+                e.pack_id.as_str().into(),
+                e.r#ref.as_str().into(),
+                e.principal.as_str().into(),
+                e.land.as_str().into(),
+                e.project.clone().into(),
+                e.binding_id.as_str().into(),
+                e.trigger_id.clone().into(),
+                e.source.as_str().into(),
+                e.outcome.as_str().into(),
+                e.drop_reason.map(|r| r.as_str().to_owned()).into(),
+                e.check.as_str().into(),
+                e.detail.as_str().into(),
+                e.record_id.clone().into(),
+                e.trace_id.clone().into(),
+                e.folded.into(),
+            ]);
+        }
+        txn.execute_raw(Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            sql,
+            values,
+        ))
+        .await
+        .map_err(classify)?;
+    }
+    Ok(())
+}
+
+fn entry(r: &QueryResult) -> Result<Entry> {
+    let s = |c: &str| r.try_get::<String>("", c).map_err(classify);
+    let o = |c: &str| r.try_get::<Option<String>>("", c).map_err(classify);
+    let outcome = s("outcome")?;
+    Ok(Entry {
+        seq: r.try_get("", "seq").map_err(classify)?,
+        decided_time: r.try_get("", "decided_time").map_err(classify)?,
+        pack_id: s("pack_id")?,
+        r#ref: s("ref")?,
+        principal: s("principal")?,
+        land: s("land")?,
+        project: o("project")?,
+        binding_id: s("binding_id")?,
+        trigger_id: o("trigger_id")?,
+        source: s("source")?,
+        outcome: Logged::parse(&outcome)
+            .ok_or_else(|| Error::internal(format!("a stored outcome `{outcome}` is unknown")))?,
+        drop_reason: o("drop_reason")?.and_then(|d| DropReason::parse(&d)),
+        check: s("check_name")?,
+        detail: s("detail")?,
+        record_id: o("record_id")?,
+        trace_id: o("trace_id")?,
+        folded: r.try_get("", "folded").map_err(classify)?,
+    })
+}
