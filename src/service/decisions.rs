@@ -4,10 +4,9 @@ use std::time::Duration;
 
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::{reader_principal, valid_id, valid_pack_id};
+use super::{reader_principal, valid_id};
 use crate::auth::Caller;
 use crate::domain::decision_log::{Entry, FoldRule, Folder};
-use crate::domain::names::check_ref;
 use crate::error::{Error, Result};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
@@ -192,18 +191,12 @@ fn as_reader(caller: Option<&Caller>, f: &mut DecisionFilter) -> Result<()> {
 }
 
 fn check_filter(f: &DecisionFilter) -> Result<()> {
-    if let Some(v) = &f.viewer {
-        valid_id("viewer", v)?;
-    }
-    if let Some(v) = &f.principal {
-        valid_id("principal", v)?;
-    }
-    if let Some(v) = &f.pack_id {
-        valid_pack_id(v)?;
-    }
-    if let Some(v) = &f.r#ref {
-        check_ref(v).map_err(|e| Error::invalid("ref", e))?;
-    }
+    crate::service::records::check_filter_fields(
+        [f.viewer.as_deref(), f.principal.as_deref()],
+        f.pack_id.as_deref(),
+        f.r#ref.as_deref(),
+        (f.start_time, f.end_time),
+    )?;
     if let Some(v) = &f.trigger_id {
         valid_id("trigger_id", v)?;
     }
@@ -213,11 +206,6 @@ fn check_filter(f: &DecisionFilter) -> Result<()> {
                 "source",
                 "must be a door (grpc, http, nats, hub) or a source such as `http:<route id>`, at most 200 characters",
             ));
-        }
-    }
-    if let (Some(s), Some(e)) = (f.start_time, f.end_time) {
-        if e < s {
-            return Err(Error::invalid("end_time", "must not be before start_time"));
         }
     }
     Ok(())

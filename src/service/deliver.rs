@@ -613,7 +613,7 @@ impl Delivery {
     /// `linked` in a pack that declares `binding.degraded`, decides the trigger the service
     /// produces for it as the runtime's hub (§7.7.3). The Binding as it was is read inside
     /// the write's transaction, so two replicas flipping one Binding produce the trigger
-    /// once; a record is written in that same transaction. The drop or record is traced
+    /// once; a record is written in that same transaction, with its decision log entry. The drop or record is traced
     /// and counted like any delivery. Returns the state before and the outcome, if any.
     /// The caller holds the writer's turn.
     pub(super) async fn store_binding(
@@ -632,13 +632,19 @@ impl Delivery {
                 BindingChange::Delete { principal, pack_id } => (pack_id, principal, None),
             };
             let produced = binding_degraded(view, pack_id, principal, before_ref.as_ref(), after);
-            let record = match &produced {
-                Some((t, Decision::Record { route, binding_id })) => {
-                    Some(new_record(t, *route, binding_id.clone()))
-                }
-                _ => None,
+            let (record, note) = match &produced {
+                Some((t, Decision::Record { route, binding_id })) => (
+                    Some(new_record(t, *route, binding_id.clone())),
+                    self.log.on().then(|| Note {
+                        source: INGRESS_HUB.to_string(),
+                        check: "route".into(),
+                        detail: recorded_detail(*route, binding_id),
+                        trace_id: current_trace_id(),
+                    }),
+                ),
+                _ => (None, None),
             };
-            ((before.cloned(), produced), record)
+            ((before.cloned(), produced), record, note)
         };
         let started = Instant::now();
         let ((before, produced), record) = match change {
@@ -655,19 +661,8 @@ impl Delivery {
         let decided = started.elapsed();
         let span = decision_span(&t, &decision, self.limits.hash_principals, INGRESS_HUB);
         let outcome = match (decision, record) {
-            (Decision::Record { route, binding_id }, Some(r)) => {
-                // Written after the Binding's transaction, not in it: the hub's records are
-                // few, and that transaction is the policy's.
-                if self.log.on() {
-                    let mut e = entry_of(&t, INGRESS_HUB, Logged::recorded(route));
-                    e.binding_id.clone_from(&binding_id);
-                    e.check = "route".into();
-                    e.detail = recorded_detail(route, &binding_id);
-                    e.record_id = Some(r.record_id.clone());
-                    self.log.take(e);
-                }
-                Outcome::recorded(route, r.record_id, false)
-            }
+            // Its decision log entry was written in the Binding's transaction, with the record.
+            (Decision::Record { route, .. }, Some(r)) => Outcome::recorded(route, r.record_id, false),
             (Decision::Drop(reason), _) => {
                 self.drops.count(&t.pack_id, &t.r#ref, reason);
                 self.log_dropped(view, &t, INGRESS_HUB, reason);

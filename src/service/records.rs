@@ -116,25 +116,14 @@ impl Records {
 
     /// The rules on a listing's or a watch's filters.
     pub(crate) fn check_record_filter(&self, f: &RecordFilter) -> Result<()> {
-        if let Some(v) = &f.viewer {
-            valid_id("viewer", v)?;
-        }
-        if let Some(v) = &f.principal {
-            valid_id("principal", v)?;
-        }
-        if let Some(v) = &f.pack_id {
-            valid_pack_id(v)?;
-        }
-        if let Some(v) = &f.r#ref {
-            check_ref(v).map_err(|e| Error::invalid("ref", e))?;
-        }
+        check_filter_fields(
+            [f.viewer.as_deref(), f.principal.as_deref()],
+            f.pack_id.as_deref(),
+            f.r#ref.as_deref(),
+            (f.start_time, f.end_time),
+        )?;
         if let Some(v) = &f.land {
             check_land(v).map_err(|e| Error::invalid("land", e))?;
-        }
-        if let (Some(s), Some(e)) = (f.start_time, f.end_time) {
-            if e < s {
-                return Err(Error::invalid("end_time", "must not be before start_time"));
-            }
         }
         Ok(())
     }
@@ -155,4 +144,32 @@ impl Records {
             .list_drop_reports(pack_id, reason, after, limit)
             .await
     }
+}
+
+/// The fields a record filter and a decision filter share: viewer, principal, pack, ref and a
+/// time span whose end is not before its start.
+pub(crate) fn check_filter_fields(
+    [viewer, principal]: [Option<&str>; 2],
+    pack_id: Option<&str>,
+    r#ref: Option<&str>,
+    (start, end): (Option<i64>, Option<i64>),
+) -> Result<()> {
+    if let Some(v) = viewer {
+        valid_id("viewer", v)?;
+    }
+    if let Some(v) = principal {
+        valid_id("principal", v)?;
+    }
+    if let Some(v) = pack_id {
+        valid_pack_id(v)?;
+    }
+    if let Some(v) = r#ref {
+        check_ref(v).map_err(|e| Error::invalid("ref", e))?;
+    }
+    if let (Some(s), Some(e)) = (start, end) {
+        if e < s {
+            return Err(Error::invalid("end_time", "must not be before start_time"));
+        }
+    }
+    Ok(())
 }

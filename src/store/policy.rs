@@ -12,6 +12,7 @@ use super::entity::{
     sense_activations, sense_grants, sense_quotas,
 };
 use super::{classify, DeliveryTables, PolicyTables, Store};
+use crate::domain::decision_log::Note;
 use crate::domain::filter::Filter;
 use crate::domain::model::{ActivationRow, Binding, ExecuteState, Grant, KeyPage, Member, Record};
 use crate::domain::pack::schema::TriggerTypes;
@@ -537,9 +538,10 @@ impl DeliveryTables {
         &self,
         txn: &DatabaseTransaction,
         record: Option<&mut Record>,
+        note: Option<Note>,
     ) -> Result<()> {
         if let Some(r) = record {
-            super::sink::write_records(txn, self, None, std::slice::from_mut(r), &[]).await?;
+            super::sink::write_records(txn, self, None, std::slice::from_mut(r), &[note]).await?;
         }
         Ok(())
     }
@@ -556,12 +558,12 @@ impl DeliveryTables {
     /// transaction (locked, and on PostgreSQL under an advisory lock of its key too, so two
     /// replicas changing one Binding take turns), and `produce` turns it into whatever the
     /// change produces: the record of its `binding.degraded` trigger, if any, is stored in the
-    /// same transaction.
+    /// same transaction, with its decision log entry when `produce` gives a note.
     pub async fn put_binding<T>(
         &self,
         actor: &Actor,
         b: &Binding,
-        produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
+        produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>, Option<Note>),
     ) -> Result<(T, Option<Record>)> {
         let change = Change {
             actor,
@@ -574,7 +576,7 @@ impl DeliveryTables {
         let (out, _) = self
             .audited::<bindings::Entity, _>(w, change, key, async |txn, before| {
                 let before = before.cloned().map(binding).transpose()?;
-                let (produced, mut record) = produce(before.as_ref());
+                let (produced, mut record, note) = produce(before.as_ref());
                 use bindings::Column as C;
                 let row = bindings::ActiveModel {
                     principal: Set(b.principal.clone()),
@@ -586,7 +588,7 @@ impl DeliveryTables {
                 };
                 let update = [C::BindingId, C::Mode, C::State, C::UpdateTime];
                 upsert::<bindings::Entity>(txn, row, [C::Principal, C::PackId], &update).await?;
-                self.write_produced(txn, record.as_mut()).await?;
+                self.write_produced(txn, record.as_mut(), note).await?;
                 Ok((produced, record))
             })
             .await?;
@@ -601,7 +603,7 @@ impl DeliveryTables {
         actor: &Actor,
         principal: &str,
         pack_id: &str,
-        produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>),
+        produce: impl FnOnce(Option<&Binding>) -> (T, Option<Record>, Option<Note>),
     ) -> Result<(T, Option<Record>)> {
         let change = Change {
             actor,
@@ -614,7 +616,7 @@ impl DeliveryTables {
         let (out, _) = self
             .audited::<bindings::Entity, _>(w, change, key.clone(), async |txn, before| {
                 let before = before.cloned().map(binding).transpose()?;
-                let (produced, mut record) = produce(before.as_ref());
+                let (produced, mut record, note) = produce(before.as_ref());
                 if before.is_none() {
                     return Ok((produced, None));
                 }
@@ -622,7 +624,7 @@ impl DeliveryTables {
                     .exec(txn)
                     .await
                     .map_err(classify)?;
-                self.write_produced(txn, record.as_mut()).await?;
+                self.write_produced(txn, record.as_mut(), note).await?;
                 Ok((produced, record))
             })
             .await?;

@@ -575,3 +575,84 @@ async fn the_oldest_entries_go_past_the_most_kept(kind: StoreKind) {
     app.stop().await;
 }
 on_both_stores!(the_oldest_entries_go_past_the_most_kept => the_oldest_entries_go_past_the_most_kept);
+
+/// An entry written on one replica is read on the other: a record's at once (it is in the
+/// record's commit, the hub's binding.degraded included), a drop's once the writing replica
+/// flushes its batch, which stopping it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_written_on_one_replica_is_read_on_the_other_postgres() {
+    let mut a = spawn_app_with(StoreKind::Postgres, |_| {}).await;
+    ready(&mut a, "alice").await;
+    let b = crate::helpers::Replica::start(&a.test_db.url).await;
+    let mut ingest_b = pb::ingest_service_client::IngestServiceClient::new(b.channel.clone());
+    let r = ingest_b
+        .deliver_trigger(with_id(opened("alice"), "on-b-rec"))
+        .await
+        .expect("deliver on b")
+        .into_inner();
+    assert_eq!(r.disposition, Disposition::RecordedInbox as i32);
+    let e = get(&a, "github", "on-b-rec").await.expect("b's record entry, read on a");
+    assert_eq!((e.record_id.as_str(), e.check.as_str()), (r.record_id.as_str(), "route"));
+    // The hub's record, produced on a, with its entry in the Binding's transaction.
+    let gone = a
+        .policy
+        .delete_binding(pb::DeleteBindingRequest {
+            principal: "alice".into(),
+            pack_id: "github".into(),
+        })
+        .await
+        .expect("delete binding")
+        .into_inner();
+    let degraded = gone.binding_degraded.expect("binding.degraded");
+    let hub = all(
+        &b.channel,
+        ListDecisionsRequest {
+            r#ref: "binding.degraded".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(hub.len(), 1, "{hub:?}");
+    assert_eq!(
+        (hub[0].source.as_str(), hub[0].record_id.as_str(), hub[0].outcome),
+        ("hub", degraded.record_id.as_str(), DecisionOutcome::Inbox as i32)
+    );
+    // A drop on b, read on a once b has stopped: stopping flushes the batch.
+    let d = ingest_b
+        .deliver_trigger(with_id(opened("bob"), "on-b-drop"))
+        .await
+        .expect("drop on b")
+        .into_inner();
+    assert_eq!(d.drop_reason, DropReason::NoGrant as i32);
+    b.stop().await;
+    let e = get(&a, "github", "on-b-drop").await.expect("b's drop entry, read on a");
+    assert_eq!((e.drop_reason, e.check.as_str()), (DropReason::NoGrant as i32, "grant"));
+    // And a's drop on a replica started afterwards, once a's batch is written.
+    deliver(&mut a, with_id(opened("bob"), "on-a-drop")).await;
+    let c = crate::helpers::Replica::start(&a.test_db.url).await;
+    let mut on_c = DecisionServiceClient::new(c.channel.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = on_c
+            .get_decision(GetDecisionRequest {
+                pack_id: "github".into(),
+                trigger_id: "on-a-drop".into(),
+                viewer: String::new(),
+            })
+            .await;
+        match found {
+            Ok(d) => {
+                let d = d.into_inner().decision.expect("decision");
+                assert_eq!(d.drop_reason, DropReason::NoGrant as i32);
+                break;
+            }
+            Err(e) if e.code() == Code::NotFound => {
+                assert!(std::time::Instant::now() < deadline, "a's drop never reached c");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    c.stop().await;
+    a.stop().await;
+}

@@ -247,9 +247,16 @@ both_stores! {
         let mut reader = RecordServiceClient::new(bearer(&ch, READER));
         let e = reader.list_records(ListRecordsRequest { principal: "bob".into(), ..Default::default() }).await.expect_err("bob's records");
         assert_eq!(e.code(), Code::PermissionDenied);
-        let mine = reader.list_records(ListRecordsRequest { viewer: "bob".into(), ..Default::default() }).await.expect("own").into_inner().records;
-        assert_eq!(mine.len(), 1, "only alice's, whatever `viewer` says");
+        // Naming another viewer is refused as naming another principal is, not quietly read as
+        // the reader's own.
+        let e = reader.list_records(ListRecordsRequest { viewer: "bob".into(), ..Default::default() }).await.expect_err("bob as viewer");
+        assert_eq!(e.code(), Code::PermissionDenied);
+        assert!(e.message().contains("bob"), "{}", e.message());
+        let mine = reader.list_records(ListRecordsRequest { viewer: "alice".into(), ..Default::default() }).await.expect("own").into_inner().records;
+        assert_eq!(mine.len(), 1, "only alice's");
         assert!(mine.iter().all(|r| r.principal == "alice"));
+        let unnamed = reader.list_records(ListRecordsRequest::default()).await.expect("own, unnamed").into_inner().records;
+        assert_eq!(unnamed.len(), 1);
         let via_jwt = RecordServiceClient::new(bearer(&ch, &jwt("reader", "alice", 3600)))
             .list_records(ListRecordsRequest::default()).await.expect("jwt reader").into_inner().records;
         assert_eq!(via_jwt.len(), 1);

@@ -4,42 +4,18 @@ use std::time::Duration;
 use serde_json::json;
 use tonic::transport::Channel;
 
-use crate::filter::{pair_changes, Measured, Pace};
+use crate::filter::{in_order, measured, pair_changes, Measured, Pace};
 use crate::load::{call, closed, open, trigger, Load, Population};
 use crate::pb::decision_service_client::DecisionServiceClient;
 use crate::pb::{DecisionOutcome, GetDecisionRequest, ListDecisionsRequest};
 use crate::report::result;
 use crate::seed::prepare;
 use crate::server::Server;
-use crate::{cpu, Options};
+use crate::Options;
 use sea_orm::ConnectionTrait;
-
-async fn measured(
-    server: &Server,
-    chs: &[Channel],
-    duration: Duration,
-    pace: Pace,
-    pop: Population,
-    load: Load,
-) -> Measured {
-    let cpu0 = cpu::sample(server.pid());
-    let phase = match pace {
-        Pace::Closed(c) => closed(chs, duration, c, pop, load).await,
-        Pace::Open(rate) => open(chs, duration, pop, load, rate).await,
-    };
-    let cpu1 = cpu::sample(server.pid());
-    Measured {
-        decision_us: 0.0,
-        server_cpu_us: cpu0.per_call(&cpu1, phase.calls).server,
-        phase,
-    }
-}
 
 /// A server and the connections the load goes over.
 type Served = (Server, Vec<Channel>);
-
-/// A B B A B A A B: each kind at the same mean position.
-const ORDER: [bool; 8] = [false, true, true, false, true, false, false, true];
 
 /// Phases alternating between the server without the log (A) and with it (B).
 async fn alternating(
@@ -49,26 +25,12 @@ async fn alternating(
     pop: Population,
     load: Load,
 ) -> (Vec<Measured>, Vec<Measured>) {
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    // One unmeasured phase each, so neither starts cold.
-    for (s, chs) in [off, on] {
-        measured(s, chs, Duration::from_secs(1), pace, pop, load).await;
-    }
-    for logged in ORDER
-        .iter()
-        .copied()
-        .cycle()
-        .take(ORDER.len() * o.ab_rounds.max(1))
-    {
+    let duration = o.duration();
+    let phases = in_order(o.ab_rounds, |logged| async move {
         let (s, chs) = if logged { on } else { off };
-        let m = measured(s, chs, o.duration(), pace, pop, load).await;
-        if logged {
-            b.push(m);
-        } else {
-            a.push(m);
-        }
-    }
-    (a, b)
+        Ok(measured(s, chs, duration, pace, pop, load).await)
+    });
+    phases.await.unwrap_or_default()
 }
 
 fn mean(ms: &[Measured], f: fn(&Measured) -> f64) -> f64 {

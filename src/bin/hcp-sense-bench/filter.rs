@@ -34,18 +34,19 @@ pub enum Pace {
     Open(f64),
 }
 
-async fn measured(
+pub async fn measured(
     server: &Server,
     chs: &[Channel],
     duration: Duration,
     pace: Pace,
     pop: Population,
+    load: Load,
 ) -> Measured {
     let before = server.scrape().await;
     let cpu0 = cpu::sample(server.pid());
     let phase = match pace {
-        Pace::Closed(c) => closed(chs, duration, c, pop, Load::Recorded).await,
-        Pace::Open(rate) => open(chs, duration, pop, Load::Recorded, rate).await,
+        Pace::Closed(c) => closed(chs, duration, c, pop, load).await,
+        Pace::Open(rate) => open(chs, duration, pop, load, rate).await,
     };
     let cpu1 = cpu::sample(server.pid());
     let after = server.scrape().await;
@@ -79,8 +80,37 @@ pub async fn activate_all(ch: &Channel, pop: Population, filter: &str) -> anyhow
 /// weighs on both alike.
 const ORDER: [bool; 8] = [false, true, true, false, true, false, false, true];
 
-/// Recorded phases at `pace` in the order ORDER, `rounds` times over, after one unmeasured
-/// phase, with `set(false)` (A) or `set(true)` (B) made before each; four of each kind a round.
+/// Phases in the order ORDER, `rounds` times over, after one unmeasured phase of each kind;
+/// `phase(false)` runs one of A, `phase(true)` one of B. Four of each kind a round.
+pub async fn in_order<F, Fut>(
+    rounds: usize,
+    mut phase: F,
+) -> anyhow::Result<(Vec<Measured>, Vec<Measured>)>
+where
+    F: FnMut(bool) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Measured>>,
+{
+    phase(false).await?;
+    phase(true).await?;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for second in ORDER
+        .iter()
+        .copied()
+        .cycle()
+        .take(ORDER.len() * rounds.max(1))
+    {
+        let m = phase(second).await?;
+        if second {
+            b.push(m);
+        } else {
+            a.push(m);
+        }
+    }
+    Ok((a, b))
+}
+
+/// Recorded phases at `pace` in the order ORDER on one server, with `set(false)` (A) or
+/// `set(true)` (B) made before each.
 pub async fn alternating<F, Fut>(
     server: &Server,
     chs: &[Channel],
@@ -94,24 +124,12 @@ where
     F: Fn(bool) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
-    set(false).await?;
-    measured(server, chs, duration, pace, pop).await;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for second in ORDER
-        .iter()
-        .copied()
-        .cycle()
-        .take(ORDER.len() * rounds.max(1))
-    {
+    let set = &set;
+    in_order(rounds, |second| async move {
         set(second).await?;
-        let m = measured(server, chs, duration, pace, pop).await;
-        if second {
-            b.push(m);
-        } else {
-            a.push(m);
-        }
-    }
-    Ok((a, b))
+        Ok(measured(server, chs, duration, pace, pop, Load::Recorded).await)
+    })
+    .await
 }
 
 /// The change of the recorded rate from A to B over the pairs of adjacent phases.
