@@ -662,7 +662,9 @@ impl Delivery {
         let span = decision_span(&t, &decision, self.limits.hash_principals, INGRESS_HUB);
         let outcome = match (decision, record) {
             // Its decision log entry was written in the Binding's transaction, with the record.
-            (Decision::Record { route, .. }, Some(r)) => Outcome::recorded(route, r.record_id, false),
+            (Decision::Record { route, .. }, Some(r)) => {
+                Outcome::recorded(route, r.record_id, false)
+            }
             (Decision::Drop(reason), _) => {
                 self.drops.count(&t.pack_id, &t.r#ref, reason);
                 self.log_dropped(view, &t, INGRESS_HUB, reason);

@@ -320,7 +320,10 @@ fn the_docs_name_every_option_with_its_real_default() {
             let row = docs
                 .lines()
                 // The option's own row: the one whose first cell names it (others may mention it).
-                .find(|l| l.starts_with('|') && l.split('|').nth(1).is_some_and(|c| c.contains(o.as_str())))
+                .find(|l| {
+                    l.starts_with('|')
+                        && l.split('|').nth(1).is_some_and(|c| c.contains(o.as_str()))
+                })
                 .unwrap_or_else(|| panic!("no table row for {o}"));
             assert!(
                 row.contains(&default),

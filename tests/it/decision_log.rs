@@ -591,8 +591,13 @@ async fn an_entry_written_on_one_replica_is_read_on_the_other_postgres() {
         .expect("deliver on b")
         .into_inner();
     assert_eq!(r.disposition, Disposition::RecordedInbox as i32);
-    let e = get(&a, "github", "on-b-rec").await.expect("b's record entry, read on a");
-    assert_eq!((e.record_id.as_str(), e.check.as_str()), (r.record_id.as_str(), "route"));
+    let e = get(&a, "github", "on-b-rec")
+        .await
+        .expect("b's record entry, read on a");
+    assert_eq!(
+        (e.record_id.as_str(), e.check.as_str()),
+        (r.record_id.as_str(), "route")
+    );
     // The hub's record, produced on a, with its entry in the Binding's transaction.
     let gone = a
         .policy
@@ -614,8 +619,16 @@ async fn an_entry_written_on_one_replica_is_read_on_the_other_postgres() {
     .await;
     assert_eq!(hub.len(), 1, "{hub:?}");
     assert_eq!(
-        (hub[0].source.as_str(), hub[0].record_id.as_str(), hub[0].outcome),
-        ("hub", degraded.record_id.as_str(), DecisionOutcome::Inbox as i32)
+        (
+            hub[0].source.as_str(),
+            hub[0].record_id.as_str(),
+            hub[0].outcome
+        ),
+        (
+            "hub",
+            degraded.record_id.as_str(),
+            DecisionOutcome::Inbox as i32
+        )
     );
     // A drop on b, read on a once b has stopped: stopping flushes the batch.
     let d = ingest_b
@@ -625,8 +638,13 @@ async fn an_entry_written_on_one_replica_is_read_on_the_other_postgres() {
         .into_inner();
     assert_eq!(d.drop_reason, DropReason::NoGrant as i32);
     b.stop().await;
-    let e = get(&a, "github", "on-b-drop").await.expect("b's drop entry, read on a");
-    assert_eq!((e.drop_reason, e.check.as_str()), (DropReason::NoGrant as i32, "grant"));
+    let e = get(&a, "github", "on-b-drop")
+        .await
+        .expect("b's drop entry, read on a");
+    assert_eq!(
+        (e.drop_reason, e.check.as_str()),
+        (DropReason::NoGrant as i32, "grant")
+    );
     // And a's drop on a replica started afterwards, once a's batch is written.
     deliver(&mut a, with_id(opened("bob"), "on-a-drop")).await;
     let c = crate::helpers::Replica::start(&a.test_db.url).await;
@@ -647,7 +665,10 @@ async fn an_entry_written_on_one_replica_is_read_on_the_other_postgres() {
                 break;
             }
             Err(e) if e.code() == Code::NotFound => {
-                assert!(std::time::Instant::now() < deadline, "a's drop never reached c");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "a's drop never reached c"
+                );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => panic!("{e:?}"),

@@ -61,8 +61,8 @@ async fn accounted(ch: &Channel) -> anyhow::Result<std::collections::BTreeMap<i3
 pub async fn decisions_phase(o: &Options) -> anyhow::Result<()> {
     for kind in &o.stores {
         let pop = o.population(o.principals);
-        let (db_off, off) = prepare(o, kind, "log-off", pop, &["--decision-log", "false"]).await?;
-        let (db_on, on) = prepare(o, kind, "log-on", pop, &[]).await?;
+        let (db_off, off) = prepare(o, kind, "logoff", pop, &["--decision-log", "false"]).await?;
+        let (db_on, on) = prepare(o, kind, "logon", pop, &[]).await?;
         let off = {
             let chs = off.channels(o.channels).await?;
             (off, chs)
@@ -192,7 +192,7 @@ async fn drop_flood(o: &Options, kind: &str, name: &str, (server, chs): &Served,
 /// against the no-op's latency in the same run.
 async fn lookups(o: &Options, n: usize) -> anyhow::Result<()> {
     let pop = o.population(10);
-    let (db, server) = prepare(o, "postgres", "log-lookup", pop, &[]).await?;
+    let (db, server) = prepare(o, "postgres", "loglookup", pop, &[]).await?;
     let conn = db.connect().await?;
     let t0 = std::time::Instant::now();
     let now = crate::seed::now_micros();
