@@ -40,13 +40,13 @@ impl MigrationTrait for Migration {
                        decided_time bigint NOT NULL \
                          DEFAULT (extract(epoch FROM statement_timestamp()) * 1000000)::bigint, \
                        {COLUMNS}, \
-                       PRIMARY KEY (seq, decided_time) \
+                       PRIMARY KEY (decided_time, seq) \
                      ) PARTITION BY RANGE (decided_time)"
                 ),
             ],
             _ => vec![format!(
                 "CREATE TABLE decisions ( \
-                   seq integer PRIMARY KEY AUTOINCREMENT, \
+                   seq integer PRIMARY KEY, \
                    decided_time bigint NOT NULL, \
                    {COLUMNS})"
             )],
@@ -54,13 +54,17 @@ impl MigrationTrait for Migration {
         for sql in statements {
             db.execute_unprepared(&sql).await?;
         }
-        // A look-up by pack and trigger id; a principal's decisions newest first; the
-        // listing of everyone's newest first.
-        for sql in [
-            "CREATE INDEX idx_decisions_trigger ON decisions (pack_id, trigger_id)",
+        // A look-up by trigger id (and pack); a principal's decisions newest first; the
+        // listing of everyone's newest first, which on PostgreSQL the primary key serves.
+        // Each index is written with every entry: no more than these.
+        let mut indexes = vec![
+            "CREATE INDEX idx_decisions_trigger ON decisions (trigger_id, pack_id)",
             "CREATE INDEX idx_decisions_principal ON decisions (principal, decided_time, seq)",
-            "CREATE INDEX idx_decisions_time ON decisions (decided_time, seq)",
-        ] {
+        ];
+        if db.get_database_backend() != DbBackend::Postgres {
+            indexes.push("CREATE INDEX idx_decisions_time ON decisions (decided_time, seq)");
+        }
+        for sql in indexes {
             db.execute_unprepared(sql).await?;
         }
         Ok(())

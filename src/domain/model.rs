@@ -72,6 +72,7 @@ impl Record {
             principal: &self.principal,
             r#ref: &self.r#ref,
             land: &self.land,
+            payload: &self.payload,
         } == t
     }
 }

@@ -63,14 +63,17 @@ pub fn json_len(v: &impl serde::Serialize) -> usize {
     }
 }
 
-/// What a trigger id stands for within its pack: the trigger's principal, ref and land. A
-/// retry carries the same; the id reused with any of them different is another trigger (a
-/// conflict), never answered with the first one's record.
+/// What a trigger id stands for within its pack: the trigger's principal, ref, land and
+/// payload. A retry carries the same; the id reused with any of them different is another
+/// trigger (a conflict), never answered with the first one's record, which would acknowledge
+/// the second message and lose it. Payloads compare as JSON objects: key order and spacing
+/// do not count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity<'a> {
     pub principal: &'a str,
     pub r#ref: &'a str,
     pub land: &'a str,
+    pub payload: &'a Map<String, Value>,
 }
 
 impl Trigger {
@@ -79,6 +82,7 @@ impl Trigger {
             principal: &self.principal,
             r#ref: &self.r#ref,
             land: &self.land,
+            payload: &self.payload,
         }
     }
 }

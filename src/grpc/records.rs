@@ -10,27 +10,7 @@ use super::pb::{self, record_service_server::RecordService};
 use crate::auth::Caller;
 use crate::domain::model::{Position, RecordFilter};
 use crate::error::Error;
-use crate::service::{reader_principal, WatchEvent};
-
-/// A reader's request reads as the reader (`service::reader_principal`): its principal and
-/// viewer are the reader's own. Returns the reader's principal.
-fn as_reader(
-    caller: Option<&Caller>,
-    principal: &mut String,
-    viewer: &mut String,
-) -> Result<Option<String>, Error> {
-    let reader = reader_principal(caller, principal)?;
-    if let Some(own) = &reader {
-        // A reader reads as its own viewer too: naming another is refused, as naming another
-        // principal is, rather than quietly read as its own.
-        if !viewer.is_empty() && viewer != own {
-            reader_principal(caller, viewer)?;
-        }
-        principal.clone_from(own);
-        viewer.clone_from(own);
-    }
-    Ok(reader)
-}
+use crate::service::{read_as, WatchEvent};
 
 #[derive(Clone, Debug)]
 pub struct RecordsApi {
@@ -67,7 +47,7 @@ impl RecordService for RecordsApi {
     ) -> Result<Response<pb::ListRecordsResponse>, Status> {
         let caller = req.extensions().get::<Caller>().cloned();
         let mut r = req.into_inner();
-        as_reader(caller.as_ref(), &mut r.principal, &mut r.viewer)?;
+        read_as(caller.as_ref(), &mut r.principal, &mut r.viewer)?;
         let descending = match r.order_by.trim().to_ascii_lowercase().as_str() {
             "" | "receive_time" | "receive_time asc" => false,
             "receive_time desc" => true,
@@ -146,7 +126,7 @@ impl RecordService for RecordsApi {
         use pb::watch_records_request::Start;
         let caller = req.extensions().get::<Caller>().cloned();
         let mut r = req.into_inner();
-        let reader = as_reader(caller.as_ref(), &mut r.principal, &mut r.viewer)?;
+        let reader = read_as(caller.as_ref(), &mut r.principal, &mut r.viewer)?;
         let filter = RecordFilter {
             viewer: opt(r.viewer),
             principal: opt(r.principal),

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::{reader_principal, valid_id};
+use super::{read_as, valid_id};
 use crate::auth::Caller;
 use crate::domain::decision_log::{Entry, FoldRule, Folder};
 use crate::error::{Error, Result};
@@ -174,19 +174,15 @@ impl DecisionLog {
     }
 }
 
-/// A reader reads as its own principal and viewer, whatever it names (`reader_principal`).
+/// A reader reads as its own principal and viewer (`read_as`).
 fn as_reader(caller: Option<&Caller>, f: &mut DecisionFilter) -> Result<()> {
-    let asked = f.principal.clone().unwrap_or_default();
-    if let Some(own) = reader_principal(caller, &asked)? {
-        if f.viewer.as_ref().is_some_and(|v| *v != own) {
-            return Err(Error::PermissionDenied(format!(
-                "a reader reads only as its own principal, not as viewer `{}`",
-                f.viewer.as_deref().unwrap_or_default()
-            )));
-        }
-        f.principal = Some(own.clone());
-        f.viewer = Some(own);
-    }
+    let (mut principal, mut viewer) = (
+        f.principal.take().unwrap_or_default(),
+        f.viewer.take().unwrap_or_default(),
+    );
+    read_as(caller, &mut principal, &mut viewer)?;
+    f.principal = (!principal.is_empty()).then_some(principal);
+    f.viewer = (!viewer.is_empty()).then_some(viewer);
     Ok(())
 }
 

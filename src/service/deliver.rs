@@ -119,7 +119,7 @@ fn note(span: &Span, o: &Outcome) {
 
 fn conflict(trigger_id: &str) -> Error {
     Error::AlreadyExists(format!(
-        "trigger_id `{trigger_id}` was already used for a different trigger of this pack"
+        "trigger_id `{trigger_id}` was already used for a different trigger of this pack (another principal, ref, land or payload): a retry carries the same, a new trigger a new id"
     ))
 }
 

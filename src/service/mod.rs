@@ -21,7 +21,7 @@ pub use drops::DropLog;
 pub use packs::Registered;
 pub use policy::{PackState, Policy};
 pub use quota::QuotaCheck;
-pub use records::{reader_principal, Records, ERASE_BATCH};
+pub use records::{read_as, reader_principal, Records, ERASE_BATCH};
 pub use watch::{Watch, WatchEvent, WatchEvents, WatchLimits, MAX_PER_MESSAGE};
 
 use crate::domain::model::Retention;

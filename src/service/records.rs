@@ -19,6 +19,30 @@ pub const ERASE_BATCH: u64 = super::retention::PRUNE_BATCH;
 /// The pause between two batches of an erasure: deliveries waiting on the writer go first.
 const ERASE_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// A request as a reader makes it: its principal and viewer become the reader's own, and
+/// naming another for either is refused (`viewer` checked before it is echoed). Returns the
+/// reader's principal; `None` for any other caller, whose request is left as it is.
+pub fn read_as(
+    caller: Option<&Caller>,
+    principal: &mut String,
+    viewer: &mut String,
+) -> Result<Option<String>> {
+    if !viewer.is_empty() {
+        valid_id("viewer", viewer)?;
+    }
+    let reader = reader_principal(caller, principal)?;
+    if let Some(own) = &reader {
+        if !viewer.is_empty() && viewer != own {
+            return Err(Error::PermissionDenied(format!(
+                "a reader reads only as its own principal, not as viewer `{viewer}`"
+            )));
+        }
+        principal.clone_from(own);
+        viewer.clone_from(own);
+    }
+    Ok(reader)
+}
+
 /// Whom a read is for, the one rule for readers of every read (records, watches, trigger
 /// types). A reader reads as its own principal, whatever it names, and may name no other:
 /// `Some(own)`, which the caller puts in place of what was asked. Any other caller (an admin,

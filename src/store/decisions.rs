@@ -286,13 +286,18 @@ fn row(e: &Entry) -> Row<'_> {
 
 /// SQLite: in the caller's transaction, `decided_time` from the entry (the service's clock).
 pub(crate) async fn insert_sqlite(txn: &impl ConnectionTrait, entries: &[Entry]) -> Result<()> {
-    for chunk in entries.chunks(SQLITE_CHUNK) {
-        let one = format!("({})", vec!["?"; COLUMNS.len() + 1].join(", "));
-        let sql = format!(
-            "INSERT INTO decisions (decided_time, {}) VALUES {}",
-            COLUMNS.join(", "),
-            vec![one.as_str(); chunk.len()].join(", ")
+    static INSERTS: std::sync::OnceLock<super::SqliteInserts> = std::sync::OnceLock::new();
+    let inserts = INSERTS.get_or_init(|| {
+        let head = format!(
+            "INSERT INTO decisions (decided_time, {})",
+            COLUMNS.join(", ")
         );
+        super::SqliteInserts::new(&head, COLUMNS.len() + 1, "", SQLITE_CHUNK)
+    });
+    let mut rest = entries;
+    while !rest.is_empty() {
+        let (chunk, tail) = rest.split_at(inserts.chunk(rest.len()));
+        rest = tail;
         let mut values: Vec<sea_orm::Value> = Vec::with_capacity(chunk.len() * 16);
         for e in chunk {
             values.extend([
@@ -316,7 +321,7 @@ pub(crate) async fn insert_sqlite(txn: &impl ConnectionTrait, entries: &[Entry])
         }
         txn.execute_raw(Statement::from_sql_and_values(
             DbBackend::Sqlite,
-            sql,
+            inserts.statement(chunk.len()),
             values,
         ))
         .await

@@ -470,6 +470,43 @@ pub const RECORDS_CHANNEL: &str = "hcp_sense_records";
 /// The advisory lock class of Binding writes ("hcpb"); the second key is the Binding's hash.
 const BINDING_LOCK: i32 = 0x6863_7062;
 
+/// SQLite multi-row inserts go in chunks of a power of two rows, at most `max`: a table then
+/// has a handful of statements, each prepared once and kept in the connection's statement
+/// cache, where a statement per batch size would be prepared afresh on most batches.
+pub(crate) struct SqliteInserts {
+    /// The insert of 1, 2, 4, ... `max` rows.
+    statements: Vec<String>,
+}
+
+impl SqliteInserts {
+    /// `{head} VALUES (?, ...), ... {tail}` with `columns` placeholders a row.
+    pub(crate) fn new(head: &str, columns: usize, tail: &str, max: usize) -> SqliteInserts {
+        debug_assert!(max.is_power_of_two());
+        let row = format!("({})", vec!["?"; columns].join(","));
+        let statements = (0..=max.trailing_zeros())
+            .map(|k| {
+                format!(
+                    "{head} VALUES {} {tail}",
+                    vec![row.as_str(); 1 << k].join(",")
+                )
+            })
+            .collect();
+        SqliteInserts { statements }
+    }
+
+    /// The rows the next chunk of `rest` takes: the largest power of two not over `rest` or
+    /// the most a statement holds.
+    pub(crate) fn chunk(&self, rest: usize) -> usize {
+        let max = 1usize << (self.statements.len() - 1);
+        1usize << (usize::BITS - 1 - rest.clamp(1, max).leading_zeros())
+    }
+
+    /// The insert of `rows` rows, a size `chunk` gave.
+    pub(crate) fn statement(&self, rows: usize) -> &str {
+        &self.statements[rows.trailing_zeros() as usize]
+    }
+}
+
 /// Gives a record its receive time and id as it is written. The time is data, not order:
 /// a record's place in listings is its position, which the store assigns in commit order.
 pub(crate) fn stamp(r: &mut crate::domain::model::Record) {

@@ -466,7 +466,7 @@ fn stored_as(rs: &[Record], firsts: Option<&[FirstRecord]>) -> Result<Vec<Stored
                 .find(|f| f.pack_id == r.pack_id && f.producer_trigger_id == t)
             {
                 Some(f) if f.record_id == r.record_id => Ok(inserted),
-                Some(f) if !r.same_trigger(f.identity()) => Ok(Stored::Conflict),
+                Some(f) if !f.retried_by(r) => Ok(Stored::Conflict),
                 Some(f) => Ok(Stored::Duplicate {
                     record_id: f.record_id.clone(),
                     route: Route::parse(&f.route)
@@ -609,7 +609,8 @@ async fn insert_sqlite(txn: &impl ConnectionTrait, rs: &[Record]) -> Result<u64>
     let mut inserted = 0;
     let mut rest = rs;
     while !rest.is_empty() {
-        let take = 1usize << (usize::BITS - 1 - rest.len().min(SQLITE_CHUNK).leading_zeros());
+        let inserts = sqlite_inserts();
+        let take = inserts.chunk(rest.len());
         let (chunk, tail) = rest.split_at(take);
         rest = tail;
         let mut values = Vec::with_capacity(chunk.len() * 12);
@@ -633,7 +634,7 @@ async fn insert_sqlite(txn: &impl ConnectionTrait, rs: &[Record]) -> Result<u64>
         let done = txn
             .execute_raw(Statement::from_sql_and_values(
                 DbBackend::Sqlite,
-                sqlite_insert(take),
+                inserts.statement(take),
                 values,
             ))
             .await
@@ -652,22 +653,17 @@ fn payload_text(r: &Record) -> String {
 /// Most rows in one SQLite insert statement (12 values each, well under SQLite's 32,766).
 const SQLITE_CHUNK: usize = 256;
 
-/// The SQLite insert of `rows` rows, built once per size.
-fn sqlite_insert(rows: usize) -> &'static str {
-    use std::sync::OnceLock;
-    static STATEMENTS: OnceLock<Vec<String>> = OnceLock::new();
-    let all = STATEMENTS.get_or_init(|| {
-        (0..=SQLITE_CHUNK.trailing_zeros())
-            .map(|k| {
-                let row = "(?,?,?,?,?,?,?,?,?,?,?,?)";
-                format!(
-                    "INSERT INTO records ({COLUMNS}, seq) VALUES {} ON CONFLICT (pack_id, producer_trigger_id) DO NOTHING",
-                    vec![row; 1 << k].join(",")
-                )
-            })
-            .collect()
-    });
-    &all[rows.trailing_zeros() as usize]
+/// The SQLite inserts of records, built once.
+fn sqlite_inserts() -> &'static super::SqliteInserts {
+    static INSERTS: std::sync::OnceLock<super::SqliteInserts> = std::sync::OnceLock::new();
+    INSERTS.get_or_init(|| {
+        super::SqliteInserts::new(
+            &format!("INSERT INTO records ({COLUMNS}, seq)"),
+            12,
+            "ON CONFLICT (pack_id, producer_trigger_id) DO NOTHING",
+            SQLITE_CHUNK,
+        )
+    })
 }
 
 /// The first record stored under a (pack, trigger id): what a later record with the same id
@@ -681,15 +677,24 @@ struct FirstRecord {
     principal: String,
     r#ref: String,
     land: String,
+    /// As stored: JSON text, read only when a batch meets an id already used.
+    payload: String,
 }
 
 impl FirstRecord {
-    fn identity(&self) -> Identity<'_> {
-        Identity {
+    /// Whether `r`, which reuses this record's trigger id, is a retry of its trigger.
+    fn retried_by(&self, r: &Record) -> bool {
+        let Ok(payload) =
+            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&self.payload)
+        else {
+            return false;
+        };
+        r.same_trigger(Identity {
             principal: &self.principal,
             r#ref: &self.r#ref,
             land: &self.land,
-        }
+            payload: &payload,
+        })
     }
 }
 
@@ -759,7 +764,7 @@ async fn firsts(
             .collect();
         return FirstRecord::find_by_statement(Statement::from_sql_and_values(
             DbBackend::Postgres,
-            "SELECT q.pack_id, q.producer_trigger_id, r.record_id, r.route, r.principal, r.ref, r.land \
+            "SELECT q.pack_id, q.producer_trigger_id, r.record_id, r.route, r.principal, r.ref, r.land, r.payload \
              FROM jsonb_to_recordset($1::jsonb) AS q(pack_id text, producer_trigger_id text) \
              JOIN record_triggers k ON k.pack_id = q.pack_id AND k.producer_trigger_id = q.producer_trigger_id \
              JOIN records r ON r.record_id = k.record_id AND r.stored_time = k.stored_time",
@@ -779,6 +784,7 @@ async fn firsts(
             C::Principal,
             C::Ref,
             C::Land,
+            C::Payload,
         ])
         .filter(
             Expr::tuple([Expr::col(C::PackId), Expr::col(C::ProducerTriggerId)]).in_tuples(keys),

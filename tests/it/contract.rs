@@ -70,6 +70,35 @@ both_stores! {
         app.stop().await;
     }
 
+    async fn s7_3_an_id_reused_with_another_payload_is_refused_not_answered_as_the_first(app) {
+        use crate::support::trigger::with_payload;
+        let mut app = app;
+        set_up(&app.channel, "", &["alice"]).await;
+        let mut t = with_payload(opened("alice"), serde_json::json!({"number": 7, "title": "a"}));
+        t.trigger_id = "msg_1".into();
+        let first = app.ingest.deliver_trigger(t.clone()).await.expect("first").into_inner();
+        assert!(!first.duplicate);
+        // A retry with its keys in another order is the same trigger.
+        let retry = with_payload(t.clone(), serde_json::json!({"title": "a", "number": 7}));
+        let again = app.ingest.deliver_trigger(retry).await.expect("retry").into_inner();
+        assert!(again.duplicate);
+        assert_eq!(again.record_id, first.record_id);
+        // Another message under the same id: refused at the sink, before policy (a would-be
+        // drop, once the grant is gone) and by ExplainTrigger alike; the first stays alone.
+        let other = with_payload(t.clone(), serde_json::json!({"number": 8, "title": "a"}));
+        let e = app.ingest.deliver_trigger(other.clone()).await.expect_err("other content");
+        assert_eq!(e.code(), Code::AlreadyExists);
+        assert!(e.message().contains("payload") && e.message().contains("msg_1"), "{}", e.message());
+        let e = app.ingest.explain_trigger(pb::ExplainTriggerRequest { trigger: Some(other.clone()) }).await.expect_err("explained");
+        assert_eq!(e.code(), Code::AlreadyExists);
+        app.policy.revoke_sense_enable(pb::RevokeSenseEnableRequest { principal: "alice".into(), pack_id: "github".into() })
+            .await.expect("revoke");
+        let e = app.ingest.deliver_trigger(other).await.expect_err("other content, would drop");
+        assert_eq!(e.code(), Code::AlreadyExists);
+        assert_eq!(app.count("records").await, 1);
+        app.stop().await;
+    }
+
     async fn s7_7_3_deleting_a_linked_binding_produces_binding_degraded(app) {
         let mut app = app;
         set_up(&app.channel, "", &["alice", "bob"]).await;

@@ -523,6 +523,17 @@ async fn listing_requests_are_checked(kind: StoreKind) {
         .await
         .expect_err("negative page size");
     assert!(bad.message().contains("page_size"));
+    // A viewer with a control character is refused naming the field, without echoing it.
+    let bad = c
+        .list_decisions(ListDecisionsRequest {
+            viewer: "bob\u{7}".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("control character");
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("viewer"), "{}", bad.message());
+    assert!(!bad.message().contains('\u{7}'), "{}", bad.message());
     app.stop().await;
 }
 on_both_stores!(listing_requests_are_checked => listing_requests_are_checked);

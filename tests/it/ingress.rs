@@ -1597,6 +1597,29 @@ async fn a_delivery_id_reused_for_other_content_is_refused(kind: StoreKind) {
         })
         .collect();
     assert_eq!(areas, ["north", "east"], "nothing of the refused content");
+    // A second sender, with a secret of its own, on the same pack, using the same id for
+    // another message: the ledgers differ, the records meet, and it is refused, not answered
+    // with the first sender's record.
+    ingress(&app)
+        .put_ingress_route(weather_route("sw-other", &[SECRET_OTHER]))
+        .await
+        .expect("a second sender's route");
+    let mut second_sender = standard(
+        &url(&app, "sw-other"),
+        SECRET_OTHER,
+        "msg-1",
+        alert("alice", "west"),
+    );
+    second_sender["ts"] = json!(unix_now());
+    let answers = send(json!([second_sender])).await;
+    assert_eq!(answers[0].0, 409, "{:?}", answers[0]);
+    let why = answers[0].1["error"].as_str().unwrap_or_default();
+    assert!(why.contains("msg-1") && why.contains("payload"), "{why}");
+    assert_eq!(
+        alice_records(&app).await.len(),
+        2,
+        "still only north and east"
+    );
 }
 on_both_stores!(s7_6_a_delivery_id_reused_for_other_content_is_refused => a_delivery_id_reused_for_other_content_is_refused);
 
