@@ -394,11 +394,13 @@ impl Delivery {
             let Some(id) = &t.trigger_id else {
                 return Err(e);
             };
-            if self
+            // Only a retry of the recorded trigger is answered with its record; another
+            // message reusing the id has its own refusal.
+            if !self
                 .store
                 .record_for_trigger(&t.pack_id, id)
                 .await?
-                .is_none()
+                .is_some_and(|r| r.same_trigger(t.identity()))
             {
                 return Err(e);
             }

@@ -90,9 +90,16 @@ async fn run_grpc_ingress_checks_the_payload_schema(kind: StoreKind) {
         .into_inner();
     let first = ok;
     assert_eq!(first.disposition, pb::Disposition::RecordedInbox as i32);
-    // The same id again with a payload the schema refuses: its first record.
-    let again = ingest
+    // The same id again with a payload the schema refuses is another message, refused for
+    // its payload; the same trigger again is its first record.
+    let e = ingest
         .deliver_trigger(created(bad_ticket(), "t-1"))
+        .await
+        .expect_err("not a retry");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_bad_ticket(&violations(&e), "");
+    let again = ingest
+        .deliver_trigger(created(ticket(), "t-1"))
         .await
         .expect("the first record")
         .into_inner();
