@@ -390,6 +390,17 @@ pub fn drop_report(d: &DropReport) -> pb::DropReport {
     }
 }
 
+/// A listing's `start_time` and `end_time`, each in microseconds since the epoch when given.
+pub fn time_span(
+    start: Option<&Timestamp>,
+    end: Option<&Timestamp>,
+) -> Result<(Option<i64>, Option<i64>), Error> {
+    Ok((
+        start.map(|t| micros("start_time", t)).transpose()?,
+        end.map(|t| micros("end_time", t)).transpose()?,
+    ))
+}
+
 /// Microseconds since the epoch of a wire timestamp.
 pub fn micros(field: &'static str, t: &Timestamp) -> Result<i64, Error> {
     if !(0..1_000_000_000).contains(&t.nanos) {

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::convert::{drop_reason, drop_reason_from, micros, timestamp};
+use super::convert::{drop_reason, drop_reason_from, time_span, timestamp};
 use super::paging::{fingerprint, PageTokens};
 use super::pb::{self, decision_service_server::DecisionService};
 use crate::auth::Caller;
@@ -95,6 +95,7 @@ impl DecisionService for DecisionsApi {
         const KIND: &str = "decisions";
         let caller = req.extensions().get::<Caller>().cloned();
         let r = req.into_inner();
+        let (start_time, end_time) = time_span(r.start_time.as_ref(), r.end_time.as_ref())?;
         let filter = DecisionFilter {
             viewer: opt(r.viewer),
             principal: opt(r.principal),
@@ -104,16 +105,8 @@ impl DecisionService for DecisionsApi {
             outcome: outcome_from(r.outcome)?,
             drop_reason: drop_reason_from("drop_reason", r.drop_reason)?,
             source: opt(r.source),
-            start_time: r
-                .start_time
-                .as_ref()
-                .map(|t| micros("start_time", t))
-                .transpose()?,
-            end_time: r
-                .end_time
-                .as_ref()
-                .map(|t| micros("end_time", t))
-                .transpose()?,
+            start_time,
+            end_time,
         };
         let page = self.pages.page(
             KIND,

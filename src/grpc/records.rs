@@ -4,7 +4,7 @@ use std::pin::Pin;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use super::convert::{drop_reason_from, drop_report, micros, record, route_from};
+use super::convert::{drop_reason_from, drop_report, record, route_from, time_span};
 use super::paging::{fingerprint, next_token, page_size, PageTokens};
 use super::pb::{self, record_service_server::RecordService};
 use crate::auth::Caller;
@@ -59,6 +59,7 @@ impl RecordService for RecordsApi {
                 .into())
             }
         };
+        let (start_time, end_time) = time_span(r.start_time.as_ref(), r.end_time.as_ref())?;
         let filter = RecordFilter {
             viewer: opt(r.viewer),
             principal: opt(r.principal),
@@ -66,16 +67,8 @@ impl RecordService for RecordsApi {
             r#ref: opt(r.r#ref),
             land: opt(r.land),
             route: route_from("route", r.route)?,
-            start_time: r
-                .start_time
-                .as_ref()
-                .map(|t| micros("start_time", t))
-                .transpose()?,
-            end_time: r
-                .end_time
-                .as_ref()
-                .map(|t| micros("end_time", t))
-                .transpose()?,
+            start_time,
+            end_time,
             descending,
         };
         let fp = filter_fingerprint(&filter);
