@@ -11,6 +11,11 @@ mod m20261202_000003_quotas;
 mod m20261203_000001_partitioned_records;
 mod m20261204_000001_ingress_ledger;
 mod m20261205_000001_decision_log;
+mod m20261206_000001_decision_log_indexes;
+
+/// The decision log's recorded entries, in the words its partial indexes use: a query names
+/// them so for SQLite to use those indexes.
+pub const DECISIONS_RECORDED: &str = m20261206_000001_decision_log_indexes::RECORDED;
 
 /// Every migration, in the order it is applied.
 pub struct Migrator;
@@ -29,6 +34,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000001_partitioned_records::Migration),
             Box::new(m20261204_000001_ingress_ledger::Migration),
             Box::new(m20261205_000001_decision_log::Migration),
+            Box::new(m20261206_000001_decision_log_indexes::Migration),
         ]
     }
 }

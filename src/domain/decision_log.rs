@@ -29,6 +29,11 @@ str_enum!(Logged {
 });
 
 impl Logged {
+    /// Whether an entry of this outcome stands beside a record of its own.
+    pub fn is_recorded(self) -> bool {
+        matches!(self, Logged::Inbox | Logged::Silent)
+    }
+
     pub fn recorded(route: Route) -> Logged {
         match route {
             Route::Inbox => Logged::Inbox,

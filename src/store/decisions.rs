@@ -2,6 +2,8 @@
 use sea_orm::sea_query::{Alias, Condition, Expr, ExprTrait, Order, Query, SelectStatement};
 use sea_orm::{ConnectionTrait, DbBackend, QueryResult, Statement};
 
+use hcp_sense_migration::DECISIONS_RECORDED;
+
 use super::{classify, DecisionTables, Engine};
 use crate::domain::decision_log::{Entry, Logged};
 use crate::domain::trigger::{DropReason, BRAIN};
@@ -43,6 +45,9 @@ const COLUMNS: [&str; 15] = [
     "trace_id",
     "folded",
 ];
+
+/// Entries of the SQLite log one transaction of an erasure reads.
+const ERASE_RANGE: i64 = 100_000;
 
 /// Most entries in one SQLite insert statement (16 values each, under SQLite's 32,766).
 const SQLITE_CHUNK: usize = 256;
@@ -119,45 +124,102 @@ impl DecisionTables {
     }
 
     /// Entries matching `f`, newest first, after the cursor `(decided_time, seq)`, at most `limit`.
+    /// By principal, two reads merged: the entries its index holds (drops, refusals,
+    /// duplicates) and the recorded ones, found through the principal's records (see the
+    /// migration `decision_log_indexes`).
     pub async fn list_decisions(
         &self,
         f: &DecisionFilter,
         after: Option<(i64, i64)>,
         limit: u64,
     ) -> Result<Vec<Entry>> {
-        let mut q = select(f);
-        if let Some((t, seq)) = after {
-            let key = Expr::tuple([
-                Expr::col(Alias::new("decided_time")),
-                Expr::col(Alias::new("seq")),
-            ]);
-            q.and_where(key.lt(Expr::tuple([Expr::val(t), Expr::val(seq)])));
+        let recorded = f.outcome.map(Logged::is_recorded);
+        let parts = match (&f.principal, recorded) {
+            (None, _) => vec![select(f)],
+            (Some(_), Some(true)) => vec![recorded_of_principal(f)],
+            (Some(_), Some(false)) => vec![not_recorded(f)],
+            (Some(_), None) => vec![not_recorded(f), recorded_of_principal(f)],
+        };
+        let mut found = Vec::new();
+        for mut q in parts {
+            if let Some((t, seq)) = after {
+                let key = Expr::tuple([
+                    Expr::col(Alias::new("decided_time")),
+                    Expr::col(Alias::new("seq")),
+                ]);
+                q.and_where(key.lt(Expr::tuple([Expr::val(t), Expr::val(seq)])));
+            }
+            q.order_by(Alias::new("decided_time"), Order::Desc)
+                .order_by(Alias::new("seq"), Order::Desc)
+                .limit(limit);
+            let rows = self
+                .db
+                .query_all_raw(self.db.get_database_backend().build(&q))
+                .await
+                .map_err(classify)?;
+            for r in &rows {
+                found.push(entry(r)?);
+            }
         }
-        q.order_by(Alias::new("decided_time"), Order::Desc)
-            .order_by(Alias::new("seq"), Order::Desc)
-            .limit(limit);
-        let rows = self
-            .db
-            .query_all_raw(self.db.get_database_backend().build(&q))
-            .await
-            .map_err(classify)?;
-        rows.iter().map(entry).collect()
+        found.sort_by(|a, b| (b.decided_time, b.seq).cmp(&(a.decided_time, a.seq)));
+        found.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        Ok(found)
     }
 
-    /// Deletes every entry of `principal` (of one pack, when given); answers how many.
+    /// Deletes every entry of `principal` (of one pack, when given); answers how many. No
+    /// index holds all of a principal's entries (recorded ones are indexed by record, and a
+    /// record may be gone before its entry), so this reads the whole log: on SQLite in ranges
+    /// of `ERASE_RANGE` entries, one transaction each, so deliveries take their turns.
     pub async fn erase_decisions(&self, principal: &str, pack_id: Option<&str>) -> Result<u64> {
-        let mut q = Query::delete();
-        q.from_table(Alias::new("decisions"))
-            .and_where(Expr::col(Alias::new("principal")).eq(principal));
-        if let Some(p) = pack_id {
-            q.and_where(Expr::col(Alias::new("pack_id")).eq(p));
+        let of = |q: &mut sea_orm::sea_query::DeleteStatement| {
+            q.from_table(Alias::new("decisions"))
+                .and_where(Expr::col(Alias::new("principal")).eq(principal));
+            if let Some(p) = pack_id {
+                q.and_where(Expr::col(Alias::new("pack_id")).eq(p));
+            }
+        };
+        if self.engine() == Engine::Postgres {
+            let mut q = Query::delete();
+            of(&mut q);
+            let done = self
+                .db
+                .execute_raw(self.db.get_database_backend().build(&q))
+                .await
+                .map_err(classify)?;
+            return Ok(done.rows_affected());
         }
-        let done = self
+        let bounds = self
             .db
-            .execute_raw(self.db.get_database_backend().build(&q))
+            .query_one_raw(Statement::from_string(
+                DbBackend::Sqlite,
+                "SELECT coalesce(min(seq), 0) AS lo, coalesce(max(seq), -1) AS hi FROM decisions",
+            ))
             .await
-            .map_err(classify)?;
-        Ok(done.rows_affected())
+            .map_err(classify)?
+            .ok_or_else(|| Error::internal("no bounds of the decision log"))?;
+        let lo: i64 = bounds.try_get("", "lo").map_err(classify)?;
+        let hi: i64 = bounds.try_get("", "hi").map_err(classify)?;
+        let mut erased = 0;
+        let mut from = lo;
+        // Entries written after `hi` were decided after the erasure began (the caller flushed
+        // what it had taken first), as records stored after an erasure's position stay.
+        while from <= hi {
+            let to = Ord::min(from.saturating_add(ERASE_RANGE), hi.saturating_add(1));
+            let mut q = Query::delete();
+            of(&mut q);
+            q.and_where(Expr::col(Alias::new("seq")).gte(from))
+                .and_where(Expr::col(Alias::new("seq")).lt(to));
+            let w = self.begin_write().await?;
+            let done = w
+                .txn
+                .execute_raw(DbBackend::Sqlite.build(&q))
+                .await
+                .map_err(classify)?;
+            w.commit().await?;
+            erased += done.rows_affected();
+            from = to;
+        }
+        Ok(erased)
     }
 
     /// Deletes up to `limit` entries decided before `cutoff` (SQLite; PostgreSQL drops
@@ -261,6 +323,32 @@ fn select(f: &DecisionFilter) -> SelectStatement {
             .add(col("land").ne(BRAIN))
             .add(col("project").in_subquery(member_of(v))),
     });
+    q
+}
+
+/// `f`'s entries that are not records, from the principal index.
+fn not_recorded(f: &DecisionFilter) -> SelectStatement {
+    let mut q = select(f);
+    q.and_where(Expr::cust(format!("NOT ({DECISIONS_RECORDED})")));
+    q
+}
+
+/// `f`'s recorded entries, through the records of `f.principal`: its records index names
+/// their ids, the log's record index finds each entry.
+fn recorded_of_principal(f: &DecisionFilter) -> SelectStatement {
+    let mut q = select(f);
+    q.and_where(Expr::cust(DECISIONS_RECORDED));
+    if let Some(p) = &f.principal {
+        q.and_where(
+            Expr::col(Alias::new("record_id")).in_subquery(
+                Query::select()
+                    .column(Alias::new("record_id"))
+                    .from(Alias::new("records"))
+                    .and_where(Expr::col(Alias::new("principal")).eq(p.as_str()))
+                    .to_owned(),
+            ),
+        );
+    }
     q
 }
 

@@ -6,6 +6,7 @@ use hcp_sense::grpc::pb::{
     self, decision_service_client::DecisionServiceClient, BindingState, DecisionOutcome,
     Disposition, DropReason, EraseRecordsRequest, GetDecisionRequest, ListDecisionsRequest, Route,
 };
+use sea_orm::ConnectionTrait;
 use serde_json::json;
 use tonic::transport::Channel;
 use tonic::Code;
@@ -385,6 +386,73 @@ async fn brain_entries_need_membership_and_erasure_takes_a_principals_entries(ki
     app.stop().await;
 }
 on_both_stores!(s7_5_2_brain_entries_need_membership_and_erasure_takes_a_principals_entries => brain_entries_need_membership_and_erasure_takes_a_principals_entries);
+
+/// A principal's entries come from two indexes (drops by principal, recorded entries through
+/// the principal's records): read by principal a page of one at a time, they are the entries
+/// the everyone-listing holds for it, in its order; each outcome alone reads one side. An
+/// erasure reads the whole log, however far apart its entries are.
+async fn a_principals_listing_merges_recorded_and_dropped_entries(kind: StoreKind) {
+    let mut app = spawn_app_with(kind, |_| {}).await;
+    ready(&mut app, "alice").await;
+    ready(&mut app, "bob").await;
+    for i in 0..4 {
+        deliver(&mut app, with_id(opened("alice"), &format!("a-r-{i}"))).await;
+        let mut undeclared = crate::sense::trig("alice", "issue.nope", "user");
+        undeclared.trigger_id = format!("a-d-{i}");
+        assert_eq!(
+            deliver(&mut app, undeclared).await.disposition,
+            Disposition::Dropped as i32
+        );
+        deliver(&mut app, with_id(opened("bob"), &format!("b-r-{i}"))).await;
+    }
+    let ids =
+        |ds: Vec<pb::Decision>| -> Vec<String> { ds.into_iter().map(|d| d.trigger_id).collect() };
+    let everyone: Vec<pb::Decision> = all(&app.channel, ListDecisionsRequest::default())
+        .await
+        .into_iter()
+        .filter(|d| d.principal == "alice")
+        .collect();
+    let by_principal = |outcome: DecisionOutcome, page_size: i32| ListDecisionsRequest {
+        principal: "alice".into(),
+        outcome: outcome as i32,
+        page_size,
+        ..Default::default()
+    };
+    let paged = all(&app.channel, by_principal(DecisionOutcome::Unspecified, 1)).await;
+    assert_eq!(paged.len(), 8, "{paged:?}");
+    assert_eq!(ids(paged), ids(everyone));
+    let inbox = all(&app.channel, by_principal(DecisionOutcome::Inbox, 3)).await;
+    assert_eq!(inbox.len(), 4);
+    assert!(inbox.iter().all(|d| d.trigger_id.starts_with("a-r-")));
+    let dropped = all(&app.channel, by_principal(DecisionOutcome::Dropped, 3)).await;
+    assert_eq!(dropped.len(), 4);
+    assert!(dropped.iter().all(|d| d.trigger_id.starts_with("a-d-")));
+
+    // An entry far past the others in the log's order (three SQLite erase ranges away).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros();
+    app.db
+        .execute_unprepared(&format!(
+            "INSERT INTO decisions (seq, decided_time, pack_id, ref, principal, land, source, outcome) \
+             VALUES (250001, {now}, 'github', 'issue.opened', 'alice', 'user', 'grpc:DeliverTrigger', 'refused')"
+        ))
+        .await
+        .expect("a far entry");
+    app.records
+        .erase_records(EraseRecordsRequest {
+            principal: "alice".into(),
+            pack_id: String::new(),
+        })
+        .await
+        .expect("erase");
+    let left = all(&app.channel, ListDecisionsRequest::default()).await;
+    assert_eq!(left.len(), 4, "{left:?}");
+    assert!(left.iter().all(|d| d.principal == "bob"));
+    app.stop().await;
+}
+on_both_stores!(a_principals_listing_merges_recorded_and_dropped_entries => a_principals_listing_merges_recorded_and_dropped_entries);
 
 async fn a_drop_flood_folds_and_every_answer_is_counted(kind: StoreKind) {
     let mut app = spawn_app_with(kind, |c| {
