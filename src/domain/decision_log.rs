@@ -76,18 +76,33 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// The entry as read back: a recorded one is given the check and detail every recorded
+    /// decision has, which its row does not store (see `Note`).
+    pub fn told(mut self) -> Entry {
+        let route = match self.outcome {
+            Logged::Inbox => Route::Inbox,
+            Logged::Silent => Route::Silent,
+            _ => return self,
+        };
+        if self.check.is_empty() {
+            self.check = RECORDED_CHECK.to_owned();
+            self.detail = recorded_detail(route, &self.binding_id);
+        }
+        self
+    }
+
     /// Decisions this entry stands for: itself and those folded into it.
     pub fn answers(&self) -> i64 {
         1 + self.folded
     }
 }
 
-/// What a recorded trigger's entry adds to its record, written in the record's commit.
+/// What a recorded trigger's entry adds to its record, written in the record's commit. Its
+/// check and detail are not stored: every recorded entry's are the same words, `route` and
+/// `recorded_detail`, given back when it is read (`Entry::told`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
     pub source: String,
-    pub check: String,
-    pub detail: String,
     pub trace_id: Option<String>,
 }
 
@@ -107,8 +122,8 @@ impl Note {
             source: self.source.clone(),
             outcome: Logged::recorded(r.route),
             drop_reason: None,
-            check: self.check.clone(),
-            detail: self.detail.clone(),
+            check: String::new(),
+            detail: String::new(),
             record_id: Some(r.record_id.clone()),
             trace_id: self.trace_id.clone(),
             folded: 0,
@@ -137,6 +152,9 @@ pub fn deciding_check(e: &Explanation) -> (String, String) {
         None => (String::new(), String::new()),
     }
 }
+
+/// The check a recorded decision's entry names: every check passed, and the route was taken.
+pub const RECORDED_CHECK: &str = "route";
 
 /// What a recorded decision's entry says: every check passed, and where it went.
 pub fn recorded_detail(route: Route, binding_id: &str) -> String {

@@ -12,7 +12,7 @@ use super::decisions::{current_trace_id, DecisionLog};
 use super::drops::DropLog;
 use super::{Limits, PolicyState};
 use crate::domain::decide::{binding_degraded, decide, validate};
-use crate::domain::decision_log::{deciding_check, recorded_detail, Entry, Logged, Note};
+use crate::domain::decision_log::{deciding_check, Entry, Logged, Note};
 use crate::domain::explain::{explain, Explanation};
 use crate::domain::model::{Binding, Record};
 use crate::domain::pack::schema::{PayloadSchema, PayloadViolation};
@@ -488,8 +488,6 @@ impl Delivery {
                 Decision::Record { route, binding_id } => {
                     let note = self.log.on().then(|| Note {
                         source: source.to_string(),
-                        check: "route".into(),
-                        detail: recorded_detail(route, &binding_id),
                         trace_id: current_trace_id(),
                     });
                     let outcome = self.record(new_record(&t, route, binding_id), note).await?;
@@ -639,8 +637,6 @@ impl Delivery {
                     Some(new_record(t, *route, binding_id.clone())),
                     self.log.on().then(|| Note {
                         source: INGRESS_HUB.to_string(),
-                        check: "route".into(),
-                        detail: recorded_detail(*route, binding_id),
                         trace_id: current_trace_id(),
                     }),
                 ),

@@ -441,5 +441,6 @@ fn entry(r: &QueryResult) -> Result<Entry> {
         record_id: o("record_id")?,
         trace_id: o("trace_id")?,
         folded: r.try_get("", "folded").map_err(classify)?,
-    })
+    }
+    .told())
 }

@@ -95,7 +95,7 @@ const INSERT_POSTGRES_LOGGED: &str = "WITH x AS ( \
        SELECT *, (extract(epoch FROM statement_timestamp()) * 1000000)::bigint AS stored_time \
        FROM jsonb_to_recordset($1::jsonb) AS x(record_id text, principal text, binding_id text, land text, pack_id text, \
             ref text, payload text, route text, project text, producer_trigger_id text, received_time bigint, \
-            source text, check_name text, detail text, trace_id text)), \
+            source text, trace_id text)), \
      claimed AS ( \
        INSERT INTO record_triggers AS k (pack_id, producer_trigger_id, record_id, stored_time) \
        SELECT pack_id, producer_trigger_id, record_id, stored_time FROM x WHERE producer_trigger_id IS NOT NULL \
@@ -112,9 +112,9 @@ const INSERT_POSTGRES_LOGGED: &str = "WITH x AS ( \
        RETURNING record_id), \
      logged AS ( \
        INSERT INTO decisions (decided_time, pack_id, ref, principal, land, project, binding_id, trigger_id, source, outcome, \
-              check_name, detail, record_id, trace_id) \
+              record_id, trace_id) \
        SELECT stored_time, pack_id, ref, principal, land, project, binding_id, producer_trigger_id, source, route, \
-              coalesce(check_name, ''), coalesce(detail, ''), record_id, trace_id \
+              record_id, trace_id \
        FROM x WHERE source IS NOT NULL AND record_id IN (SELECT record_id FROM ins)) \
      SELECT count(*) AS n FROM ins";
 
@@ -505,10 +505,6 @@ struct Row<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     source: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    check_name: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    detail: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     trace_id: Option<&'a str>,
 }
 
@@ -549,8 +545,6 @@ async fn insert_postgres(
             producer_trigger_id: r.trigger_id.as_deref(),
             received_time: r.received_time,
             source: note.map(|n| n.source.as_str()),
-            check_name: note.map(|n| n.check.as_str()),
-            detail: note.map(|n| n.detail.as_str()),
             trace_id: note.and_then(|n| n.trace_id.as_deref()),
         })
         .collect();

@@ -205,7 +205,23 @@ async fn lookups(o: &Options, n: usize) -> anyhow::Result<()> {
          FROM generate_series(1, {n}) AS g"
     ))
     .await?;
+    // One principal with HEAVY recorded triggers: its entries are found through its records.
+    let heavy = (n / 100).clamp(1, 100_000);
+    conn.execute_unprepared(&format!(
+        "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, \
+           received_time, commit_txid, stored_time) \
+         SELECT 'heavy-' || lpad(g::text, 9, '0'), 'heavy', 'b', 'user', 'pack-0', 'issue.opened', '{{}}', \
+           'inbox', {now} - g * 10, 1, {now} - g * 10 \
+         FROM generate_series(1, {heavy}) AS g; \
+         INSERT INTO decisions (decided_time, pack_id, ref, principal, land, source, outcome, check_name, \
+           detail, record_id) \
+         SELECT {now} - g * 10, 'pack-0', 'issue.opened', 'heavy', 'user', 'grpc:DeliverTrigger', 'inbox', \
+           'route', 'every check passed', 'heavy-' || lpad(g::text, 9, '0') \
+         FROM generate_series(1, {heavy}) AS g"
+    ))
+    .await?;
     conn.execute_unprepared("ANALYZE decisions").await?;
+    conn.execute_unprepared("ANALYZE records").await?;
     let _ = conn.close().await;
     println!(
         "postgres  decision log: {n} entries seeded in {:.1} s",
@@ -246,6 +262,31 @@ async fn lookups(o: &Options, n: usize) -> anyhow::Result<()> {
         errors += usize::from(!call(&ch, trigger(i, pop, Load::Noop), Load::Noop).await);
         noop.push(t.elapsed().as_micros() as u64);
     }
+    // A principal's newest page: one with HEAVY records (through its records), and one of
+    // the seeded strangers (drops, through the principal index).
+    let by_principal = |who: String| {
+        let mut client = client.clone();
+        async move {
+            let mut took = Vec::with_capacity(200);
+            let mut errors = 0usize;
+            for _ in 0..200 {
+                let t = std::time::Instant::now();
+                let page = client
+                    .list_decisions(ListDecisionsRequest {
+                        principal: who.clone(),
+                        page_size: 10,
+                        ..Default::default()
+                    })
+                    .await;
+                took.push(t.elapsed().as_micros() as u64);
+                errors += usize::from(page.map_or(true, |r| r.into_inner().decisions.is_empty()));
+            }
+            (took, errors)
+        }
+    };
+    let (mut heavy_took, e1) = by_principal("heavy".into()).await;
+    let (mut stranger_took, e2) = by_principal("stranger-7".into()).await;
+    errors += e1 + e2;
     let pct = |v: &mut Vec<u64>, q: f64| {
         v.sort_unstable();
         v.get(((v.len() as f64 - 1.0) * q) as usize)
@@ -261,8 +302,16 @@ async fn lookups(o: &Options, n: usize) -> anyhow::Result<()> {
         g99 / n99.max(0.001),
         l99 / n99.max(0.001),
     );
+    let (h50, h99) = (pct(&mut heavy_took, 0.5), pct(&mut heavy_took, 0.99));
+    let (s50, s99) = (pct(&mut stranger_took, 0.5), pct(&mut stranger_took, 0.99));
+    println!(
+        "postgres  decision log, ListDecisions by principal (a page of 10): {heavy} recorded entries p50 {h50:.2} ms p99 {h99:.2} ms; {} dropped entries p50 {s50:.2} ms p99 {s99:.2} ms",
+        n / 100_000
+    );
     result(json!({
         "store": "postgres", "phase": "decisions-lookup", "entries": n,
+        "heavy_records": heavy, "heavy_p50_ms": h50, "heavy_p99_ms": h99,
+        "stranger_p50_ms": s50, "stranger_p99_ms": s99,
         "get_p50_ms": g50, "get_p99_ms": g99, "list_p50_ms": l50, "list_p99_ms": l99,
         "noop_p50_ms": n50, "noop_p99_ms": n99, "errors": errors,
     }));
