@@ -43,6 +43,8 @@ pub struct App {
     metrics_addr: SocketAddr,
     /// The HTTP ingress listener, when one is configured.
     ingress_listener: Option<TcpListener>,
+    /// The MCP door's listener, when one is configured.
+    mcp_listener: Option<TcpListener>,
     /// The NATS server NATS routes consume from, when one is configured.
     nats_url: Option<String>,
     /// How long a socket of the HTTP listeners may move no byte before it is closed.
@@ -117,6 +119,14 @@ impl App {
             Some(a) => Some(bind(a).await?),
             None => None,
         };
+        let mcp_listener = match config.mcp_listen {
+            // The door calls the gRPC API on its own listener, in plaintext.
+            Some(_) if tls.is_some() => anyhow::bail!(
+                "--mcp-listen is not served beside TLS (--tls-cert): the door calls the gRPC listener in plaintext"
+            ),
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
         let metrics = Arc::new(Metrics::new(config.metrics_max_packs));
         let hub = Hub::start(store.clone(), service_limits(&config), metrics).await?;
         let end_on_drop = hub.lifecycle().ends_on_drop();
@@ -131,6 +141,7 @@ impl App {
             metrics_listener,
             metrics_addr,
             ingress_listener,
+            mcp_listener,
             nats_url: config.nats_url.clone(),
             http: http_limits(&config),
             hub,
@@ -160,6 +171,11 @@ impl App {
         self.ingress_listener
             .as_ref()
             .and_then(|l| l.local_addr().ok())
+    }
+
+    /// The MCP door's address, when one is configured.
+    pub fn mcp_addr(&self) -> Option<SocketAddr> {
+        self.mcp_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The service's capabilities, as started.
@@ -201,6 +217,7 @@ impl App {
             metrics_listener,
             metrics_addr,
             ingress_listener,
+            mcp_listener,
             nats_url,
             http,
             hub,
@@ -214,6 +231,9 @@ impl App {
         } = self;
         spawn_probes(&hub, http, metrics_listener, ready_rx);
         spawn_ingress(&hub, &ingress, http, ingress_listener, nats_url);
+        if let Some(door) = mcp_listener {
+            spawn_mcp(&hub, &auth, http, door, addr, l.max_request_bytes)?;
+        }
         let metrics = hub.metrics.clone();
         let mut builder = Server::builder();
         if let Some(tls) = tls {
@@ -418,6 +438,40 @@ fn spawn_ingress(
     if let Some(url) = nats_url {
         life.spawn(crate::ingress::nats::run(ingress.clone(), url));
     }
+}
+
+/// Serves the MCP door on `listener`: its calls go to the gRPC API on `grpc` (the loopback
+/// address when the API listens on every address).
+fn spawn_mcp(
+    hub: &Hub,
+    auth: &Arc<Authenticator>,
+    http: crate::http::HttpLimits,
+    listener: TcpListener,
+    grpc: SocketAddr,
+    max_body_bytes: usize,
+) -> anyhow::Result<()> {
+    let mut target = grpc;
+    if target.ip().is_unspecified() {
+        target.set_ip(match target {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{target}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect_lazy();
+    let door = crate::mcp::Door::new(channel, None)?;
+    let life = hub.lifecycle();
+    let routes = crate::mcp::serve::routes(door, auth.clone(), max_body_bytes, &life.stopping());
+    life.spawn(crate::http::serve(
+        "mcp",
+        listener,
+        routes,
+        http,
+        hub.metrics.clone(),
+        life.clone(),
+    ));
+    Ok(())
 }
 
 /// Completes when stopping begins, after reporting NOT_SERVING: the gRPC server then stops

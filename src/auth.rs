@@ -571,7 +571,7 @@ pub fn allowed(method: &str, role: Role) -> bool {
                 Role::Runtime | Role::Admin
             ) | (
                 "hcp.sense.v1.RecordService",
-                "ListRecords" | "WatchRecords",
+                "ListRecords" | "GetRecord" | "WatchRecords",
                 Role::Reader
             ) | (
                 "hcp.sense.v1.IngestService",

@@ -130,6 +130,12 @@ pub struct Config {
     #[arg(long, env = "HCP_SENSE_INGRESS_LISTEN", value_name = "ADDR")]
     pub ingress_listen: Option<SocketAddr>,
 
+    /// Address of the MCP door (Streamable HTTP at /mcp): the catalog, the caller's records
+    /// and read-only tools for Model Context Protocol clients; none by default. Its calls
+    /// carry the caller's bearer token and are answered by the gRPC API's own rules.
+    #[arg(long, env = "HCP_SENSE_MCP_LISTEN", value_name = "ADDR")]
+    pub mcp_listen: Option<SocketAddr>,
+
     /// NATS server whose JetStream streams NATS ingress routes consume (`nats://host:4222`), or
     /// a cluster's nodes comma-separated; none by default. Credentials, if any, go in the URL
     /// (`nats://user:pass@host`).

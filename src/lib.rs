@@ -10,6 +10,7 @@ pub mod grpc;
 pub mod http;
 pub mod ingress;
 pub mod lifecycle;
+pub mod mcp;
 pub mod metrics;
 pub mod reply;
 pub mod service;

@@ -67,6 +67,11 @@ impl Signal {
     pub fn is_given(&self) -> bool {
         self.0.is_cancelled()
     }
+
+    /// A token cancelled with the signal, for a library that takes one.
+    pub fn child_token(&self) -> CancellationToken {
+        self.0.child_token()
+    }
 }
 
 impl Default for Lifecycle {

@@ -57,6 +57,9 @@ enum Cmd {
     /// that decided it and what it read (`--pack` and `--trigger-id`, or a `--principal`'s
     /// newest, `--since` an age).
     Why(hcp_sense::cli::why::WhyArgs),
+    /// Serve the MCP door on standard input and output (for a harness that starts its MCP
+    /// servers as processes): a client of the server at `--server`, with `--token`.
+    Mcp(hcp_sense::cli::mcp::McpArgs),
     /// Lint a pack manifest (JSON or YAML; `-` reads standard input). Exits 1 on any error.
     Lint {
         /// The manifest file.
@@ -91,6 +94,7 @@ fn main() -> ExitCode {
         Some(Cmd::Pipe(args)) => pipe(args),
         Some(Cmd::Explain(args)) => explain(args),
         Some(Cmd::Why(args)) => printed(hcp_sense::cli::why::run(args)),
+        Some(Cmd::Mcp(args)) => mcp(args),
         Some(Cmd::Migrate {
             action,
             database,
@@ -118,6 +122,20 @@ fn pipe(args: hcp_sense::cli::pipe::PipeArgs) -> ExitCode {
     };
     match rt.block_on(hcp_sense::cli::pipe::run(args)) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn mcp(args: hcp_sense::cli::mcp::McpArgs) -> ExitCode {
+    let rt = match runtime(tokio::runtime::Builder::new_current_thread()) {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    match rt.block_on(hcp_sense::cli::mcp::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

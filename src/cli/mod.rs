@@ -1,6 +1,7 @@
-//! The command-line clients of a running server (`hcp-sense pipe`, `hcp-sense explain`, `hcp-sense why`) and what they share: the server's address and token, and calls made with them.
+//! The command-line clients of a running server (`hcp-sense pipe`, `hcp-sense explain`, `hcp-sense why`, `hcp-sense mcp`) and what they share: the server's address and token, and calls made with them.
 
 pub mod explain_trigger;
+pub mod mcp;
 pub mod pipe;
 pub mod why;
 use std::time::Duration;

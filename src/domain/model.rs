@@ -106,6 +106,8 @@ pub struct RecordFilter {
     pub r#ref: Option<String>,
     pub land: Option<String>,
     pub route: Option<Route>,
+    /// Only the record with this id.
+    pub record_id: Option<String>,
     /// Inclusive, microseconds.
     pub start_time: Option<i64>,
     /// Exclusive, microseconds.
@@ -118,6 +120,7 @@ impl RecordFilter {
     pub fn matches(&self, r: &Record) -> bool {
         let eq = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
         eq(&self.principal, &r.principal)
+            && eq(&self.record_id, &r.record_id)
             && eq(&self.pack_id, &r.pack_id)
             && eq(&self.r#ref, &r.r#ref)
             && eq(&self.land, &r.land)

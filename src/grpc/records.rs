@@ -67,6 +67,7 @@ impl RecordService for RecordsApi {
             r#ref: opt(r.r#ref),
             land: opt(r.land),
             route: route_from("route", r.route)?,
+            record_id: None,
             start_time,
             end_time,
             descending,
@@ -107,6 +108,30 @@ impl RecordService for RecordsApi {
             next_page_token,
             resume_page_token,
         }))
+    }
+
+    async fn get_record(
+        &self,
+        req: Request<pb::GetRecordRequest>,
+    ) -> Result<Response<pb::GetRecordResponse>, Status> {
+        let caller = req.extensions().get::<Caller>().cloned();
+        let mut r = req.into_inner();
+        let mut principal = String::new();
+        read_as(caller.as_ref(), &mut principal, &mut r.viewer)?;
+        crate::service::valid_id("record_id", &r.record_id)?;
+        let filter = RecordFilter {
+            viewer: opt(r.viewer),
+            principal: opt(principal),
+            record_id: Some(r.record_id.clone()),
+            ..RecordFilter::default()
+        };
+        let found = self.records.list_records(&filter, None, 1).await?;
+        match found.records.into_iter().next() {
+            Some(found) => Ok(Response::new(pb::GetRecordResponse {
+                record: Some(record(&found)),
+            })),
+            None => Err(Error::NotFound(format!("record `{}` not found", r.record_id)).into()),
+        }
     }
 
     type WatchRecordsStream =

@@ -161,7 +161,7 @@ impl DecisionTables {
                 found.push(entry(r)?);
             }
         }
-        found.sort_by(|a, b| (b.decided_time, b.seq).cmp(&(a.decided_time, a.seq)));
+        found.sort_by_key(|e| std::cmp::Reverse((e.decided_time, e.seq)));
         found.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         Ok(found)
     }

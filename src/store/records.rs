@@ -355,6 +355,9 @@ impl RecordTables {
         if let Some(v) = &f.principal {
             q = q.filter(C::Principal.eq(v.as_str()));
         }
+        if let Some(v) = &f.record_id {
+            q = q.filter(C::RecordId.eq(v.as_str()));
+        }
         if let Some(v) = &f.pack_id {
             q = q.filter(C::PackId.eq(v.as_str()));
         }

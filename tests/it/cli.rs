@@ -463,6 +463,11 @@ fn readme_walkthroughs_run_verbatim() {
         "{\"ref\":\"ticket.created\",\"description\":\"A ticket was opened in the tracker.\",\"receivability\":{\"principal\":\"alice\",\"dropReasons\":[\"no_grant\",\"activation_off\"]}}",
         "payload/priority",
         "fails `pattern` of the payload schema of `ticket.created` at `/key`",
+        // The MCP door, with the Python SDK's client.
+        "protocol 2026-07-28",
+        "inbox ['github issue.opened']",
+        "record alice Seen over MCP",
+        "decided DECISION_OUTCOME_INBOX by route",
     ] {
         assert!(
             out.contains(want),

@@ -170,6 +170,8 @@ pub struct TestApp {
     pub metrics_addr: SocketAddr,
     /// The HTTP ingress listener, when the test configured one.
     pub ingress_addr: Option<SocketAddr>,
+    /// The MCP door, when the test configured one.
+    pub mcp_addr: Option<SocketAddr>,
     pub packs: PackServiceClient<Channel>,
     pub policy: PolicyServiceClient<Channel>,
     pub ingest: IngestServiceClient<Channel>,
@@ -197,6 +199,7 @@ pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -
     let addr = app.local_addr();
     let metrics_addr = app.metrics_addr();
     let ingress_addr = app.ingress_addr();
+    let mcp_addr = app.mcp_addr();
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {
         let _ = stopped.await;
@@ -218,6 +221,7 @@ pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -
         addr,
         metrics_addr,
         ingress_addr,
+        mcp_addr,
         packs: PackServiceClient::new(channel.clone()),
         policy: PolicyServiceClient::new(channel.clone()),
         ingest: IngestServiceClient::new(channel.clone()),

@@ -1,7 +1,6 @@
 //! Ingress routes: signed webhooks from real signers (the Standard Webhooks reference library, GitHub-style HMAC) become triggers through the one decision; forged, replayed, stale and oversized requests are refused.
-use std::io::Write;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use hcp_sense::grpc::pb::{
     self, ingress_service_client::IngressServiceClient, IngressKind, IngressMapping, IngressRoute,
@@ -47,31 +46,13 @@ async fn send(plan: Value) -> Vec<(u16, Value)> {
 
 /// The sender's answers as it gives them: status, body and Retry-After.
 pub async fn send_plan(plan: Value) -> Vec<Value> {
-    let out = tokio::task::spawn_blocking(move || {
-        let mut child = Command::new("python3")
-            .arg("tests/python/ingress_sender.py")
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("python3 with standardwebhooks (see .ci/run)");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(plan.to_string().as_bytes())
-            .expect("plan");
-        child.wait_with_output().expect("sender")
-    })
-    .await
-    .expect("join");
-    assert!(
-        out.status.success(),
-        "sender failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("answers")
+    let answers = crate::support::python::run(
+        "ingress_sender.py",
+        "standardwebhooks and cloudevents",
+        plan,
+    )
+    .await;
+    answers.as_array().cloned().expect("answers")
 }
 
 /// `hcp-sense pipe` running examples/packs/storm-feed.sh for alice on the weather pack.

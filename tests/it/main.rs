@@ -17,6 +17,7 @@ mod deploy;
 mod fair;
 mod ingress;
 mod lifecycle;
+mod mcp;
 mod migrations;
 mod nats;
 mod packs;

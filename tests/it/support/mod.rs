@@ -1,5 +1,6 @@
-//! What tests share beyond helpers.rs: the served binary, a private PostgreSQL, a freezing proxy.
+//! What tests share beyond helpers.rs: the served binary, a private PostgreSQL, a freezing proxy, the Python clients.
 pub mod postgres;
 pub mod proxy;
+pub mod python;
 pub mod served;
 pub mod trigger;

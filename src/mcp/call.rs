@@ -1,0 +1,156 @@
+//! A unary gRPC call of any method of the API, by its descriptor: the request and the answer as dynamic messages, read from and written as protobuf JSON.
+use prost::Message;
+use prost_reflect::{DynamicMessage, MessageDescriptor, MethodDescriptor, SerializeOptions};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::Channel;
+use tonic::Status;
+
+use crate::error::Error;
+
+/// Encodes a dynamic message; decodes the method's answer type.
+#[derive(Clone)]
+struct DynamicCodec {
+    output: MessageDescriptor,
+}
+
+impl Codec for DynamicCodec {
+    type Encode = DynamicMessage;
+    type Decode = DynamicMessage;
+    type Encoder = DynamicEncoder;
+    type Decoder = DynamicDecoder;
+
+    fn encoder(&mut self) -> DynamicEncoder {
+        DynamicEncoder
+    }
+
+    fn decoder(&mut self) -> DynamicDecoder {
+        DynamicDecoder(self.output.clone())
+    }
+}
+
+struct DynamicEncoder;
+
+impl Encoder for DynamicEncoder {
+    type Item = DynamicMessage;
+    type Error = Status;
+
+    fn encode(&mut self, item: DynamicMessage, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(dst)
+            .map_err(|e| Error::internal_from("request not encoded", e).into())
+    }
+}
+
+struct DynamicDecoder(MessageDescriptor);
+
+impl Decoder for DynamicDecoder {
+    type Item = DynamicMessage;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<DynamicMessage>, Status> {
+        DynamicMessage::decode(self.0.clone(), src)
+            .map(Some)
+            .map_err(|e| Error::internal_from("answer not decoded", e).into())
+    }
+}
+
+/// Calls `method` with `request` (protobuf JSON of its input type), carrying `authorization`;
+/// answers the output in protobuf JSON (field names in lowerCamelCase, as grpcurl prints
+/// them, 64-bit integers as numbers). A request that is not the input type is
+/// INVALID_ARGUMENT naming what did not fit.
+pub async fn unary(
+    channel: &Channel,
+    method: &MethodDescriptor,
+    request: serde_json::Value,
+    authorization: Option<AsciiMetadataValue>,
+) -> Result<serde_json::Value, Status> {
+    let input = match DynamicMessage::deserialize(method.input(), request.clone()) {
+        Ok(m) => m,
+        Err(e) => return Err(refusal(&method.input(), &request, &e).into()),
+    };
+    let path = PathAndQuery::try_from(format!(
+        "/{}/{}",
+        method.parent_service().full_name(),
+        method.name()
+    ))
+    .map_err(|e| Status::from(Error::internal_from("method path", e)))?;
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.map_err(|e| {
+        Status::from(Error::Unavailable(format!(
+            "hcp-sense is not reachable: {e}"
+        )))
+    })?;
+    let mut call = tonic::Request::new(input);
+    if let Some(a) = authorization {
+        call.metadata_mut().insert("authorization", a);
+    }
+    let answer = grpc
+        .unary(
+            call,
+            path,
+            DynamicCodec {
+                output: method.output(),
+            },
+        )
+        .await?
+        .into_inner();
+    let mut json = answer
+        .serialize_with_options(
+            serde_json::value::Serializer,
+            &SerializeOptions::new().stringify_64_bit_integers(false),
+        )
+        .map_err(|e| Status::from(Error::internal_from("answer not written as JSON", e)))?;
+    whole_numbers(&mut json);
+    Ok(json)
+}
+
+/// Why `arguments` are not a `input`, naming the argument that does not fit: the first one
+/// refused on its own, else the whole.
+fn refusal(
+    input: &MessageDescriptor,
+    arguments: &serde_json::Value,
+    whole: &serde_json::Error,
+) -> Error {
+    let of = input.full_name();
+    if let serde_json::Value::Object(fields) = arguments {
+        for (name, value) in fields {
+            let alone =
+                serde_json::Value::Object([(name.clone(), value.clone())].into_iter().collect());
+            if let Err(e) = DynamicMessage::deserialize(input.clone(), alone) {
+                return Error::invalid(
+                    format!("arguments.{name}"),
+                    format!("{e} (the arguments are the protobuf JSON of {of})"),
+                );
+            }
+        }
+    }
+    Error::invalid(
+        "arguments",
+        format!("{whole} (the arguments are the protobuf JSON of {of})"),
+    )
+}
+
+/// Writes a whole double as an integer (`42`, not `42.0`), as grpcurl prints a payload's
+/// numbers: a payload travels as a google.protobuf.Struct, whose numbers are all doubles.
+fn whole_numbers(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    /// Doubles hold every integer up to 2^53 exactly.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    match v {
+        Value::Number(n) => {
+            if let Some(f) = n
+                .as_f64()
+                .filter(|f| n.is_f64() && f.fract() == 0.0 && f.abs() <= EXACT)
+            {
+                // Exact by the bound above.
+                #[allow(clippy::cast_possible_truncation)]
+                let whole = f as i64;
+                *v = Value::from(whole);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers),
+        Value::Object(fields) => fields.values_mut().for_each(whole_numbers),
+        _ => {}
+    }
+}
