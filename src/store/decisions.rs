@@ -135,28 +135,27 @@ impl DecisionTables {
     ) -> Result<Vec<Entry>> {
         let recorded = f.outcome.map(Logged::is_recorded);
         let parts = match (&f.principal, recorded) {
-            (None, _) => vec![select(f)],
-            (Some(_), Some(true)) => vec![recorded_of_principal(f)],
-            (Some(_), Some(false)) => vec![not_recorded(f)],
-            (Some(_), None) => vec![not_recorded(f), recorded_of_principal(f)],
+            (None, _) => vec![Part::Log(select(f))],
+            (Some(p), Some(true)) => vec![Part::Recorded(recorded_only(f), p.clone())],
+            (Some(_), Some(false)) => vec![Part::Log(not_recorded(f))],
+            (Some(p), None) => vec![
+                Part::Log(not_recorded(f)),
+                Part::Recorded(recorded_only(f), p.clone()),
+            ],
         };
         let mut found = Vec::new();
-        for mut q in parts {
-            if let Some((t, seq)) = after {
-                let key = Expr::tuple([
-                    Expr::col(Alias::new("decided_time")),
-                    Expr::col(Alias::new("seq")),
-                ]);
-                q.and_where(key.lt(Expr::tuple([Expr::val(t), Expr::val(seq)])));
-            }
-            q.order_by(Alias::new("decided_time"), Order::Desc)
-                .order_by(Alias::new("seq"), Order::Desc)
-                .limit(limit);
-            let rows = self
-                .db
-                .query_all_raw(self.db.get_database_backend().build(&q))
-                .await
-                .map_err(classify)?;
+        for part in parts {
+            let statement = match part {
+                Part::Log(mut q) => {
+                    after_cursor(&mut q, after);
+                    newest_first(&mut q, limit);
+                    self.db.get_database_backend().build(&q)
+                }
+                Part::Recorded(q, principal) => {
+                    through_records(self.engine(), q, &principal, after, limit)
+                }
+            };
+            let rows = self.db.query_all_raw(statement).await.map_err(classify)?;
             for r in &rows {
                 found.push(entry(r)?);
             }
@@ -333,23 +332,74 @@ fn not_recorded(f: &DecisionFilter) -> SelectStatement {
     q
 }
 
-/// `f`'s recorded entries, through the records of `f.principal`: its records index names
-/// their ids, the log's record index finds each entry.
-fn recorded_of_principal(f: &DecisionFilter) -> SelectStatement {
+/// How one part of a listing is read.
+enum Part {
+    /// A select of the log.
+    Log(SelectStatement),
+    /// The recorded entries of a principal, through its records.
+    Recorded(SelectStatement, String),
+}
+
+/// `f`'s recorded entries (of any principal: `through_records` joins the principal's).
+fn recorded_only(f: &DecisionFilter) -> SelectStatement {
     let mut q = select(f);
     q.and_where(Expr::cust(DECISIONS_RECORDED));
-    if let Some(p) = &f.principal {
+    q
+}
+
+/// Entries after the cursor `(decided_time, seq)`, when there is one.
+fn after_cursor(q: &mut SelectStatement, after: Option<(i64, i64)>) {
+    if let Some((t, seq)) = after {
+        let key = Expr::tuple([
+            Expr::col(Alias::new("decided_time")),
+            Expr::col(Alias::new("seq")),
+        ]);
+        q.and_where(key.lt(Expr::tuple([Expr::val(t), Expr::val(seq)])));
+    }
+}
+
+fn newest_first(q: &mut SelectStatement, limit: u64) {
+    q.order_by(Alias::new("decided_time"), Order::Desc)
+        .order_by(Alias::new("seq"), Order::Desc)
+        .limit(limit);
+}
+
+/// The entries `q` selects whose records are `principal`'s: the records index names the
+/// principal's record ids, the log's record index finds each one's entry. The work is the
+/// principal's records, whatever else the log holds. On PostgreSQL the entry is looked up
+/// record by record (a lateral select the planner may not merge, `OFFSET 0`): a plan
+/// prepared once and kept for every principal then never reads the log's recorded entries
+/// whole, as a semi-join planned for one principal would for the next.
+fn through_records(
+    engine: Engine,
+    mut q: SelectStatement,
+    principal: &str,
+    after: Option<(i64, i64)>,
+    limit: u64,
+) -> Statement {
+    after_cursor(&mut q, after);
+    if engine == Engine::Sqlite {
         q.and_where(
             Expr::col(Alias::new("record_id")).in_subquery(
                 Query::select()
                     .column(Alias::new("record_id"))
                     .from(Alias::new("records"))
-                    .and_where(Expr::col(Alias::new("principal")).eq(p.as_str()))
+                    .and_where(Expr::col(Alias::new("principal")).eq(principal))
                     .to_owned(),
             ),
         );
+        newest_first(&mut q, limit);
+        return DbBackend::Sqlite.build(&q);
     }
-    q
+    q.and_where(Expr::cust("record_id = r.record_id")).offset(0);
+    let (inner, mut values) = q.build(sea_orm::sea_query::PostgresQueryBuilder);
+    values.0.push(principal.into());
+    let sql = format!(
+        "SELECT x.* FROM records r CROSS JOIN LATERAL ({inner}) AS x \
+         WHERE r.principal = ${} ORDER BY x.decided_time DESC, x.seq DESC LIMIT {limit}",
+        values.0.len()
+    );
+    Statement::from_sql_and_values(DbBackend::Postgres, sql, values)
 }
 
 fn row(e: &Entry) -> Row<'_> {
@@ -443,4 +493,51 @@ fn entry(r: &QueryResult) -> Result<Entry> {
         folded: r.try_get("", "folded").map_err(classify)?,
     }
     .told())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_principals_recorded_entries_are_looked_up_record_by_record_on_postgres() {
+        let f = DecisionFilter {
+            principal: Some("alice".into()),
+            pack_id: Some("github".into()),
+            ..DecisionFilter::default()
+        };
+        let s = through_records(
+            Engine::Postgres,
+            recorded_only(&f),
+            "alice",
+            Some((7, 3)),
+            11,
+        );
+        let sql = s.sql.as_str();
+        assert!(sql.contains("CROSS JOIN LATERAL"), "{sql}");
+        // The fence that keeps the planner from merging the lookup into a semi-join.
+        assert!(
+            sql.contains("OFFSET $") || sql.contains("OFFSET 0"),
+            "{sql}"
+        );
+        assert!(sql.contains("record_id = r.record_id"), "{sql}");
+        let values = s.values.expect("values").0;
+        assert_eq!(
+            values.last(),
+            Some(&sea_orm::Value::from("alice")),
+            "the records' principal is the last parameter: {sql}"
+        );
+        assert!(
+            sql.contains(&format!("r.principal = ${}", values.len())),
+            "{sql}"
+        );
+        assert!(sql.ends_with("LIMIT 11"), "{sql}");
+        let lite = through_records(Engine::Sqlite, recorded_only(&f), "alice", None, 11);
+        assert!(
+            lite.sql
+                .contains("IN (SELECT \"record_id\" FROM \"records\""),
+            "{}",
+            lite.sql
+        );
+    }
 }
