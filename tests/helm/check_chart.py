@@ -68,6 +68,7 @@ NAMESPACE = "hcp"
 GRPC_PORT = 50051
 METRICS_PORT = 9464
 INGRESS_PORT = 8080
+MCP_PORT = 8090
 NATS_ENV = "HCP_SENSE_NATS_URL"
 RUN_AS = 65532
 AUTH_MESSAGE = "no authentication configured"
@@ -467,6 +468,10 @@ def check_scenario(
         report.check(config.get("ingress_listen") == f"0.0.0.0:{INGRESS_PORT}", f"{label}: config.toml ingress_listen is {config.get('ingress_listen')!r}, expected 0.0.0.0:{INGRESS_PORT}")
     else:
         report.check("ingress_listen" not in config, f"{label}: config.toml has ingress_listen although ingressListener.enabled is false")
+    if merged["mcp"]["enabled"]:
+        report.check(config.get("mcp_listen") == f"0.0.0.0:{MCP_PORT}", f"{label}: config.toml mcp_listen is {config.get('mcp_listen')!r}, expected 0.0.0.0:{MCP_PORT}")
+    else:
+        report.check("mcp_listen" not in config, f"{label}: config.toml has mcp_listen although mcp.enabled is false")
     for secret_key in ("database_url", "page_token_secret", "auth", "nats_url"):
         report.check(secret_key not in config, f"{label}: config.toml (a ConfigMap) must not carry {secret_key}; it comes from a Secret")
     report.check(config.get("insecure_no_auth", False) == merged["insecureNoAuth"], f"{label}: insecure_no_auth does not follow insecureNoAuth")
@@ -518,7 +523,7 @@ def check_scenario(
     report.check(len(containers) == 1, f"{where}: expected one container, found {len(containers)}")
     c = containers[0]
     ports = {p["name"]: p["containerPort"] for p in c.get("ports") or []}
-    want_ports = {"grpc": GRPC_PORT, "metrics": METRICS_PORT} | ({"ingress": INGRESS_PORT} if listener["enabled"] else {})
+    want_ports = {"grpc": GRPC_PORT, "metrics": METRICS_PORT} | ({"ingress": INGRESS_PORT} if listener["enabled"] else {}) | ({"mcp": MCP_PORT} if merged["mcp"]["enabled"] else {})
     report.check(ports == want_ports, f"{where}: container ports {ports}, expected {want_ports}")
     args = c.get("args") or []
     report.check(not any(str(a).startswith("--nats-url") for a in args), f"{where}: the NATS URL is an argument ({args}); it may carry credentials")
@@ -602,6 +607,11 @@ def check_scenario(
     mp = sports.get("metrics", {})
     report.check(mp.get("port") == merged["service"]["metricsPort"] and mp.get("targetPort") in ("metrics", METRICS_PORT), f"{label}: Service port metrics should be {merged['service']['metricsPort']} → 9464, is {mp}")
     report.check(svc["spec"]["type"] == merged["service"]["type"], f"{label}: Service type")
+    mcp = sports.get("mcp")
+    if merged["mcp"]["enabled"]:
+        report.check(mcp and mcp.get("port") == merged["service"]["mcpPort"] and mcp.get("targetPort") in ("mcp", MCP_PORT), f"{label}: Service port mcp should be {merged['service']['mcpPort']} → {MCP_PORT}, is {mcp}")
+    else:
+        report.check(mcp is None, f"{label}: the Service has an mcp port although mcp.enabled is false")
     separate = listener["enabled"] and listener["service"]["enabled"]
     ip = sports.get("ingress")
     if listener["enabled"] and not separate:
@@ -720,6 +730,12 @@ def check_scenario(
                     report.check(rule.get("from", []) == merged["networkPolicy"]["ingressFrom"], f"{label}: the NetworkPolicy's ingress rule admits {rule.get('from', 'every source')}, expected networkPolicy.ingressFrom {merged['networkPolicy']['ingressFrom']}")
             else:
                 report.check(not ingress_rules and not {INGRESS_PORT, "ingress"} & in_ports, f"{label}: NetworkPolicy opens the ingress port although ingressListener.enabled is false")
+            mcp_rules = [rule for rule in np.get("ingress", []) if any(ports.get(p["port"], p["port"]) in (MCP_PORT, "mcp") for p in rule.get("ports", []))]
+            if merged["mcp"]["enabled"]:
+                if report.check(len(mcp_rules) == 1, f"{label}: NetworkPolicy should have one rule for the MCP port, has {len(mcp_rules)}"):
+                    report.check(mcp_rules[0].get("from", []) == merged["networkPolicy"]["mcpFrom"], f"{label}: the NetworkPolicy's MCP rule admits {mcp_rules[0].get('from', 'every source')}, expected networkPolicy.mcpFrom")
+            else:
+                report.check(not mcp_rules, f"{label}: NetworkPolicy opens the MCP port although mcp.enabled is false")
             eg = {(p.get("protocol", "TCP"), p["port"]) for rule in np.get("egress", []) for p in rule.get("ports", [])}
             report.check(("UDP", 53) in eg, f"{label}: NetworkPolicy egress has no DNS (UDP 53)")
             report.check(("TCP", merged["networkPolicy"]["postgres"]["port"]) in eg, f"{label}: NetworkPolicy egress has no PostgreSQL port")
@@ -848,6 +864,7 @@ def main() -> int:
                 },
                 True,
             ),
+            ("the MCP door, behind a NetworkPolicy", {"mcp": {"enabled": True}, "service": {"mcpPort": 8091}, "networkPolicy": {"enabled": True, "mcpFrom": [{"namespaceSelector": {"matchLabels": {"team": "harness"}}}]}}, False),
             ("ingress listener alone, on a ClusterIP Service of its own", {"ingressListener": {"enabled": True, "service": {"enabled": True, "type": "ClusterIP"}}}, False),
             ("63-character fullnameOverride", deep_merge(production, {"fullnameOverride": "h" * 63, "database": {"url": "postgres://a@b/c"}}), False),
         ]
@@ -888,6 +905,7 @@ def main() -> int:
         ("a boolean as a string", {"insecureNoAuth": "false"}, "insecureNoAuth"),
         ("a string for ingressListener.enabled", {"ingressListener": {"enabled": "true"}}, "enabled"),
         ("a mistyped key under ingressListener", {"ingressListener": {"enable": True}}, "enable"),
+        ("a string for mcp.enabled", {"mcp": {"enabled": "yes"}}, "enabled"),
         ("a string for the ingress Service's port", {"ingressListener": {"service": {"port": "80"}}}, "port"),
         ("an ingress port past 65535", {"service": {"ingressPort": 65536}}, "ingressPort"),
         ("an ingress port of 0", {"service": {"ingressPort": 0}}, "ingressPort"),
@@ -925,6 +943,7 @@ def main() -> int:
     report.check(err and "minAvailable" in err, f"minAvailable at the autoscaler's minimum should fail clearly; got {err!r}")
     for values, needle in [
         ({"ingressListener": {"service": {"enabled": True}}}, "ingressListener.service.enabled needs ingressListener.enabled"),
+        ({"mcp": {"enabled": True}, "tls": {"enabled": True}}, "mcp.enabled is not served beside tls.enabled"),
         ({"ingressListener": {"enabled": True, "service": {"enabled": True, "type": "ClusterIP", "externalTrafficPolicy": "Local"}}}, "externalTrafficPolicy Local needs"),
         ({"ingressListener": {"enabled": True, "service": {"enabled": True, "type": "NodePort", "loadBalancerSourceRanges": ["203.0.113.0/24"]}}}, "loadBalancerSourceRanges needs"),
     ]:

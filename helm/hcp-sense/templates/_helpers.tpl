@@ -6,6 +6,7 @@ Names, labels and the few derived values every template shares.
 {{- define "hcp-sense.grpcPort" -}}50051{{- end }}
 {{- define "hcp-sense.metricsPort" -}}9464{{- end }}
 {{- define "hcp-sense.ingressPort" -}}8080{{- end }}
+{{- define "hcp-sense.mcpPort" -}}8090{{- end }}
 
 {{/* Where files are mounted in the container. */}}
 {{- define "hcp-sense.configDir" -}}/etc/hcp-sense/config{{- end }}
@@ -168,6 +169,9 @@ so `helm install`, `helm upgrade` and `helm template` all stop with the same mes
 {{- end }}
 {{- if and .Values.autoscaling.enabled (not (dig "requests" "cpu" "" (.Values.resources | default dict))) }}
 {{- fail "hcp-sense: autoscaling.enabled needs resources.requests.cpu: CPU utilisation is measured against the request." }}
+{{- end }}
+{{- if and .Values.mcp.enabled .Values.tls.enabled }}
+{{- fail "hcp-sense: mcp.enabled is not served beside tls.enabled: the MCP door calls the gRPC port in plaintext." }}
 {{- end }}
 {{- $il := .Values.ingressListener }}
 {{- if and $il.service.enabled (not $il.enabled) }}

@@ -205,8 +205,24 @@ async fn lookups(o: &Options, n: usize) -> anyhow::Result<()> {
          FROM generate_series(1, {n}) AS g"
     ))
     .await?;
-    // One principal with HEAVY recorded triggers: its entries are found through its records.
+    // One principal with HEAVY recorded triggers, beside 1,000 others with four times as many
+    // in all: a principal's recorded entries are found through its records.
     let heavy = (n / 100).clamp(1, 100_000);
+    conn.execute_unprepared(&format!(
+        "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, \
+           received_time, commit_txid, stored_time) \
+         SELECT 'other-' || lpad(g::text, 9, '0'), 'reader-' || (g % 1000), 'b', 'user', 'pack-0', \
+           'issue.opened', '{{}}', 'inbox', {now} - g * 2, 1, {now} - g * 2 \
+         FROM generate_series(1, {}) AS g; \
+         INSERT INTO decisions (decided_time, pack_id, ref, principal, land, source, outcome, check_name, \
+           detail, record_id) \
+         SELECT {now} - g * 2, 'pack-0', 'issue.opened', 'reader-' || (g % 1000), 'user', \
+           'grpc:DeliverTrigger', 'inbox', '', '', 'other-' || lpad(g::text, 9, '0') \
+         FROM generate_series(1, {}) AS g",
+        heavy * 4,
+        heavy * 4
+    ))
+    .await?;
     conn.execute_unprepared(&format!(
         "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, \
            received_time, commit_txid, stored_time) \
@@ -216,7 +232,7 @@ async fn lookups(o: &Options, n: usize) -> anyhow::Result<()> {
          INSERT INTO decisions (decided_time, pack_id, ref, principal, land, source, outcome, check_name, \
            detail, record_id) \
          SELECT {now} - g * 10, 'pack-0', 'issue.opened', 'heavy', 'user', 'grpc:DeliverTrigger', 'inbox', \
-           'route', 'every check passed', 'heavy-' || lpad(g::text, 9, '0') \
+           '', '', 'heavy-' || lpad(g::text, 9, '0') \
          FROM generate_series(1, {heavy}) AS g"
     ))
     .await?;
