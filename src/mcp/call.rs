@@ -55,16 +55,55 @@ impl Decoder for DynamicDecoder {
     }
 }
 
-/// Calls `method` with `request` (protobuf JSON of its input type), carrying `authorization`;
-/// answers the output in protobuf JSON (field names in lowerCamelCase, as grpcurl prints
-/// them, 64-bit integers as numbers). A request that is not the input type is
-/// INVALID_ARGUMENT naming what did not fit.
-pub async fn unary(
+/// Opens the server stream `method` with `request` (protobuf JSON of its input type),
+/// carrying `authorization`: each message comes as protobuf JSON, as `unary` answers.
+pub async fn server_stream(
     channel: &Channel,
     method: &MethodDescriptor,
     request: serde_json::Value,
     authorization: Option<AsciiMetadataValue>,
-) -> Result<serde_json::Value, Status> {
+) -> Result<Messages, Status> {
+    let (mut grpc, call, path) = prepare(channel, method, request, authorization).await?;
+    let stream = grpc
+        .server_streaming(
+            call,
+            path,
+            DynamicCodec {
+                output: method.output(),
+            },
+        )
+        .await?
+        .into_inner();
+    Ok(Messages(stream))
+}
+
+/// The messages of a server stream, as protobuf JSON.
+pub struct Messages(tonic::Streaming<DynamicMessage>);
+
+impl Messages {
+    /// The next message; `None` when the stream has ended.
+    pub async fn next(&mut self) -> Result<Option<serde_json::Value>, Status> {
+        match self.0.message().await? {
+            Some(m) => as_json(&m).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The request of a call of `method`, and the client and path to make it with.
+async fn prepare(
+    channel: &Channel,
+    method: &MethodDescriptor,
+    request: serde_json::Value,
+    authorization: Option<AsciiMetadataValue>,
+) -> Result<
+    (
+        tonic::client::Grpc<Channel>,
+        tonic::Request<DynamicMessage>,
+        PathAndQuery,
+    ),
+    Status,
+> {
     let input = match DynamicMessage::deserialize(method.input(), request.clone()) {
         Ok(m) => m,
         Err(e) => return Err(refusal(&method.input(), &request, &e).into()),
@@ -85,6 +124,20 @@ pub async fn unary(
     if let Some(a) = authorization {
         call.metadata_mut().insert("authorization", a);
     }
+    Ok((grpc, call, path))
+}
+
+/// Calls `method` with `request` (protobuf JSON of its input type), carrying `authorization`;
+/// answers the output in protobuf JSON (field names in lowerCamelCase, as grpcurl prints
+/// them, 64-bit integers as numbers). A request that is not the input type is
+/// INVALID_ARGUMENT naming what did not fit.
+pub async fn unary(
+    channel: &Channel,
+    method: &MethodDescriptor,
+    request: serde_json::Value,
+    authorization: Option<AsciiMetadataValue>,
+) -> Result<serde_json::Value, Status> {
+    let (mut grpc, call, path) = prepare(channel, method, request, authorization).await?;
     let answer = grpc
         .unary(
             call,
@@ -95,7 +148,13 @@ pub async fn unary(
         )
         .await?
         .into_inner();
-    let mut json = answer
+    as_json(&answer)
+}
+
+/// A message as protobuf JSON: lowerCamelCase names, 64-bit integers as numbers, whole
+/// doubles as integers.
+fn as_json(m: &DynamicMessage) -> Result<serde_json::Value, Status> {
+    let mut json = m
         .serialize_with_options(
             serde_json::value::Serializer,
             &SerializeOptions::new().stringify_64_bit_integers(false),

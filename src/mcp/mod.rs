@@ -12,12 +12,14 @@ use std::sync::Arc;
 
 use prost_reflect::{DescriptorPool, Kind, MessageDescriptor, MethodDescriptor};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
-    ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, NotificationMetaObject,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    Resource, ResourceContents, ResourceTemplate, ResourceUpdatedNotification,
+    ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig, ServerNotification,
+    SubscriptionFilter, Tool, ToolAnnotations,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 use tonic::metadata::AsciiMetadataValue;
@@ -42,6 +44,10 @@ pub const CATALOG_URI: &str = "hcp-sense://catalog";
 
 /// A record's URI is this and its id.
 pub const RECORD_URI: &str = "hcp-sense://records/";
+
+/// The caller's inbox as a whole: the one URI a client subscribes to, updated with each new
+/// record (the notification's `_meta` names it: `recordUri`, and `resumeToken`).
+pub const INBOX_URI: &str = "hcp-sense://records";
 
 /// Records a page of `resources/list` names.
 const RECORDS_PER_PAGE: i64 = 50;
@@ -176,15 +182,7 @@ impl Door {
         name: &str,
         request: Value,
     ) -> Result<Value, Status> {
-        let (service, method) = name
-            .rsplit_once('.')
-            .ok_or_else(|| Status::from(Error::internal(format!("`{name}` names no method"))))?;
-        let method = self
-            .inner
-            .pool
-            .get_service_by_name(service)
-            .and_then(|s| s.methods().find(|m| m.name() == method))
-            .ok_or_else(|| Status::from(Error::internal(format!("`{name}` is not in the API"))))?;
+        let method = self.method(name)?;
         call::unary(
             &self.inner.channel,
             &method,
@@ -192,6 +190,88 @@ impl Door {
             self.authorization(cx),
         )
         .await
+    }
+
+    /// Sends, for each record the caller's watch delivers, what the subscription accepted:
+    /// `resources/updated` of the inbox (with the record's URI and the watch's resume token in
+    /// `_meta`) and `resources/list_changed`. The watch is the API's WatchRecords with the
+    /// caller's credentials, so it ends as a gRPC watch ends (a revoked credential, a slow
+    /// reader past its bound, shutdown), and the subscription with it.
+    async fn follow(&self, cx: &SubscriptionContext) -> Result<(), McpError> {
+        let accepted = cx.accepted().clone();
+        let updates = accepted
+            .resource_subscriptions
+            .as_ref()
+            .is_some_and(|uris| uris.iter().any(|u| u == INBOX_URI));
+        let list = accepted.resources_list_changed == Some(true);
+        if !updates && !list {
+            cx.cancelled().await;
+            return Ok(());
+        }
+        let method = self
+            .method("hcp.sense.v1.RecordService.WatchRecords")
+            .map_err(|s| protocol_error(&s))?;
+        let mut watch = call::server_stream(
+            &self.inner.channel,
+            &method,
+            json!({ "fromNow": true }),
+            self.authorization(cx.request_context()),
+        )
+        .await
+        .map_err(|s| protocol_error(&s))?;
+        loop {
+            let message = tokio::select! {
+                () = cx.cancelled() => return Ok(()),
+                m = watch.next() => m.map_err(|s| protocol_error(&s))?,
+            };
+            let Some(message) = message else {
+                return Ok(());
+            };
+            let token = message.get("resumeToken").cloned().unwrap_or(Value::Null);
+            let Some(Value::Array(records)) = message.get("records") else {
+                continue;
+            };
+            for r in records {
+                let id = r
+                    .get("recordId")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let sent = async {
+                    if updates {
+                        let mut meta = NotificationMetaObject::new();
+                        meta.insert("recordUri".into(), json!(format!("{RECORD_URI}{id}")));
+                        meta.insert("resumeToken".into(), token.clone());
+                        let mut param = ResourceUpdatedNotificationParam::new(INBOX_URI);
+                        param.meta = Some(meta);
+                        cx.sink()
+                            .send(ServerNotification::ResourceUpdatedNotification(
+                                ResourceUpdatedNotification::new(param),
+                            ))
+                            .await?;
+                    }
+                    if list {
+                        cx.sink().notify_resource_list_changed().await?;
+                    }
+                    Ok::<(), rmcp::service::SubscriptionSendError>(())
+                };
+                if let Err(e) = sent.await {
+                    // The client is gone or its stream closed: the subscription is over.
+                    tracing::debug!(error = %e, "MCP subscription ended");
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn method(&self, name: &str) -> Result<MethodDescriptor, Status> {
+        let (service, method) = name
+            .rsplit_once('.')
+            .ok_or_else(|| Status::from(Error::internal(format!("`{name}` names no method"))))?;
+        self.inner
+            .pool
+            .get_service_by_name(service)
+            .and_then(|s| s.methods().find(|m| m.name() == method))
+            .ok_or_else(|| Status::from(Error::internal(format!("`{name}` is not in the API"))))
     }
 
     async fn catalog(&self, cx: &RequestContext<RoleServer>) -> Result<Value, Status> {
@@ -315,11 +395,29 @@ impl ServerHandler for Door {
         ServerConfig::new(
             ServerCapabilities::builder()
                 .enable_resources()
+                .enable_resources_subscribe()
+                .enable_resources_list_changed()
                 .enable_tools()
                 .build(),
         )
         .with_server_info(Implementation::new("hcp-sense", env!("CARGO_PKG_VERSION")))
         .with_instructions(INSTRUCTIONS)
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = requested.supported_by(&self.get_info().capabilities);
+        // The inbox is the one resource that changes: a record, once stored, does not.
+        accepted.resource_subscriptions = accepted
+            .resource_subscriptions
+            .map(|uris| uris.into_iter().filter(|u| u == INBOX_URI).collect());
+        Some(accepted)
+    }
+
+    async fn listen(&self, cx: SubscriptionContext) -> Result<(), McpError> {
+        self.follow(&cx).await
     }
 
     async fn list_tools(
@@ -380,14 +478,19 @@ impl ServerHandler for Door {
         cx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
         let cursor = request.and_then(|r| r.cursor).unwrap_or_default();
-        let page = self
+        let listed = self
             .call(
                 &cx,
                 "hcp.sense.v1.RecordService.ListRecords",
                 json!({ "pageSize": RECORDS_PER_PAGE, "pageToken": cursor, "orderBy": "receive_time desc" }),
             )
-            .await
-            .map_err(|s| protocol_error(&s))?;
+            .await;
+        let page = match listed {
+            Ok(page) => page,
+            // A caller that may read no records (an admin, a runtime) still has the catalog.
+            Err(s) if s.code() == Code::PermissionDenied && cursor.is_empty() => json!({}),
+            Err(s) => return Err(protocol_error(&s)),
+        };
         let mut resources = Vec::new();
         if cursor.is_empty() {
             resources.push(
@@ -403,6 +506,9 @@ impl ServerHandler for Door {
             resources.extend(records.iter().filter_map(record_resource));
         }
         let mut result = ListResourcesResult::with_all_items(resources);
+        // An inbox changes with every record, and is the caller's alone.
+        result.ttl_ms = Some(0);
+        result.cache_scope = Some(CacheScope::Private);
         result.next_cursor = page
             .get("nextPageToken")
             .and_then(Value::as_str)
@@ -447,7 +553,11 @@ impl ServerHandler for Door {
             ));
         };
         let v = found.map_err(|s| protocol_error(&s))?;
-        Ok(ReadResourceResult::new(vec![json_contents(&uri, &v)]).into())
+        let mut result = ReadResourceResult::new(vec![json_contents(&uri, &v)]);
+        // What a caller may read is its own, and may change (a membership, an erasure).
+        result.ttl_ms = Some(0);
+        result.cache_scope = Some(CacheScope::Private);
+        Ok(result.into())
     }
 }
 

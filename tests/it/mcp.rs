@@ -226,6 +226,19 @@ async fn a_reader_reads_its_catalog_and_only_its_own_records(kind: StoreKind) {
     );
     assert!(calls[6].get("error").is_some(), "{}", calls[6]);
 
+    // A caller that may read no records (an admin) has the catalog alone.
+    let admin =
+        session(json!({ "url": url(&app), "token": ADMIN, "read": ["hcp-sense://catalog"] })).await;
+    assert_eq!(
+        uris(&admin),
+        vec!["hcp-sense://catalog".to_owned()],
+        "{admin}"
+    );
+    assert!(
+        admin["reads"]["hcp-sense://catalog"]["json"]["triggerTypes"].is_array(),
+        "{admin}"
+    );
+
     // No credentials, or a wrong one: the door answers 401 before any session, and the SDK's
     // client gets no session.
     for t in ["", "not-a-token"] {
@@ -288,3 +301,55 @@ async fn the_stdio_door_is_a_client_of_the_server(kind: StoreKind) {
     app.stop().await;
 }
 on_both_stores!(the_stdio_door_is_a_client_of_the_server => the_stdio_door_is_a_client_of_the_server);
+
+/// A client subscribed to its inbox (subscriptions/listen) hears of a record as it commits,
+/// and lists it; the notification is the caller's WatchRecords underneath.
+async fn a_subscribed_client_hears_of_each_new_record(kind: StoreKind) {
+    let (app, alice) = served(kind, 1).await;
+    let deliver = json!({
+        "pack_id": "github", "ref": "issue.opened", "principal": "alice", "land": "user",
+        "payload": { "issue": 7 }, "trigger_id": "heard-1"
+    });
+    let report = session(json!({
+        "url": url(&app),
+        "token": ALICE,
+        "listen": {
+            "uri": "hcp-sense://records",
+            "deliver": [
+                "grpcurl", "-plaintext", "-H", format!("authorization: Bearer {RUNTIME}"),
+                "-d", deliver.to_string(), app.addr.to_string(),
+                "hcp.sense.v1.IngestService/DeliverTrigger"
+            ],
+            "events": 1,
+            "timeout": 10,
+        },
+    }))
+    .await;
+    assert!(report.get("failed").is_none(), "{report}");
+    let heard = &report["listen"];
+    assert_eq!(heard["delivered"], true, "{heard}");
+    assert_eq!(
+        heard["honored"]["resourceSubscriptions"],
+        json!(["hcp-sense://records"]),
+        "{heard}"
+    );
+    assert!(
+        heard.get("timed_out").is_none(),
+        "no event within 10 s: {heard}"
+    );
+    assert_eq!(heard["events"][0]["kind"], "ResourceUpdated", "{heard}");
+    assert_eq!(heard["events"][0]["uri"], "hcp-sense://records", "{heard}");
+    let after = heard["after"].as_array().expect("after");
+    assert_eq!(
+        after.len(),
+        3,
+        "the catalog, the first record and the new one: {heard}"
+    );
+    assert_eq!(
+        after[2],
+        format!("hcp-sense://records/{}", alice[0]),
+        "{heard}"
+    );
+    app.stop().await;
+}
+on_both_stores!(a_subscribed_client_hears_of_each_new_record => a_subscribed_client_hears_of_each_new_record);

@@ -3,13 +3,17 @@
 Reads a plan as JSON on standard input:
   {"url": "http://127.0.0.1:PORT/mcp", "token": "..."}                      Streamable HTTP, or
   {"command": ["hcp-sense", "mcp", "--server", "..."], "env": {...}}          stdio,
-  with "read": [uri, ...] resources to read and "calls": [[tool, {args}], ...] tools to call.
+  with "read": [uri, ...] resources to read and "calls": [[tool, {args}], ...] tools to call,
+  and "listen": {"uri": ..., "deliver": [command...], "events": N, "timeout": S}: subscribe
+  (subscriptions/listen), run the command once the subscription is acknowledged, and report
+  the events heard (kind, uri, milliseconds after the command ended) and the resources after.
 Prints one JSON report: the negotiated protocol version, the tools, every listed resource
 (all pages), and each read and call's result or error (code and message).
 """
 import asyncio
 import json
 import sys
+import time
 
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -64,7 +68,38 @@ async def session(plan: dict) -> dict:
             except Exception as e:
                 calls.append({"tool": name, **error_of(e)})
         report["calls"] = calls
+        if "listen" in plan:
+            report["listen"] = await listen(client, plan["listen"])
     return report
+
+
+async def listen(client: Client, lp: dict) -> dict:
+    out: dict = {"events": []}
+    async with client.listen(resource_subscriptions=[lp["uri"]]) as sub:
+        out["honored"] = sub.honored.model_dump(by_alias=True, exclude_none=True)
+        proc = await asyncio.create_subprocess_exec(
+            *lp["deliver"], stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        stdout, stderr = await proc.communicate()
+        out["delivered"] = proc.returncode == 0
+        out["deliver_output"] = (stdout + stderr).decode()[-500:]
+        done = time.monotonic()
+
+        async def take() -> None:
+            async for event in sub:
+                out["events"].append(
+                    {"kind": type(event).__name__, "uri": getattr(event, "uri", None), "ms": (time.monotonic() - done) * 1000}
+                )
+                if len(out["events"]) >= lp.get("events", 1):
+                    return
+
+        try:
+            await asyncio.wait_for(take(), lp.get("timeout", 10))
+        except asyncio.TimeoutError:
+            out["timed_out"] = True
+    listed = await client.list_resources()
+    out["after"] = [str(r.uri) for r in listed.resources]
+    return out
 
 
 def leaves(e: BaseException) -> list[BaseException]:
