@@ -124,6 +124,12 @@ impl App {
             Some(_) if tls.is_some() => anyhow::bail!(
                 "--mcp-listen is not served beside TLS (--tls-cert): the door calls the gRPC listener in plaintext"
             ),
+            // Without authentication the door reads every principal's records: loopback only.
+            Some(a) if !auth.is_enabled() && !a.ip().is_loopback() && !config.insecure_no_auth => {
+                anyhow::bail!(
+                    "refusing to serve the MCP door on {a} without authentication: configure [auth] in the config file, or pass --insecure-no-auth"
+                )
+            }
             Some(a) => Some(bind(a).await?),
             None => None,
         };

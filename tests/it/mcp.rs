@@ -350,6 +350,147 @@ async fn a_subscribed_client_hears_of_each_new_record(kind: StoreKind) {
         format!("hcp-sense://records/{}", alice[0]),
         "{heard}"
     );
+
+    // bob, subscribed to his own inbox, hears nothing of alice's next record, and cannot ask
+    // after hers by any tool.
+    let deliver = json!({
+        "pack_id": "github", "ref": "issue.opened", "principal": "alice", "land": "user",
+        "payload": { "issue": 8 }, "trigger_id": "heard-2"
+    });
+    let bobs = session(json!({
+        "url": url(&app),
+        "token": BOB,
+        "calls": [
+            ["list_decisions", { "principal": "alice" }],
+            ["list_decisions", {}],
+            ["get_decision", { "packId": "github", "triggerId": "heard-1" }],
+            ["list_records", { "viewer": "alice" }],
+            ["list_trigger_types", { "principal": "alice" }],
+            ["list_drop_reports", {}],
+        ],
+        "listen": {
+            "uri": "hcp-sense://records",
+            "deliver": [
+                "grpcurl", "-plaintext", "-H", format!("authorization: Bearer {RUNTIME}"),
+                "-d", deliver.to_string(), app.addr.to_string(),
+                "hcp.sense.v1.IngestService/DeliverTrigger"
+            ],
+            "events": 1,
+            "timeout": 3,
+        },
+    }))
+    .await;
+    assert!(bobs.get("failed").is_none(), "{bobs}");
+    let heard = &bobs["listen"];
+    assert_eq!(heard["delivered"], true, "{heard}");
+    assert_eq!(
+        heard["timed_out"], true,
+        "bob heard of alice's record: {heard}"
+    );
+    assert_eq!(heard["events"], json!([]), "{heard}");
+    assert!(heard["after"]
+        .as_array()
+        .expect("after")
+        .iter()
+        .all(|u| !alice
+            .iter()
+            .any(|id| u.as_str().unwrap_or_default().ends_with(id.as_str()))));
+    let calls = &bobs["calls"];
+    assert_eq!(
+        calls[0]["structured"]["code"], "PERMISSION_DENIED",
+        "{calls}"
+    );
+    let own = calls[1]["structured"]["decisions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !own.is_empty() && own.iter().all(|d| d["principal"] == "bob"),
+        "{calls}"
+    );
+    assert_eq!(calls[2]["structured"]["code"], "NOT_FOUND", "{calls}");
+    assert_eq!(
+        calls[3]["structured"]["code"], "PERMISSION_DENIED",
+        "{calls}"
+    );
+    // A reader's catalog is its own receivability, whatever principal it names.
+    let types = calls[4]["structured"]["triggerTypes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        types.iter().all(|t| t["receivability"]["principal"]
+            .as_str()
+            .is_none_or(|p| p == "bob")),
+        "{calls}"
+    );
+    assert_eq!(
+        calls[5]["structured"]["code"], "PERMISSION_DENIED",
+        "{calls}"
+    );
     app.stop().await;
 }
 on_both_stores!(a_subscribed_client_hears_of_each_new_record => a_subscribed_client_hears_of_each_new_record);
+
+/// The official TypeScript SDK's client, which speaks the revision before 2026-07-28 (the
+/// initialize handshake, a session): the same catalog, records and refusals.
+async fn the_typescript_sdk_reads_over_the_earlier_revision(kind: StoreKind) {
+    let (app, alice) = served(kind, 3).await;
+    let plan = json!({
+        "url": url(&app),
+        "token": ALICE,
+        "read": ["hcp-sense://catalog", format!("hcp-sense://records/{}", alice[2])],
+        "calls": [
+            ["get_decision", { "packId": "github", "triggerId": "a-1" }],
+            ["get_decision", { "packId": "github", "triggerId": "b-1" }],
+        ],
+    });
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new("node")
+            .arg("tests/node/mcp_client.mjs")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("node with tests/node's packages (see .ci/test)");
+        std::io::Write::write_all(
+            &mut child.stdin.take().expect("stdin"),
+            plan.to_string().as_bytes(),
+        )
+        .expect("plan");
+        child.wait_with_output().expect("node")
+    })
+    .await
+    .expect("join");
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert!(report.get("failed").is_none(), "{report}");
+    assert_eq!(report["protocol"], "2025-11-25", "{report}");
+    assert_eq!(report["server"], "hcp-sense");
+    assert_eq!(
+        report["tools"].as_array().map(Vec::len),
+        Some(7),
+        "{report}"
+    );
+    let mut expected: Vec<String> = alice
+        .iter()
+        .rev()
+        .map(|id| format!("hcp-sense://records/{id}"))
+        .collect();
+    expected.insert(0, "hcp-sense://catalog".into());
+    assert_eq!(uris(&report), expected);
+    let own = &report["reads"][format!("hcp-sense://records/{}", alice[2])]["json"];
+    assert_eq!(own["principal"], "alice", "{report}");
+    assert!(report["reads"]["hcp-sense://catalog"]["json"]["triggerTypes"].is_array());
+    assert_eq!(
+        report["calls"][0]["structured"]["decision"]["triggerId"], "a-1",
+        "{report}"
+    );
+    assert_eq!(
+        report["calls"][1]["structured"]["code"], "NOT_FOUND",
+        "{report}"
+    );
+    app.stop().await;
+}
+on_both_stores!(the_typescript_sdk_reads_over_the_earlier_revision => the_typescript_sdk_reads_over_the_earlier_revision);

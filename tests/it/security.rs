@@ -318,6 +318,25 @@ fn a_public_address_without_auth_is_refused() {
         assert!(err.to_string().contains("--insecure-no-auth"), "{err}");
         cfg.insecure_no_auth = true;
         assert!(hcp_sense::app::App::build(cfg).await.is_ok());
+
+        // The MCP door too: without authentication it would read every principal's records.
+        let mut cfg = hcp_sense::config::Config::for_database(db.url.clone());
+        cfg.mcp_listen = Some("127.0.0.1:0".parse().expect("addr"));
+        assert!(
+            hcp_sense::app::App::build(cfg.clone()).await.is_ok(),
+            "loopback is served"
+        );
+        cfg.mcp_listen = Some("0.0.0.0:0".parse().expect("addr"));
+        let err = hcp_sense::app::App::build(cfg.clone())
+            .await
+            .err()
+            .expect("refused");
+        assert!(
+            err.to_string().contains("MCP door") && err.to_string().contains("--insecure-no-auth"),
+            "{err}"
+        );
+        cfg.insecure_no_auth = true;
+        assert!(hcp_sense::app::App::build(cfg).await.is_ok());
     });
 }
 
