@@ -45,6 +45,8 @@ pub struct App {
     ingress_listener: Option<TcpListener>,
     /// The MCP door's listener, when one is configured.
     mcp_listener: Option<TcpListener>,
+    /// The MCP door's caps on live subscriptions.
+    mcp_caps: crate::mcp::SubscriptionCaps,
     /// The NATS server NATS routes consume from, when one is configured.
     nats_url: Option<String>,
     /// How long a socket of the HTTP listeners may move no byte before it is closed.
@@ -148,6 +150,10 @@ impl App {
             metrics_addr,
             ingress_listener,
             mcp_listener,
+            mcp_caps: crate::mcp::SubscriptionCaps {
+                total: config.mcp_max_subscriptions,
+                per_caller: config.mcp_max_subscriptions_per_caller,
+            },
             nats_url: config.nats_url.clone(),
             http: http_limits(&config),
             hub,
@@ -224,6 +230,7 @@ impl App {
             metrics_addr,
             ingress_listener,
             mcp_listener,
+            mcp_caps,
             nats_url,
             http,
             hub,
@@ -238,7 +245,7 @@ impl App {
         spawn_probes(&hub, http, metrics_listener, ready_rx);
         spawn_ingress(&hub, &ingress, http, ingress_listener, nats_url);
         if let Some(door) = mcp_listener {
-            spawn_mcp(&hub, &auth, http, door, addr, l.max_request_bytes)?;
+            spawn_mcp(&hub, &auth, http, door, addr, l.max_request_bytes, mcp_caps)?;
         }
         let metrics = hub.metrics.clone();
         let mut builder = Server::builder();
@@ -455,6 +462,7 @@ fn spawn_mcp(
     listener: TcpListener,
     grpc: SocketAddr,
     max_body_bytes: usize,
+    caps: crate::mcp::SubscriptionCaps,
 ) -> anyhow::Result<()> {
     let mut target = grpc;
     if target.ip().is_unspecified() {
@@ -466,7 +474,7 @@ fn spawn_mcp(
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{target}"))?
         .connect_timeout(Duration::from_secs(5))
         .connect_lazy();
-    let door = crate::mcp::Door::new(channel, None)?;
+    let door = crate::mcp::Door::new(channel, None, caps)?;
     let life = hub.lifecycle();
     let routes = crate::mcp::serve::routes(door, auth.clone(), max_body_bytes, &life.stopping());
     life.spawn(crate::http::serve(

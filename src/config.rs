@@ -136,6 +136,24 @@ pub struct Config {
     #[arg(long, env = "HCP_SENSE_MCP_LISTEN", value_name = "ADDR")]
     pub mcp_listen: Option<SocketAddr>,
 
+    /// Most live MCP subscriptions open at once in all; past it a new one is refused. Each is a WatchRecords from the server's own loopback address, so keep it under --max-streams-per-peer.
+    #[arg(
+        long,
+        env = "HCP_SENSE_MCP_MAX_SUBSCRIPTIONS",
+        value_name = "N",
+        default_value_t = 200
+    )]
+    pub mcp_max_subscriptions: usize,
+
+    /// Most live MCP subscriptions one caller (one set of credentials) holds at once; past it a new one is refused.
+    #[arg(
+        long,
+        env = "HCP_SENSE_MCP_MAX_SUBSCRIPTIONS_PER_CALLER",
+        value_name = "N",
+        default_value_t = 16
+    )]
+    pub mcp_max_subscriptions_per_caller: usize,
+
     /// NATS server whose JetStream streams NATS ingress routes consume (`nats://host:4222`), or
     /// a cluster's nodes comma-separated; none by default. Credentials, if any, go in the URL
     /// (`nats://user:pass@host`).

@@ -3,6 +3,9 @@ use rmcp::ServiceExt;
 
 use super::ServerArgs;
 
+/// Most live subscriptions of the one client of `hcp-sense mcp`.
+const MAX_SUBSCRIPTIONS: usize = 16;
+
 #[derive(Debug, clap::Args)]
 pub struct McpArgs {
     #[command(flatten)]
@@ -14,7 +17,12 @@ pub struct McpArgs {
 /// standard error.
 pub async fn run(args: McpArgs) -> anyhow::Result<()> {
     let server = args.server.connect()?;
-    let door = crate::mcp::Door::new(server.channel.clone(), args.server.token.as_deref())?;
+    // One client on standard input: the server's own stream caps bound it.
+    let caps = crate::mcp::SubscriptionCaps {
+        total: MAX_SUBSCRIPTIONS,
+        per_caller: MAX_SUBSCRIPTIONS,
+    };
+    let door = crate::mcp::Door::new(server.channel.clone(), args.server.token.as_deref(), caps)?;
     let running = door.serve(rmcp::transport::stdio()).await?;
     running.waiting().await?;
     Ok(())

@@ -7,6 +7,10 @@
 //! Nothing offered delivers a trigger, changes policy, mints a credential or runs a command.
 mod call;
 pub mod serve;
+pub mod subscriptions;
+
+pub use subscriptions::SubscriptionCaps;
+use subscriptions::Subscriptions;
 
 use std::sync::Arc;
 
@@ -117,25 +121,23 @@ struct Inner {
     /// forwarded instead.
     authorization: Option<AsciiMetadataValue>,
     tools: Vec<(Tool, MethodDescriptor)>,
+    subscriptions: Arc<Subscriptions>,
 }
 
 impl Door {
     /// A door calling the API on `channel`; `token`, when given, is the bearer token of
     /// every call (stdio), else each HTTP request's own `Authorization` is forwarded.
-    pub fn new(channel: Channel, token: Option<&str>) -> anyhow::Result<Door> {
+    pub fn new(
+        channel: Channel,
+        token: Option<&str>,
+        caps: SubscriptionCaps,
+    ) -> anyhow::Result<Door> {
         let pool = DescriptorPool::decode(hcp_sense_api::v1::FILE_DESCRIPTOR_SET)?;
         let mut tools = Vec::with_capacity(TOOLS.len());
         for t in TOOLS {
-            let (service, method) = t
-                .method
-                .rsplit_once('.')
-                .ok_or_else(|| anyhow::anyhow!("tool {}: no method in `{}`", t.name, t.method))?;
-            let method = pool
-                .get_service_by_name(service)
-                .and_then(|s| s.methods().find(|m| m.name() == method))
-                .ok_or_else(|| {
-                    anyhow::anyhow!("tool {}: `{}` is not in the API", t.name, t.method)
-                })?;
+            let method = find_method(&pool, t.method).ok_or_else(|| {
+                anyhow::anyhow!("tool {}: `{}` is not in the API", t.name, t.method)
+            })?;
             let schema = match message_schema(&method.input(), 0) {
                 Value::Object(o) => o,
                 _ => Map::new(),
@@ -159,6 +161,7 @@ impl Door {
                 pool,
                 authorization,
                 tools,
+                subscriptions: Subscriptions::new(caps),
             }),
         })
     }
@@ -208,6 +211,12 @@ impl Door {
             cx.cancelled().await;
             return Ok(());
         }
+        let credentials = self.authorization(cx.request_context());
+        let _held = self
+            .inner
+            .subscriptions
+            .open(credentials.as_ref().map(AsciiMetadataValue::as_bytes))
+            .map_err(|e| protocol_error(&Status::from(e)))?;
         let method = self
             .method("hcp.sense.v1.RecordService.WatchRecords")
             .map_err(|s| protocol_error(&s))?;
@@ -215,7 +224,7 @@ impl Door {
             &self.inner.channel,
             &method,
             json!({ "fromNow": true }),
-            self.authorization(cx.request_context()),
+            credentials,
         )
         .await
         .map_err(|s| protocol_error(&s))?;
@@ -264,13 +273,7 @@ impl Door {
     }
 
     fn method(&self, name: &str) -> Result<MethodDescriptor, Status> {
-        let (service, method) = name
-            .rsplit_once('.')
-            .ok_or_else(|| Status::from(Error::internal(format!("`{name}` names no method"))))?;
-        self.inner
-            .pool
-            .get_service_by_name(service)
-            .and_then(|s| s.methods().find(|m| m.name() == method))
+        find_method(&self.inner.pool, name)
             .ok_or_else(|| Status::from(Error::internal(format!("`{name}` is not in the API"))))
     }
 
@@ -295,6 +298,14 @@ impl Door {
         }
         Ok(json!({ "triggerTypes": types }))
     }
+}
+
+/// The API method `name` (`package.Service.Method`).
+fn find_method(pool: &DescriptorPool, name: &str) -> Option<MethodDescriptor> {
+    let (service, method) = name.rsplit_once('.')?;
+    pool.get_service_by_name(service)?
+        .methods()
+        .find(|m| m.name() == method)
 }
 
 /// The JSON schema of a message's protobuf JSON form, to `depth` levels of messages.
@@ -361,7 +372,9 @@ fn protocol_error(s: &Status) -> McpError {
         Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
             McpError::invalid_params(message, data)
         }
-        Code::Unauthenticated | Code::PermissionDenied => McpError::invalid_request(message, data),
+        Code::Unauthenticated | Code::PermissionDenied | Code::ResourceExhausted => {
+            McpError::invalid_request(message, data)
+        }
         _ => McpError::internal_error(message, data),
     }
 }

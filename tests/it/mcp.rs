@@ -494,3 +494,55 @@ async fn the_typescript_sdk_reads_over_the_earlier_revision(kind: StoreKind) {
     app.stop().await;
 }
 on_both_stores!(the_typescript_sdk_reads_over_the_earlier_revision => the_typescript_sdk_reads_over_the_earlier_revision);
+
+/// Live subscriptions are capped per caller and in all, as gRPC streams are: n are held, the
+/// next is refused naming its cap.
+async fn subscriptions_are_capped_per_caller_and_in_all(kind: StoreKind) {
+    let app = spawn_app_with(kind, |c| {
+        c.auth_failure_rate_per_sec = 0.0;
+        c.mcp_listen = Some("127.0.0.1:0".parse().expect("addr"));
+        c.mcp_max_subscriptions = 3;
+        c.mcp_max_subscriptions_per_caller = 2;
+        c.auth = AuthConfig {
+            tokens: vec![
+                token("ops", ADMIN, Role::Admin, None),
+                token("alice", ALICE, Role::Reader, Some("alice")),
+                token("bob", BOB, Role::Reader, Some("bob")),
+            ],
+            jwt: None,
+        };
+    })
+    .await;
+    let report = session(json!({
+        "url": url(&app),
+        "holds": [{ "token": ALICE, "count": 3 }, { "token": BOB, "count": 2 }],
+    }))
+    .await;
+    assert!(report.get("failed").is_none(), "{report}");
+    let outcomes = report["holds"].as_array().expect("holds");
+    let shown: Vec<(&str, &str)> = outcomes
+        .iter()
+        .map(|o| {
+            (
+                o["outcome"].as_str().unwrap_or_default(),
+                o["error"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(shown.len(), 5, "{report}");
+    assert_eq!(shown[0].0, "open", "{report}");
+    assert_eq!(shown[1].0, "open", "{report}");
+    assert_eq!(shown[2].0, "ended", "alice's third: {report}");
+    assert!(
+        shown[2].1.contains("--mcp-max-subscriptions-per-caller 2"),
+        "{report}"
+    );
+    assert_eq!(
+        shown[3].0, "open",
+        "bob's first, the third in all: {report}"
+    );
+    assert_eq!(shown[4].0, "ended", "a fourth in all: {report}");
+    assert!(shown[4].1.contains("--mcp-max-subscriptions 3"), "{report}");
+    app.stop().await;
+}
+on_both_stores!(subscriptions_are_capped_per_caller_and_in_all => subscriptions_are_capped_per_caller_and_in_all);

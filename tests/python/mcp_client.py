@@ -7,6 +7,9 @@ Reads a plan as JSON on standard input:
   and "listen": {"uri": ..., "deliver": [command...], "events": N, "timeout": S}: subscribe
   (subscriptions/listen), run the command once the subscription is acknowledged, and report
   the events heard (kind, uri, milliseconds after the command ended) and the resources after.
+A plan {"url", "holds": [{"token", "count"}, ...]} instead opens, one after another and all held
+open together, `count` subscriptions to hcp-sense://records with each token, and reports for
+each whether it stayed open (no event, no error within a second) or the error that ended it.
 Prints one JSON report: the negotiated protocol version, the tools, every listed resource
 (all pages), and each read and call's result or error (code and message).
 """
@@ -110,10 +113,34 @@ def leaves(e: BaseException) -> list[BaseException]:
     return [leaf for x in inner for leaf in leaves(x)]
 
 
+async def holds(plan: dict) -> dict:
+    from contextlib import AsyncExitStack
+
+    outcomes = []
+    async with AsyncExitStack() as stack:
+        for hold in plan["holds"]:
+            http = create_mcp_http_client(headers={"Authorization": f"Bearer {hold['token']}"})
+            client = await stack.enter_async_context(
+                Client(streamable_http_client(plan["url"], http_client=http), cache=None)
+            )
+            for _ in range(hold["count"]):
+                try:
+                    sub = await stack.enter_async_context(client.listen(resource_subscriptions=["hcp-sense://records"]))
+                    try:
+                        event = await asyncio.wait_for(sub.__anext__(), 1.0)
+                        outcomes.append({"token": hold["token"], "outcome": f"event {type(event).__name__}"})
+                    except asyncio.TimeoutError:
+                        outcomes.append({"token": hold["token"], "outcome": "open"})
+                except Exception as e:  # the server's refusal
+                    cause = e.__cause__ or e
+                    outcomes.append({"token": hold["token"], "outcome": "ended", "error": f"{e} / {cause}"})
+    return {"holds": outcomes}
+
+
 def main() -> None:
     plan = json.load(sys.stdin)
     try:
-        report = asyncio.run(session(plan))
+        report = asyncio.run(holds(plan) if "holds" in plan else session(plan))
     except BaseException as e:  # connection refused, 401: reported, not raised
         report = {"failed": "; ".join(f"{type(x).__name__}: {x}" for x in leaves(e))}
     json.dump(report, sys.stdout)
