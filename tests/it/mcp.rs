@@ -302,27 +302,33 @@ async fn the_stdio_door_is_a_client_of_the_server(kind: StoreKind) {
 }
 on_both_stores!(the_stdio_door_is_a_client_of_the_server => the_stdio_door_is_a_client_of_the_server);
 
+/// A listen plan for tests/python/mcp_client.py: subscribe to the inbox, then deliver one
+/// of alice's triggers with grpcurl as the runtime, and wait `timeout` seconds for an event.
+fn listen_then_deliver(app: &TestApp, trigger_id: &str, timeout: u64) -> Value {
+    let trigger = json!({
+        "pack_id": "github", "ref": "issue.opened", "principal": "alice", "land": "user",
+        "payload": { "issue": 7 }, "trigger_id": trigger_id
+    });
+    json!({
+        "uri": "hcp-sense://records",
+        "deliver": [
+            "grpcurl", "-plaintext", "-H", format!("authorization: Bearer {RUNTIME}"),
+            "-d", trigger.to_string(), app.addr.to_string(),
+            "hcp.sense.v1.IngestService/DeliverTrigger"
+        ],
+        "events": 1,
+        "timeout": timeout,
+    })
+}
+
 /// A client subscribed to its inbox (subscriptions/listen) hears of a record as it commits,
 /// and lists it; the notification is the caller's WatchRecords underneath.
 async fn a_subscribed_client_hears_of_each_new_record(kind: StoreKind) {
     let (app, alice) = served(kind, 1).await;
-    let deliver = json!({
-        "pack_id": "github", "ref": "issue.opened", "principal": "alice", "land": "user",
-        "payload": { "issue": 7 }, "trigger_id": "heard-1"
-    });
     let report = session(json!({
         "url": url(&app),
         "token": ALICE,
-        "listen": {
-            "uri": "hcp-sense://records",
-            "deliver": [
-                "grpcurl", "-plaintext", "-H", format!("authorization: Bearer {RUNTIME}"),
-                "-d", deliver.to_string(), app.addr.to_string(),
-                "hcp.sense.v1.IngestService/DeliverTrigger"
-            ],
-            "events": 1,
-            "timeout": 10,
-        },
+        "listen": listen_then_deliver(&app, "heard-1", 10),
     }))
     .await;
     assert!(report.get("failed").is_none(), "{report}");
@@ -353,10 +359,6 @@ async fn a_subscribed_client_hears_of_each_new_record(kind: StoreKind) {
 
     // bob, subscribed to his own inbox, hears nothing of alice's next record, and cannot ask
     // after hers by any tool.
-    let deliver = json!({
-        "pack_id": "github", "ref": "issue.opened", "principal": "alice", "land": "user",
-        "payload": { "issue": 8 }, "trigger_id": "heard-2"
-    });
     let bobs = session(json!({
         "url": url(&app),
         "token": BOB,
@@ -368,16 +370,7 @@ async fn a_subscribed_client_hears_of_each_new_record(kind: StoreKind) {
             ["list_trigger_types", { "principal": "alice" }],
             ["list_drop_reports", {}],
         ],
-        "listen": {
-            "uri": "hcp-sense://records",
-            "deliver": [
-                "grpcurl", "-plaintext", "-H", format!("authorization: Bearer {RUNTIME}"),
-                "-d", deliver.to_string(), app.addr.to_string(),
-                "hcp.sense.v1.IngestService/DeliverTrigger"
-            ],
-            "events": 1,
-            "timeout": 3,
-        },
+        "listen": listen_then_deliver(&app, "heard-2", 3),
     }))
     .await;
     assert!(bobs.get("failed").is_none(), "{bobs}");
