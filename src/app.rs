@@ -47,6 +47,7 @@ pub struct App {
     mcp_listener: Option<TcpListener>,
     /// The MCP door's caps on live subscriptions.
     mcp_caps: crate::mcp::SubscriptionCaps,
+    mcp_sessions: crate::mcp::serve::SessionLimits,
     /// The NATS server NATS routes consume from, when one is configured.
     nats_url: Option<String>,
     /// How long a socket of the HTTP listeners may move no byte before it is closed.
@@ -122,9 +123,10 @@ impl App {
             None => None,
         };
         let mcp_listener = match config.mcp_listen {
-            // The door calls the gRPC API on its own listener, in plaintext.
+            // The door's listener speaks plain HTTP: beside a TLS API it would carry the
+            // bearer tokens TLS protects there in the clear.
             Some(_) if tls.is_some() => anyhow::bail!(
-                "--mcp-listen is not served beside TLS (--tls-cert): the door calls the gRPC listener in plaintext"
+                "--mcp-listen is not served beside TLS (--tls-cert): the MCP listener speaks plain HTTP and would carry bearer tokens in the clear"
             ),
             // Without authentication the door reads every principal's records: loopback only.
             Some(a) if !auth.is_enabled() && !a.ip().is_loopback() && !config.insecure_no_auth => {
@@ -153,6 +155,11 @@ impl App {
             mcp_caps: crate::mcp::SubscriptionCaps {
                 total: config.mcp_max_subscriptions,
                 per_caller: config.mcp_max_subscriptions_per_caller,
+            },
+            mcp_sessions: crate::mcp::serve::SessionLimits {
+                total: config.mcp_max_sessions,
+                per_caller: config.mcp_max_sessions_per_caller,
+                idle: config.mcp_session_idle_timeout,
             },
             nats_url: config.nats_url.clone(),
             http: http_limits(&config),
@@ -231,6 +238,7 @@ impl App {
             ingress_listener,
             mcp_listener,
             mcp_caps,
+            mcp_sessions,
             nats_url,
             http,
             hub,
@@ -244,10 +252,36 @@ impl App {
         } = self;
         spawn_probes(&hub, http, metrics_listener, ready_rx);
         spawn_ingress(&hub, &ingress, http, ingress_listener, nats_url);
-        if let Some(door) = mcp_listener {
-            spawn_mcp(&hub, &auth, http, door, addr, l.max_request_bytes, mcp_caps)?;
-        }
         let metrics = hub.metrics.clone();
+        // One set of layers for the listener and the MCP door's in-process calls: the same
+        // authentication, roles, rate limits, stream caps and deadlines.
+        let calls = CallLayer::new(l.watches, l.request_timeout);
+        let rpc = RpcLayer::new(metrics.clone());
+        let guard = GuardLayer::new(
+            auth.clone(),
+            l.rate_per_sec,
+            l.auth_failures_per_sec,
+            metrics.clone(),
+            crate::grpc::streams::Streams::new(l.streams),
+        );
+        if let Some(door) = mcp_listener {
+            let api = crate::mcp::call::in_process(
+                tower::ServiceBuilder::new()
+                    .layer(calls.clone())
+                    .layer(rpc.clone())
+                    .layer(guard.clone())
+                    .service(routes.clone()),
+            );
+            spawn_mcp(
+                &hub,
+                &auth,
+                http,
+                door,
+                api,
+                l.max_request_bytes,
+                (mcp_caps, mcp_sessions),
+            )?;
+        }
         let mut builder = Server::builder();
         if let Some(tls) = tls {
             builder = builder.tls_config(tls)?;
@@ -264,15 +298,9 @@ impl App {
             .timeout(l.request_timeout)
             .http2_keepalive_interval(l.keepalive_interval)
             .http2_keepalive_timeout(Some(l.keepalive_timeout))
-            .layer(CallLayer::new(l.watches, l.request_timeout))
-            .layer(RpcLayer::new(metrics.clone()))
-            .layer(GuardLayer::new(
-                auth,
-                l.rate_per_sec,
-                l.auth_failures_per_sec,
-                metrics.clone(),
-                crate::grpc::streams::Streams::new(l.streams),
-            ))
+            .layer(calls)
+            .layer(rpc)
+            .layer(guard)
             .add_routes(routes)
             .serve_with_incoming_shutdown(
                 conn::incoming(listener, l.conns, metrics),
@@ -453,30 +481,28 @@ fn spawn_ingress(
     }
 }
 
-/// Serves the MCP door on `listener`: its calls go to the gRPC API on `grpc` (the loopback
-/// address when the API listens on every address).
+/// Serves the MCP door on `listener`: its calls go to `api`, this server's own services.
 fn spawn_mcp(
     hub: &Hub,
     auth: &Arc<Authenticator>,
     http: crate::http::HttpLimits,
     listener: TcpListener,
-    grpc: SocketAddr,
+    api: crate::mcp::call::Api,
     max_body_bytes: usize,
-    caps: crate::mcp::SubscriptionCaps,
+    (caps, sessions): (
+        crate::mcp::SubscriptionCaps,
+        crate::mcp::serve::SessionLimits,
+    ),
 ) -> anyhow::Result<()> {
-    let mut target = grpc;
-    if target.ip().is_unspecified() {
-        target.set_ip(match target {
-            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-        });
-    }
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{target}"))?
-        .connect_timeout(Duration::from_secs(5))
-        .connect_lazy();
-    let door = crate::mcp::Door::new(channel, None, caps)?;
+    let door = crate::mcp::Door::new(api, None, caps)?.with_session_ping(sessions.idle / 3);
     let life = hub.lifecycle();
-    let routes = crate::mcp::serve::routes(door, auth.clone(), max_body_bytes, &life.stopping());
+    let routes = crate::mcp::serve::routes(
+        door,
+        auth.clone(),
+        max_body_bytes,
+        sessions,
+        &life.stopping(),
+    );
     life.spawn(crate::http::serve(
         "mcp",
         listener,

@@ -136,12 +136,12 @@ pub struct Config {
     #[arg(long, env = "HCP_SENSE_MCP_LISTEN", value_name = "ADDR")]
     pub mcp_listen: Option<SocketAddr>,
 
-    /// Most live MCP subscriptions open at once in all; past it a new one is refused. Each is a WatchRecords from the server's own loopback address, so keep it under --max-streams-per-peer.
+    /// Most live MCP subscriptions open at once in all; past it a new one is refused. Each is a WatchRecords the door opens in process, counted under --max-streams as well.
     #[arg(
         long,
         env = "HCP_SENSE_MCP_MAX_SUBSCRIPTIONS",
         value_name = "N",
-        default_value_t = 200
+        default_value_t = 1000
     )]
     pub mcp_max_subscriptions: usize,
 
@@ -153,6 +153,34 @@ pub struct Config {
         default_value_t = 16
     )]
     pub mcp_max_subscriptions_per_caller: usize,
+
+    /// Most MCP sessions (the earlier revisions' `Mcp-Session-Id`, opened by `initialize`) open at once in all; past it a new one is refused 503.
+    #[arg(
+        long,
+        env = "HCP_SENSE_MCP_MAX_SESSIONS",
+        value_name = "N",
+        default_value_t = 1000
+    )]
+    pub mcp_max_sessions: usize,
+
+    /// Most MCP sessions one caller (one set of credentials) holds open at once; past it a new one is refused 429.
+    #[arg(
+        long,
+        env = "HCP_SENSE_MCP_MAX_SESSIONS_PER_CALLER",
+        value_name = "N",
+        default_value_t = 32
+    )]
+    pub mcp_max_sessions_per_caller: usize,
+
+    /// An MCP session with no request and nothing sent to its client for this long is closed; a session with a live subscription pings its client, so stays open while the client answers.
+    #[arg(
+        long = "mcp-session-idle-timeout-secs",
+        env = "HCP_SENSE_MCP_SESSION_IDLE_TIMEOUT_SECS",
+        value_name = "SECS",
+        default_value = "300",
+        value_parser = secs
+    )]
+    pub mcp_session_idle_timeout: Duration,
 
     /// NATS server whose JetStream streams NATS ingress routes consume (`nats://host:4222`), or
     /// a cluster's nodes comma-separated; none by default. Credentials, if any, go in the URL
@@ -691,10 +719,23 @@ impl Config {
                 self.max_reflection_streams_per_peer,
             ),
             ("--max-connections-per-peer", self.max_connections_per_peer),
+            ("--mcp-max-subscriptions", self.mcp_max_subscriptions),
+            (
+                "--mcp-max-subscriptions-per-caller",
+                self.mcp_max_subscriptions_per_caller,
+            ),
+            ("--mcp-max-sessions", self.mcp_max_sessions),
+            (
+                "--mcp-max-sessions-per-caller",
+                self.mcp_max_sessions_per_caller,
+            ),
         ] {
             if n == 0 {
                 anyhow::bail!("{flag} must be at least 1");
             }
+        }
+        if self.mcp_session_idle_timeout.is_zero() {
+            anyhow::bail!("--mcp-session-idle-timeout-secs must be at least 1");
         }
         if self.shed_grace > self.first_request_timeout {
             anyhow::bail!(

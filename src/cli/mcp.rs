@@ -22,7 +22,11 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
         total: MAX_SUBSCRIPTIONS,
         per_caller: MAX_SUBSCRIPTIONS,
     };
-    let door = crate::mcp::Door::new(server.channel.clone(), args.server.token.as_deref(), caps)?;
+    let door = crate::mcp::Door::new(
+        crate::mcp::call::remote(server.channel.clone()),
+        args.server.token.as_deref(),
+        caps,
+    )?;
     let running = door.serve(rmcp::transport::stdio()).await?;
     running.waiting().await?;
     Ok(())

@@ -39,6 +39,11 @@ pub fn rate_limited(wait: std::time::Duration) -> Error {
 /// many cores.
 pub const OVER_BUDGET_CHECKS: usize = 1;
 
+/// Marks a call the server's own MCP door made in process (crate::mcp): it crossed no
+/// socket, so nothing a client sends can set it. Its stream counts in the total alone.
+#[derive(Clone, Copy, Debug)]
+pub struct OwnCall;
+
 #[derive(Clone, Debug)]
 pub struct GuardLayer {
     auth: Arc<Authenticator>,
@@ -269,6 +274,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let conn = ConnInfo::of(req.extensions());
         let socket_peer = conn.as_ref().map(|c| c.state.peer());
+        let own = req.extensions().get::<OwnCall>().is_some();
         if is_open(&path) {
             // Health and reflection need no credentials, so none are read: a JWT sent to
             // them costs no signature check, and their streams are not bounded by one. Their
@@ -287,7 +293,10 @@ where
                 })
             });
         }
-        let peer: Arc<str> = conn.map_or_else(|| Arc::from("peer:unknown"), |c| c.peer);
+        let peer: Arc<str> = conn.map_or_else(
+            || Arc::from(if own { "peer:mcp-door" } else { "peer:unknown" }),
+            |c| c.peer,
+        );
         let header = req
             .headers()
             .get(http::header::AUTHORIZATION)
@@ -345,7 +354,12 @@ where
                 _ => None,
             };
             let slot = if stream {
-                match layer.streams.admit(socket_peer, Kind::Authenticated) {
+                let admitted = if own {
+                    layer.streams.admit_own()
+                } else {
+                    layer.streams.admit(socket_peer, Kind::Authenticated)
+                };
+                match admitted {
                     Ok(slot) => Some(slot),
                     Err(e) => return Ok(Status::from(e).into_http()),
                 }

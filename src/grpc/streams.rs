@@ -8,7 +8,9 @@
 //! the cap; an authenticated stream (a runtime's DeliverTriggers, a WatchRecords) past one
 //! first ends, UNAVAILABLE, the oldest unauthenticated stream under the same cap — of the peer
 //! at the peer's cap, of anyone at the total — and is refused only when there is none: a
-//! caller without credentials can never keep a runtime out.
+//! caller without credentials can never keep a runtime out. The server's own MCP door opens
+//! its WatchRecords in process, crossing no socket: those count in the total alone, the door
+//! capping them per caller itself (crate::mcp).
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -64,7 +66,8 @@ pub const SHED: &str =
     "stream ended to make room for an authenticated stream (a stream cap was reached); open it again";
 
 struct Entry {
-    peer: Option<Peer>,
+    /// `None` for the server's own door (counted in the total alone).
+    peer: Option<Option<Peer>>,
     kind: Kind,
     ender: Option<Ender>,
 }
@@ -104,7 +107,8 @@ impl Drop for StreamSlot {
     }
 }
 
-fn dec(map: &mut HashMap<Option<Peer>, usize>, peer: Option<Peer>) {
+fn dec(map: &mut HashMap<Option<Peer>, usize>, peer: Option<Option<Peer>>) {
+    let Some(peer) = peer else { return };
     if let Some(n) = map.get_mut(&peer) {
         *n -= 1;
         if *n == 0 {
@@ -155,10 +159,24 @@ impl Streams {
     /// authenticated (see the module's opening); RESOURCE_EXHAUSTED naming the cap otherwise.
     /// The slot's ender is set with [`StreamSlot::set_ender`] once the answer's body exists.
     pub fn admit(self: &Arc<Self>, peer: Option<Peer>, kind: Kind) -> Result<StreamSlot, Error> {
+        self.admit_from(Some(peer), kind)
+    }
+
+    /// Admits an authenticated stream the server's own MCP door opened in process: under the
+    /// total alone, as `admit` does there (the door caps its callers' subscriptions itself).
+    pub fn admit_own(self: &Arc<Self>) -> Result<StreamSlot, Error> {
+        self.admit_from(None, Kind::Authenticated)
+    }
+
+    fn admit_from(
+        self: &Arc<Self>,
+        from: Option<Option<Peer>>,
+        kind: Kind,
+    ) -> Result<StreamSlot, Error> {
         let caps = self.caps;
         let mut open = self.lock();
         let mut shed = Vec::new();
-        if kind == Kind::Reflection {
+        if let (Kind::Reflection, Some(peer)) = (kind, from) {
             if open.reflection_per_peer.get(&peer).copied().unwrap_or(0) >= caps.reflection_per_peer
             {
                 return Err(refused(
@@ -175,7 +193,9 @@ impl Streams {
                 ));
             }
         }
-        if open.per_peer.get(&peer).copied().unwrap_or(0) >= caps.per_peer {
+        let peer_full =
+            from.is_some_and(|p| open.per_peer.get(&p).copied().unwrap_or(0) >= caps.per_peer);
+        if let (true, Some(peer)) = (peer_full, from) {
             match (kind.open(), oldest_open(&open, Some(peer))) {
                 (false, Some(id)) => shed.extend(remove(&mut open, id)),
                 _ => {
@@ -204,15 +224,19 @@ impl Streams {
         open.streams.insert(
             id,
             Entry {
-                peer,
+                peer: from,
                 kind,
                 ender: None,
             },
         );
-        *open.per_peer.entry(peer).or_insert(0) += 1;
+        if let Some(peer) = from {
+            *open.per_peer.entry(peer).or_insert(0) += 1;
+        }
         if kind == Kind::Reflection {
             open.reflection += 1;
-            *open.reflection_per_peer.entry(peer).or_insert(0) += 1;
+            if let Some(peer) = from {
+                *open.reflection_per_peer.entry(peer).or_insert(0) += 1;
+            }
         }
         drop(open);
         for e in shed {
@@ -242,7 +266,7 @@ impl StreamSlot {
 fn oldest_open(open: &Open, peer: Option<Option<Peer>>) -> Option<u64> {
     open.streams
         .iter()
-        .find(|(_, e)| e.kind.open() && e.ender.is_some() && peer.is_none_or(|p| e.peer == p))
+        .find(|(_, e)| e.kind.open() && e.ender.is_some() && peer.is_none_or(|p| e.peer == Some(p)))
         .map(|(id, _)| *id)
 }
 
@@ -355,5 +379,23 @@ mod tests {
             .err()
             .expect("nothing to end");
         assert!(e.to_string().contains("--max-streams"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn the_doors_own_streams_count_in_the_total_alone() {
+        let s = Streams::new(caps());
+        let p = peer("127.0.0.1");
+        let mut held = Vec::new();
+        for i in 0..3 {
+            held.push(stream(&s, p, Kind::Authenticated).unwrap_or_else(|e| panic!("{i}: {e}")));
+        }
+        // The loopback peer is at its cap of 3; the door's own stream is not that peer's.
+        let own = s.admit_own().expect("the fourth in all");
+        let e = s.admit_own().err().expect("n + 1 in all");
+        assert!(e.to_string().contains("(--max-streams)"), "{e}");
+        drop(own);
+        s.admit_own().expect("room again");
+        drop(held);
+        assert_eq!(s.len(), 0, "every place given back");
     }
 }

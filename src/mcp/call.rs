@@ -4,10 +4,71 @@ use prost_reflect::{DynamicMessage, MessageDescriptor, MethodDescriptor, Seriali
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::AsciiMetadataValue;
-use tonic::transport::Channel;
 use tonic::Status;
 
 use crate::error::Error;
+
+/// The API the door calls: the server's own services in process (through the same layers
+/// as its listener: authentication, roles, rate limits, stream caps, deadlines), or a
+/// running server's listener (`hcp-sense mcp`).
+pub type Api = tower::util::BoxCloneSyncService<
+    http::Request<tonic::body::Body>,
+    http::Response<tonic::body::Body>,
+    Unreachable,
+>;
+
+/// A call that reached no server (a type of its own, not a boxed error: what the API's
+/// futures hold stays `Send` for every lifetime).
+#[derive(Debug)]
+pub struct Unreachable(String);
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+/// The API of a running server, over `channel`.
+pub fn remote(channel: tonic::transport::Channel) -> Api {
+    Api::new(tower::ServiceExt::map_err(
+        channel,
+        |e: tonic::transport::Error| {
+            let mut why = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                why = format!("{why}: {s}");
+                source = s.source();
+            }
+            Unreachable(why)
+        },
+    ))
+}
+
+/// The API of this server's own `services` (its layered routes), called in process: each
+/// call is marked as the door's (crate::grpc::guard::OwnCall).
+pub fn in_process<S>(services: S) -> Api
+where
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let marked = tower::ServiceBuilder::new()
+        .map_request(|mut r: http::Request<tonic::body::Body>| {
+            r.extensions_mut().insert(crate::grpc::guard::OwnCall);
+            r
+        })
+        .map_err(|e: std::convert::Infallible| -> Unreachable { match e {} })
+        .service(services);
+    Api::new(marked)
+}
 
 /// Encodes a dynamic message; decodes the method's answer type.
 #[derive(Clone)]
@@ -58,12 +119,12 @@ impl Decoder for DynamicDecoder {
 /// Opens the server stream `method` with `request` (protobuf JSON of its input type),
 /// carrying `authorization`: each message comes as protobuf JSON, as `unary` answers.
 pub async fn server_stream(
-    channel: &Channel,
+    api: &Api,
     method: &MethodDescriptor,
     request: serde_json::Value,
     authorization: Option<AsciiMetadataValue>,
 ) -> Result<Messages, Status> {
-    let (mut grpc, call, path) = prepare(channel, method, request, authorization).await?;
+    let (mut grpc, call, path) = prepare(api, method, request, authorization).await?;
     let stream = grpc
         .server_streaming(
             call,
@@ -92,13 +153,13 @@ impl Messages {
 
 /// The request of a call of `method`, and the client and path to make it with.
 async fn prepare(
-    channel: &Channel,
+    api: &Api,
     method: &MethodDescriptor,
     request: serde_json::Value,
     authorization: Option<AsciiMetadataValue>,
 ) -> Result<
     (
-        tonic::client::Grpc<Channel>,
+        tonic::client::Grpc<Api>,
         tonic::Request<DynamicMessage>,
         PathAndQuery,
     ),
@@ -114,7 +175,7 @@ async fn prepare(
         method.name()
     ))
     .map_err(|e| Status::from(Error::internal_from("method path", e)))?;
-    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    let mut grpc = tonic::client::Grpc::new(api.clone());
     grpc.ready().await.map_err(|e| {
         Status::from(Error::Unavailable(format!(
             "hcp-sense is not reachable: {e}"
@@ -132,12 +193,12 @@ async fn prepare(
 /// them, 64-bit integers as numbers). A request that is not the input type is
 /// INVALID_ARGUMENT naming what did not fit.
 pub async fn unary(
-    channel: &Channel,
+    api: &Api,
     method: &MethodDescriptor,
     request: serde_json::Value,
     authorization: Option<AsciiMetadataValue>,
 ) -> Result<serde_json::Value, Status> {
-    let (mut grpc, call, path) = prepare(channel, method, request, authorization).await?;
+    let (mut grpc, call, path) = prepare(api, method, request, authorization).await?;
     let answer = grpc
         .unary(
             call,

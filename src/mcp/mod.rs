@@ -5,7 +5,7 @@
 //! `Authorization`: the role table, a reader's own principal, brain-land membership, quotas
 //! and size limits are the API's, and a refusal is the API's status, named in the answer.
 //! Nothing offered delivers a trigger, changes policy, mints a credential or runs a command.
-mod call;
+pub mod call;
 pub mod serve;
 pub mod subscriptions;
 
@@ -18,16 +18,17 @@ use prost_reflect::{DescriptorPool, Kind, MessageDescriptor, MethodDescriptor};
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, NotificationMetaObject,
-    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    Resource, ResourceContents, ResourceTemplate, ResourceUpdatedNotification,
+    PaginatedRequestParams, PingRequest, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, Resource, ResourceContents, ResourceTemplate, ResourceUpdatedNotification,
     ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig, ServerNotification,
-    SubscriptionFilter, Tool, ToolAnnotations,
+    ServerRequest, SubscribeRequestParams, SubscriptionFilter, Tool, ToolAnnotations,
+    UnsubscribeRequestParams,
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
-use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::metadata::AsciiMetadataValue;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::error::Error;
@@ -108,27 +109,73 @@ const TOOLS: &[ToolDef] = &[
     },
 ];
 
-/// The door: the API it calls and how it authenticates there.
+/// The door: the API it calls and how it authenticates there, and one MCP session's own.
 #[derive(Clone)]
 pub struct Door {
     inner: Arc<Inner>,
+    session: Arc<Session>,
 }
 
+/// What one MCP session holds: its inbox subscription of the earlier revisions
+/// (`resources/subscribe`), ended when unsubscribed or when the session ends (dropping it).
+#[derive(Default)]
+struct Session {
+    inbox: std::sync::Mutex<Option<(u64, DropGuard)>>,
+}
+
+impl Session {
+    fn inbox(&self) -> std::sync::MutexGuard<'_, Option<(u64, DropGuard)>> {
+        self.inbox
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Where a subscription's notifications go: a `subscriptions/listen` stream, or the
+/// session of a `resources/subscribe`.
+enum Notify<'a> {
+    Listen(&'a SubscriptionContext),
+    Session(&'a Peer<RoleServer>),
+}
+
+impl Notify<'_> {
+    async fn send(&self, n: ServerNotification) -> Result<(), String> {
+        match self {
+            Notify::Listen(cx) => cx.sink().send(n).await.map_err(|e| e.to_string()),
+            Notify::Session(peer) => peer.send_notification(n).await.map_err(|e| e.to_string()),
+        }
+    }
+
+    async fn ended(&self) {
+        match self {
+            Notify::Listen(cx) => cx.cancelled().await,
+            Notify::Session(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// Longest wait between the pings a session with a live `resources/subscribe` sends its
+/// client: the session counts as busy while its client answers, and a client that stops
+/// answering ends the subscription.
+const SESSION_PING: std::time::Duration = std::time::Duration::from_secs(60);
+
 struct Inner {
-    channel: Channel,
+    api: call::Api,
     pool: DescriptorPool,
     /// The `Authorization` every call carries (stdio); over HTTP each request's own is
     /// forwarded instead.
     authorization: Option<AsciiMetadataValue>,
     tools: Vec<(Tool, MethodDescriptor)>,
     subscriptions: Arc<Subscriptions>,
+    /// How often a session with a live `resources/subscribe` pings its client.
+    session_ping: std::time::Duration,
 }
 
 impl Door {
-    /// A door calling the API on `channel`; `token`, when given, is the bearer token of
-    /// every call (stdio), else each HTTP request's own `Authorization` is forwarded.
+    /// A door calling `api`; `token`, when given, is the bearer token of every call (stdio),
+    /// else each HTTP request's own `Authorization` is forwarded.
     pub fn new(
-        channel: Channel,
+        api: call::Api,
         token: Option<&str>,
         caps: SubscriptionCaps,
     ) -> anyhow::Result<Door> {
@@ -157,13 +204,33 @@ impl Door {
         };
         Ok(Door {
             inner: Arc::new(Inner {
-                channel,
+                api,
                 pool,
                 authorization,
                 tools,
                 subscriptions: Subscriptions::new(caps),
+                session_ping: SESSION_PING,
             }),
+            session: Arc::default(),
         })
+    }
+
+    /// Pings a session's client this often while it holds a `resources/subscribe` (at most
+    /// every second, at least every SESSION_PING): set it under the sessions' idle timeout.
+    #[must_use]
+    pub fn with_session_ping(mut self, every: std::time::Duration) -> Door {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.session_ping = every.clamp(std::time::Duration::from_secs(1), SESSION_PING);
+        }
+        self
+    }
+
+    /// The door for a new MCP session: the same API and caps, a session of its own.
+    pub fn for_session(&self) -> Door {
+        Door {
+            inner: self.inner.clone(),
+            session: Arc::default(),
+        }
     }
 
     /// The credentials of a request: the door's own, else the HTTP request's.
@@ -186,20 +253,36 @@ impl Door {
         request: Value,
     ) -> Result<Value, Status> {
         let method = self.method(name)?;
-        call::unary(
-            &self.inner.channel,
-            &method,
-            request,
-            self.authorization(cx),
-        )
-        .await
+        call::unary(&self.inner.api, &method, request, self.authorization(cx)).await
     }
 
-    /// Sends, for each record the caller's watch delivers, what the subscription accepted:
-    /// `resources/updated` of the inbox (with the record's URI and the watch's resume token in
-    /// `_meta`) and `resources/list_changed`. The watch is the API's WatchRecords with the
-    /// caller's credentials, so it ends as a gRPC watch ends (a revoked credential, a slow
-    /// reader past its bound, shutdown), and the subscription with it.
+    /// Opens the caller's watch for a subscription, within the door's caps: the API's
+    /// WatchRecords from now, with the caller's credentials.
+    async fn watch(
+        &self,
+        credentials: Option<AsciiMetadataValue>,
+    ) -> Result<(subscriptions::Held, call::Messages), McpError> {
+        let held = self
+            .inner
+            .subscriptions
+            .open(credentials.as_ref().map(AsciiMetadataValue::as_bytes))
+            .map_err(|e| protocol_error(&Status::from(e)))?;
+        let method = self
+            .method("hcp.sense.v1.RecordService.WatchRecords")
+            .map_err(|s| protocol_error(&s))?;
+        let watch = call::server_stream(
+            &self.inner.api,
+            &method,
+            json!({ "fromNow": true }),
+            credentials,
+        )
+        .await
+        .map_err(|s| protocol_error(&s))?;
+        Ok((held, watch))
+    }
+
+    /// A `subscriptions/listen` that accepted the inbox or the list: followed until the
+    /// client ends it or the watch ends.
     async fn follow(&self, cx: &SubscriptionContext) -> Result<(), McpError> {
         let accepted = cx.accepted().clone();
         let updates = accepted
@@ -211,65 +294,8 @@ impl Door {
             cx.cancelled().await;
             return Ok(());
         }
-        let credentials = self.authorization(cx.request_context());
-        let _held = self
-            .inner
-            .subscriptions
-            .open(credentials.as_ref().map(AsciiMetadataValue::as_bytes))
-            .map_err(|e| protocol_error(&Status::from(e)))?;
-        let method = self
-            .method("hcp.sense.v1.RecordService.WatchRecords")
-            .map_err(|s| protocol_error(&s))?;
-        let mut watch = call::server_stream(
-            &self.inner.channel,
-            &method,
-            json!({ "fromNow": true }),
-            credentials,
-        )
-        .await
-        .map_err(|s| protocol_error(&s))?;
-        loop {
-            let message = tokio::select! {
-                () = cx.cancelled() => return Ok(()),
-                m = watch.next() => m.map_err(|s| protocol_error(&s))?,
-            };
-            let Some(message) = message else {
-                return Ok(());
-            };
-            let token = message.get("resumeToken").cloned().unwrap_or(Value::Null);
-            let Some(Value::Array(records)) = message.get("records") else {
-                continue;
-            };
-            for r in records {
-                let id = r
-                    .get("recordId")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                let sent = async {
-                    if updates {
-                        let mut meta = NotificationMetaObject::new();
-                        meta.insert("recordUri".into(), json!(format!("{RECORD_URI}{id}")));
-                        meta.insert("resumeToken".into(), token.clone());
-                        let mut param = ResourceUpdatedNotificationParam::new(INBOX_URI);
-                        param.meta = Some(meta);
-                        cx.sink()
-                            .send(ServerNotification::ResourceUpdatedNotification(
-                                ResourceUpdatedNotification::new(param),
-                            ))
-                            .await?;
-                    }
-                    if list {
-                        cx.sink().notify_resource_list_changed().await?;
-                    }
-                    Ok::<(), rmcp::service::SubscriptionSendError>(())
-                };
-                if let Err(e) = sent.await {
-                    // The client is gone or its stream closed: the subscription is over.
-                    tracing::debug!(error = %e, "MCP subscription ended");
-                    return Ok(());
-                }
-            }
-        }
+        let (_held, watch) = self.watch(self.authorization(cx.request_context())).await?;
+        relay(watch, &Notify::Listen(cx), updates, list).await
     }
 
     fn method(&self, name: &str) -> Result<MethodDescriptor, Status> {
@@ -297,6 +323,107 @@ impl Door {
             }
         }
         Ok(json!({ "triggerTypes": types }))
+    }
+}
+
+/// Sends, for each record the caller's watch delivers, what the subscription accepted:
+/// `resources/updated` of the inbox (with the record's URI and the watch's resume token in
+/// `_meta`) and `resources/list_changed`. The watch is the API's WatchRecords with the
+/// caller's credentials, so it ends as a gRPC watch ends (a revoked credential, a membership
+/// removed, a slow reader past its bound, shutdown), and the subscription with it.
+async fn relay(
+    mut watch: call::Messages,
+    to: &Notify<'_>,
+    updates: bool,
+    list: bool,
+) -> Result<(), McpError> {
+    loop {
+        let message = tokio::select! {
+            () = to.ended() => return Ok(()),
+            m = watch.next() => m.map_err(|s| protocol_error(&s))?,
+        };
+        let Some(message) = message else {
+            return Ok(());
+        };
+        let token = message.get("resumeToken").cloned().unwrap_or(Value::Null);
+        let Some(Value::Array(records)) = message.get("records") else {
+            continue;
+        };
+        for r in records {
+            let id = r
+                .get("recordId")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let sent = async {
+                if updates {
+                    let mut meta = NotificationMetaObject::new();
+                    meta.insert("recordUri".into(), json!(format!("{RECORD_URI}{id}")));
+                    meta.insert("resumeToken".into(), token.clone());
+                    let mut param = ResourceUpdatedNotificationParam::new(INBOX_URI);
+                    param.meta = Some(meta);
+                    to.send(ServerNotification::ResourceUpdatedNotification(
+                        ResourceUpdatedNotification::new(param),
+                    ))
+                    .await?;
+                }
+                if list {
+                    to.send(ServerNotification::ResourceListChangedNotification(
+                        Default::default(),
+                    ))
+                    .await?;
+                }
+                Ok::<(), String>(())
+            };
+            if let Err(e) = sent.await {
+                // The client is gone or its stream closed: the subscription is over.
+                tracing::debug!(error = %e, "MCP subscription ended");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// A `resources/subscribe` of the inbox, followed on its session until `ended` (an
+/// unsubscribe, the session's end), the watch ends, or the client stops answering pings.
+async fn follow_session(
+    peer: Peer<RoleServer>,
+    watch: call::Messages,
+    held: subscriptions::Held,
+    ended: CancellationToken,
+    session: std::sync::Weak<Session>,
+    (generation, ping_every): (u64, std::time::Duration),
+) {
+    let pinged = async {
+        let mut every = tokio::time::interval(ping_every);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            let ping = peer.send_request(ServerRequest::PingRequest(PingRequest::default()));
+            match tokio::time::timeout(ping_every, ping).await {
+                Ok(Ok(_)) => {}
+                _ => return,
+            }
+        }
+    };
+    let to = Notify::Session(&peer);
+    tokio::select! {
+        () = ended.cancelled() => {}
+        () = pinged => tracing::debug!("MCP session subscription ended: the client stopped answering pings"),
+        r = relay(watch, &to, true, false) => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e.message, "MCP session subscription ended");
+            }
+        }
+    }
+    drop(held);
+    // Ended by itself: the session may subscribe again.
+    if let Some(session) = session.upgrade() {
+        let mut inbox = session.inbox();
+        if inbox.as_ref().is_some_and(|(g, _)| *g == generation) {
+            if let Some((_, guard)) = inbox.take() {
+                guard.disarm();
+            }
+        }
     }
 }
 
@@ -433,6 +560,62 @@ impl ServerHandler for Door {
         self.follow(&cx).await
     }
 
+    /// The earlier revisions' subscription: `resources/updated` of the inbox on the session's
+    /// stream for each new record, as `subscriptions/listen` sends them.
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        if request.uri != INBOX_URI {
+            return Err(McpError::invalid_params(
+                format!(
+                    "uri: only {INBOX_URI}, the inbox, can be subscribed; `{}` does not change once read",
+                    request.uri
+                ),
+                None,
+            ));
+        }
+        if self.session.inbox().is_some() {
+            return Ok(());
+        }
+        let (held, watch) = self.watch(self.authorization(&cx)).await?;
+        static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ended = CancellationToken::new();
+        {
+            let mut inbox = self.session.inbox();
+            if inbox.is_some() {
+                // Subscribed meanwhile by another request of the session.
+                return Ok(());
+            }
+            *inbox = Some((generation, ended.clone().drop_guard()));
+        }
+        tokio::spawn(follow_session(
+            cx.peer.clone(),
+            watch,
+            held,
+            ended,
+            Arc::downgrade(&self.session),
+            (generation, self.inner.session_ping),
+        ));
+        Ok(())
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _cx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        if request.uri == INBOX_URI {
+            // Dropping the guard ends the subscription.
+            drop(self.session.inbox().take());
+        }
+        Ok(())
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -468,13 +651,7 @@ impl ServerHandler for Door {
             ));
         };
         let arguments = Value::Object(request.arguments.unwrap_or_default());
-        let answer = call::unary(
-            &self.inner.channel,
-            method,
-            arguments,
-            self.authorization(&cx),
-        )
-        .await;
+        let answer = call::unary(&self.inner.api, method, arguments, self.authorization(&cx)).await;
         Ok(match answer {
             Ok(v) => CallToolResult::structured(v),
             Err(s) => CallToolResult::structured_error(json!({

@@ -1,12 +1,23 @@
-//! The MCP door on HTTP: Streamable HTTP at `/mcp` on `--mcp-listen`, behind the HTTP listeners' socket limits, with a 401 for a request whose credentials the server would refuse.
-use std::sync::Arc;
+//! The MCP door on HTTP: Streamable HTTP at `/mcp` on `--mcp-listen`, behind the HTTP listeners' socket limits, with a 401 for a request whose credentials the server would refuse, and sessions capped per caller and in all.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::streamable_http_server::session::local::{
+    LocalSessionManager, LocalSessionManagerError, SessionConfig,
+};
+use rmcp::transport::streamable_http_server::session::{
+    RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
+};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use sha2::{Digest, Sha256};
+use tokio_stream::Stream;
 
 use super::Door;
 use crate::auth::{Authenticator, Caller};
@@ -15,6 +26,20 @@ use crate::lifecycle::Signal;
 /// The path the door answers on.
 pub const PATH: &str = "/mcp";
 
+/// The header naming an earlier revision's session.
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// Bounds on the earlier revisions' sessions (each opened by `initialize`).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionLimits {
+    /// Sessions open at once, in all.
+    pub total: usize,
+    /// Sessions one caller (one set of credentials) holds open.
+    pub per_caller: usize,
+    /// A session with no traffic for this long is closed.
+    pub idle: Duration,
+}
+
 /// The door's routes: `/mcp`, ended when `stopping` is given. Host names are not checked
 /// when authentication is on (a rebinding page cannot send the caller's token); without it the
 /// SDK's loopback-only check stands.
@@ -22,6 +47,7 @@ pub fn routes(
     door: Door,
     auth: Arc<Authenticator>,
     max_body_bytes: usize,
+    limits: SessionLimits,
     stopping: &Signal,
 ) -> axum::Router {
     let mut config = StreamableHttpServerConfig::default()
@@ -30,34 +56,328 @@ pub fn routes(
     if auth.is_enabled() {
         config = config.disable_allowed_hosts();
     }
-    let service = StreamableHttpService::new(
-        move || Ok(door.clone()),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
+    let mut local = LocalSessionManager::default();
+    let mut session_config = SessionConfig::default();
+    session_config.keep_alive = Some(limits.idle);
+    local.session_config = session_config;
+    let sessions = Arc::new(Sessions {
+        local,
+        ledger: Arc::new(Mutex::new(Ledger::default())),
+    });
+    let gate = Gate {
+        auth,
+        limits,
+        ledger: sessions.ledger.clone(),
+        max_body_bytes,
+    };
+    let service = StreamableHttpService::new(move || Ok(door.for_session()), sessions, config);
     axum::Router::new()
         .route_service(PATH, service)
-        .layer(axum::middleware::from_fn_with_state(auth, authenticated))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(gate),
+            admitted,
+        ))
+}
+
+/// What the middleware needs: who may call, and the sessions' ledger.
+struct Gate {
+    auth: Arc<Authenticator>,
+    limits: SessionLimits,
+    ledger: Arc<Mutex<Ledger>>,
+    max_body_bytes: usize,
+}
+
+/// The open sessions and who opened each, and the `initialize` requests under way.
+#[derive(Default)]
+struct Ledger {
+    /// Open sessions, with the caller that opened each once its `initialize` is answered.
+    live: HashMap<SessionId, Option<[u8; 32]>>,
+    /// Per caller: sessions open and `initialize` requests under way.
+    per_caller: HashMap<[u8; 32], usize>,
+    /// `initialize` requests under way, in all.
+    pending: usize,
+}
+
+fn lock(ledger: &Mutex<Ledger>) -> MutexGuard<'_, Ledger> {
+    ledger
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Ledger {
+    fn release(&mut self, caller: &[u8; 32]) {
+        if let Some(n) = self.per_caller.get_mut(caller) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_caller.remove(caller);
+            }
+        }
+    }
+}
+
+/// An `initialize` under way: its place among the caller's sessions, given back unless the
+/// session it opened is recorded (`opened`).
+struct Reserved {
+    ledger: Arc<Mutex<Ledger>>,
+    caller: [u8; 32],
+    /// The session that holds the place now, if one was opened.
+    opened: Option<SessionId>,
+}
+
+impl Reserved {
+    /// The session `id` was opened: the place is the session's now, while it lives.
+    fn opened(mut self, id: &str) {
+        self.opened = Some(id.into());
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        let mut ledger = lock(&self.ledger);
+        ledger.pending -= 1;
+        match self.opened.as_ref().and_then(|id| ledger.live.get_mut(id)) {
+            Some(owner) => *owner = Some(self.caller),
+            // None opened, or closed already.
+            None => ledger.release(&self.caller),
+        }
+    }
+}
+
+/// rmcp's in-memory sessions, with each open one in the ledger until it closes (on DELETE,
+/// at its idle timeout, when its client goes).
+struct Sessions {
+    local: LocalSessionManager,
+    ledger: Arc<Mutex<Ledger>>,
+}
+
+impl SessionManager for Sessions {
+    type Error = LocalSessionManagerError;
+    type Transport = <LocalSessionManager as SessionManager>::Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let (id, transport) = self.local.create_session().await?;
+        lock(&self.ledger).live.insert(id.clone(), None);
+        Ok((id, transport))
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        self.local.initialize_session(id, message).await
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        self.local.has_session(id).await
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        {
+            let mut ledger = lock(&self.ledger);
+            if let Some(owner) = ledger.live.remove(id) {
+                if let Some(caller) = owner {
+                    ledger.release(&caller);
+                }
+            }
+        }
+        self.local.close_session(id).await
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.local.create_stream(id, message).await
+    }
+
+    async fn accept_message(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<(), Self::Error> {
+        self.local.accept_message(id, message).await
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.local.create_standalone_stream(id).await
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.local.resume(id, last_event_id).await
+    }
+
+    async fn restore_session(
+        &self,
+        _id: SessionId,
+    ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        // Sessions live in this process alone.
+        Ok(RestoreOutcome::NotSupported)
+    }
 }
 
 /// Answers 401 with `WWW-Authenticate: Bearer` for missing or refused credentials, before
-/// the MCP session sees the request; what a caller may do is the API's to say, call by call.
-async fn authenticated(
-    State(auth): State<Arc<Authenticator>>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// the MCP session sees the request (what a caller may do is the API's to say, call by
+/// call), and refuses an `initialize` past the session caps.
+async fn admitted(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
     let authorization = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    match auth.check(authorization) {
-        Caller::Refused(why) => (
+    if let Caller::Refused(why) = gate.auth.check(authorization) {
+        return (
             StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, "Bearer")],
             axum::Json(serde_json::json!({ "error": why.public_message() })),
         )
-            .into_response(),
-        _ => next.run(request).await,
+            .into_response();
+    }
+    // A session is opened by an `initialize` POST, which names none.
+    if request.method() != Method::POST || request.headers().contains_key(SESSION_HEADER) {
+        return next.run(request).await;
+    }
+    let caller: [u8; 32] = Sha256::digest(authorization.unwrap_or_default()).into();
+    let (parts, body) = request.into_parts();
+    // Past the body limit the SDK answers 413 itself: hand it what was read.
+    let bytes = match axum::body::to_bytes(body, gate.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the request body is over {} bytes (--max-request-bytes)",
+                    gate.max_body_bytes
+                ),
+            )
+                .into_response()
+        }
+    };
+    let id = match initialize_id(&bytes) {
+        Some(id) => id,
+        None => {
+            return next
+                .run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+    };
+    let reserved = match gate.reserve(caller) {
+        Ok(r) => r,
+        Err(refusal) => return refusal.answer(id),
+    };
+    let answer = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    match answer
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(session) if answer.status().is_success() => reserved.opened(session),
+        _ => drop(reserved),
+    }
+    answer
+}
+
+/// The JSON-RPC id of an `initialize` request; `None` for any other body.
+fn initialize_id(body: &[u8]) -> Option<serde_json::Value> {
+    #[derive(serde::Deserialize)]
+    struct Head<'a> {
+        #[serde(borrow)]
+        method: Option<&'a str>,
+        id: Option<serde_json::Value>,
+    }
+    let head: Head<'_> = serde_json::from_slice(body).ok()?;
+    (head.method == Some("initialize")).then(|| head.id.unwrap_or(serde_json::Value::Null))
+}
+
+/// Why a session was refused.
+enum Refusal {
+    Caller(usize),
+    Total(usize),
+}
+
+impl Gate {
+    fn reserve(&self, caller: [u8; 32]) -> Result<Reserved, Refusal> {
+        let mut ledger = lock(&self.ledger);
+        let mine = ledger.per_caller.get(&caller).copied().unwrap_or(0);
+        if mine >= self.limits.per_caller {
+            return Err(Refusal::Caller(mine));
+        }
+        let open = ledger.live.len() + ledger.pending;
+        if open >= self.limits.total {
+            return Err(Refusal::Total(open));
+        }
+        ledger.pending += 1;
+        *ledger.per_caller.entry(caller).or_insert(0) += 1;
+        Ok(Reserved {
+            ledger: self.ledger.clone(),
+            caller,
+            opened: None,
+        })
+    }
+}
+
+impl Refusal {
+    /// The refusal as the gRPC API words a cap: RESOURCE_EXHAUSTED naming it, here in a
+    /// JSON-RPC error answering the `initialize` (429 for the caller's cap, 503 with
+    /// `Retry-After` for the door's).
+    fn answer(&self, id: serde_json::Value) -> Response {
+        let (status, message) = match self {
+            Refusal::Caller(n) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "RESOURCE_EXHAUSTED: this caller has {n} MCP sessions open, the most one caller may hold (--mcp-max-sessions-per-caller): close one (DELETE /mcp with its Mcp-Session-Id) or let it idle out"
+                ),
+            ),
+            Refusal::Total(n) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "RESOURCE_EXHAUSTED: the MCP door has {n} sessions open, its most (--mcp-max-sessions): try again later"
+                ),
+            ),
+        };
+        let body = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "error": {
+                "code": -32000,
+                "message": message,
+                "data": { "code": "RESOURCE_EXHAUSTED" },
+            },
+        });
+        let mut answer = (status, axum::Json(body)).into_response();
+        if matches!(self, Refusal::Total(_)) {
+            answer
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        }
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_initialize_is_read_as_one() {
+        assert_eq!(
+            initialize_id(br#"{"jsonrpc":"2.0","id":7,"method":"initialize","params":{}}"#),
+            Some(serde_json::json!(7))
+        );
+        assert_eq!(
+            initialize_id(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#),
+            None
+        );
+        assert_eq!(initialize_id(b"not json"), None);
+        assert_eq!(initialize_id(br#"[{"method":"initialize"}]"#), None);
     }
 }
