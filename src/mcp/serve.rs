@@ -175,10 +175,8 @@ impl SessionManager for Sessions {
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
         {
             let mut ledger = lock(&self.ledger);
-            if let Some(owner) = ledger.live.remove(id) {
-                if let Some(caller) = owner {
-                    ledger.release(&caller);
-                }
+            if let Some(Some(caller)) = ledger.live.remove(id) {
+                ledger.release(&caller);
             }
         }
         self.local.close_session(id).await
@@ -245,20 +243,28 @@ async fn admitted(State(gate): State<Arc<Gate>>, request: Request, next: Next) -
         return next.run(request).await;
     }
     let caller: [u8; 32] = Sha256::digest(authorization.unwrap_or_default()).into();
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is over {} bytes (--max-request-bytes)",
+                gate.max_body_bytes
+            ),
+        )
+            .into_response()
+    };
+    // A declared length over the limit is refused before a byte of the body is read.
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > gate.max_body_bytes as u64) {
+        return too_large();
+    }
     let (parts, body) = request.into_parts();
-    // Past the body limit the SDK answers 413 itself: hand it what was read.
-    let bytes = match axum::body::to_bytes(body, gate.max_body_bytes).await {
-        Ok(b) => b,
-        Err(_) => {
-            return (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "the request body is over {} bytes (--max-request-bytes)",
-                    gate.max_body_bytes
-                ),
-            )
-                .into_response()
-        }
+    let Ok(bytes) = axum::body::to_bytes(body, gate.max_body_bytes).await else {
+        return too_large();
     };
     let id = match initialize_id(&bytes) {
         Some(id) => id,

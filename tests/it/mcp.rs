@@ -302,20 +302,55 @@ async fn the_stdio_door_is_a_client_of_the_server(kind: StoreKind) {
 }
 on_both_stores!(the_stdio_door_is_a_client_of_the_server => the_stdio_door_is_a_client_of_the_server);
 
-/// A listen plan for tests/python/mcp_client.py: subscribe to the inbox, then deliver one
-/// of alice's triggers with grpcurl as the runtime, and wait `timeout` seconds for an event.
-fn listen_then_deliver(app: &TestApp, trigger_id: &str, timeout: u64) -> Value {
+/// A grpcurl command calling `method` of the API with `request`, as `token`.
+fn grpcurl(app: &TestApp, token: &str, method: &str, request: &Value) -> Value {
+    json!([
+        "grpcurl",
+        "-plaintext",
+        "-H",
+        format!("authorization: Bearer {token}"),
+        "-d",
+        request.to_string(),
+        app.addr.to_string(),
+        method
+    ])
+}
+
+/// A grpcurl command delivering one of alice's triggers as the runtime.
+fn deliver_alices(app: &TestApp, trigger_id: &str) -> Value {
     let trigger = json!({
         "pack_id": "github", "ref": "issue.opened", "principal": "alice", "land": "user",
         "payload": { "issue": 7 }, "trigger_id": trigger_id
     });
+    grpcurl(
+        app,
+        RUNTIME,
+        "hcp.sense.v1.IngestService/DeliverTrigger",
+        &trigger,
+    )
+}
+
+/// The record id in a grpcurl DeliverTrigger answer.
+fn record_id_in(output: &Value) -> String {
+    let text = output.as_str().unwrap_or_default();
+    let start = text.find('{').unwrap_or(0);
+    let answer: Value = serde_json::Deserializer::from_str(&text[start..])
+        .into_iter::<Value>()
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("no answer in {text}"));
+    answer["recordId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no record id in {text}"))
+        .to_owned()
+}
+
+/// A listen plan for tests/python/mcp_client.py: subscribe to the inbox, then deliver one
+/// of alice's triggers with grpcurl as the runtime, and wait `timeout` seconds for an event.
+fn listen_then_deliver(app: &TestApp, trigger_id: &str, timeout: u64) -> Value {
     json!({
         "uri": "hcp-sense://records",
-        "deliver": [
-            "grpcurl", "-plaintext", "-H", format!("authorization: Bearer {RUNTIME}"),
-            "-d", trigger.to_string(), app.addr.to_string(),
-            "hcp.sense.v1.IngestService/DeliverTrigger"
-        ],
+        "deliver": deliver_alices(app, trigger_id),
         "events": 1,
         "timeout": timeout,
     })
@@ -437,6 +472,12 @@ async fn the_typescript_sdk_reads_over_the_earlier_revision(kind: StoreKind) {
             ["get_decision", { "packId": "github", "triggerId": "a-1" }],
             ["get_decision", { "packId": "github", "triggerId": "b-1" }],
         ],
+        "subscribe": {
+            "uri": "hcp-sense://records",
+            "deliver": deliver_alices(&app, "ts-heard-1"),
+            "after": deliver_alices(&app, "ts-unheard-2"),
+            "timeout": 10,
+        },
     });
     let out = tokio::task::spawn_blocking(move || {
         let mut child = Command::new("node")
@@ -484,6 +525,22 @@ async fn the_typescript_sdk_reads_over_the_earlier_revision(kind: StoreKind) {
         report["calls"][1]["structured"]["code"], "NOT_FOUND",
         "{report}"
     );
+    // Live on the earlier revision too: resources/subscribe of the inbox hears the record as
+    // it commits, named in `_meta`; after resources/unsubscribe, nothing.
+    let sub = &report["subscribe"];
+    assert_eq!(sub["subscribed"], true, "{sub}");
+    let heard = sub["heard"].as_array().expect("heard");
+    assert_eq!(heard.len(), 1, "{sub}");
+    assert_eq!(heard[0]["uri"], "hcp-sense://records", "{sub}");
+    let id = record_id_in(&sub["deliverOutput"]);
+    assert_eq!(
+        heard[0]["meta"]["recordUri"],
+        format!("hcp-sense://records/{id}"),
+        "{sub}"
+    );
+    assert!(heard[0]["meta"]["resumeToken"].is_string(), "{sub}");
+    assert_eq!(sub["heardAfterUnsubscribe"], json!([]), "{sub}");
+    record_id_in(&sub["afterOutput"]);
     app.stop().await;
 }
 on_both_stores!(the_typescript_sdk_reads_over_the_earlier_revision => the_typescript_sdk_reads_over_the_earlier_revision);
@@ -496,6 +553,9 @@ async fn subscriptions_are_capped_per_caller_and_in_all(kind: StoreKind) {
         c.mcp_listen = Some("127.0.0.1:0".parse().expect("addr"));
         c.mcp_max_subscriptions = 3;
         c.mcp_max_subscriptions_per_caller = 2;
+        // The door's watches are its own, in process: the API's per-peer cap of 1 is not
+        // theirs, so all three are held.
+        c.max_streams_per_peer = 1;
         c.auth = AuthConfig {
             tokens: vec![
                 token("ops", ADMIN, Role::Admin, None),
@@ -539,3 +599,282 @@ async fn subscriptions_are_capped_per_caller_and_in_all(kind: StoreKind) {
     app.stop().await;
 }
 on_both_stores!(subscriptions_are_capped_per_caller_and_in_all => subscriptions_are_capped_per_caller_and_in_all);
+
+/// The `initialize` of an earlier revision's session, as a raw plan's request.
+fn initialize(token: &str) -> Value {
+    json!({
+        "headers": { "Authorization": format!("Bearer {token}") },
+        "body": {
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": { "name": "raw", "version": "1" }
+            }
+        }
+    })
+}
+
+/// The earlier revisions' sessions are bounded: n per caller and n in all are opened, the
+/// next refused RESOURCE_EXHAUSTED naming its cap (429 for the caller's, 503 with Retry-After
+/// for the door's), a closed one makes room, an idle one closes by itself and gives its
+/// place back; a malformed or oversized request is refused, not served.
+#[tokio::test]
+async fn sessions_are_capped_per_caller_and_in_all_and_idle_ones_close() {
+    let app = spawn_app_with(StoreKind::Sqlite, |c| {
+        c.auth_failure_rate_per_sec = 0.0;
+        c.mcp_listen = Some("127.0.0.1:0".parse().expect("addr"));
+        c.mcp_max_sessions = 3;
+        c.mcp_max_sessions_per_caller = 2;
+        c.mcp_session_idle_timeout = std::time::Duration::from_secs(2);
+        c.max_request_bytes = 4096;
+        c.auth = AuthConfig {
+            tokens: vec![
+                token("alice", ALICE, Role::Reader, Some("alice")),
+                token("bob", BOB, Role::Reader, Some("bob")),
+            ],
+            jwt: None,
+        };
+    })
+    .await;
+    let max = 4096;
+    let as_bob = json!({ "Authorization": format!("Bearer {BOB}") });
+    // A tools/list of exactly `len` bytes.
+    let padded = |len: usize| {
+        let base =
+            json!({ "jsonrpc": "2.0", "id": 4, "method": "tools/list", "params": { "pad": "" } })
+                .to_string();
+        json!({ "jsonrpc": "2.0", "id": 4, "method": "tools/list", "params": { "pad": "x".repeat(len - base.len()) } }).to_string()
+    };
+    let report = session(json!({
+        "url": url(&app),
+        "raw": [
+            initialize(ALICE),
+            initialize(ALICE),
+            initialize(ALICE),
+            initialize(BOB),
+            initialize(BOB),
+            { "method": "DELETE", "headers": { "Authorization": format!("Bearer {BOB}"), "Mcp-Session-Id": "$session" } },
+            initialize(BOB),
+            // Past the idle timeout every session has closed.
+            { "sleep": 3.5, "headers": { "Authorization": format!("Bearer {BOB}"), "Mcp-Session-Id": "$session", "MCP-Protocol-Version": "2025-11-25" },
+              "body": { "jsonrpc": "2.0", "id": 2, "method": "tools/list" } },
+            initialize(ALICE),
+            initialize(ALICE),
+            { "headers": as_bob, "body": "{\"jsonrpc\": \"2.0\", \"id\": 3, \"method\": " },
+            { "headers": as_bob, "body": padded(max) },
+            { "headers": as_bob, "body": padded(max + 1) },
+        ],
+    }))
+    .await;
+    let answers = report["raw"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report}"));
+    let status: Vec<i64> = answers
+        .iter()
+        .map(|a| a["status"].as_i64().unwrap_or(0))
+        .collect();
+    let body = |i: usize| answers[i]["body"].as_str().unwrap_or_default();
+    assert_eq!(&status[..3], &[200, 200, 429], "{report}");
+    assert!(answers[0]["session"].is_string() && answers[1]["session"].is_string());
+    assert_ne!(answers[0]["session"], answers[1]["session"]);
+    assert!(
+        body(2).contains("RESOURCE_EXHAUSTED") && body(2).contains("--mcp-max-sessions-per-caller"),
+        "{report}"
+    );
+    assert_eq!(status[3], 200, "bob's first, the third in all: {report}");
+    assert_eq!(status[4], 503, "a fourth in all: {report}");
+    assert!(body(4).contains("(--mcp-max-sessions)"), "{report}");
+    assert_eq!(answers[4]["retryAfter"], "5", "{report}");
+    assert!(status[5] < 300, "DELETE closes bob's session: {report}");
+    assert_eq!(status[6], 200, "a closed session made room: {report}");
+    assert_eq!(status[7], 404, "an idle session is closed: {report}");
+    assert_eq!(
+        &status[8..10],
+        &[200, 200],
+        "idle sessions gave their places back: {report}"
+    );
+    assert!(
+        (400..500).contains(&status[10]),
+        "malformed JSON is the client's error: {report}"
+    );
+    assert!(
+        status[11] != 413 && status[11] != 0,
+        "at --max-request-bytes: {report}"
+    );
+    assert_eq!(
+        status[12], 413,
+        "one byte over --max-request-bytes: {report}"
+    );
+    app.stop().await;
+}
+
+/// The MCP twin of a watch ending at its JWT's expiry: a subscription opened with a JWT
+/// hears records until the JWT's `exp` plus the leeway and then ends, on time; the JWT then
+/// opens nothing at the door (401).
+async fn a_subscription_ends_when_its_jwt_expires(kind: StoreKind) {
+    use crate::security::{jwt_until, now, secured_with};
+    let (app, _dir) = secured_with(kind, |c| {
+        c.mcp_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    })
+    .await;
+    crate::identity::set_up(&app.channel, crate::security::ADMIN, &["alice"]).await;
+    let exp = now() + 3;
+    let due = (exp + hcp_sense::auth::JWT_LEEWAY_SECS as i64) as f64;
+    let jwt = jwt_until("reader", "alice", exp);
+    let trigger = json!({
+        "pack_id": "github", "ref": "issue.opened", "principal": "alice", "land": "user",
+        "trigger_id": "before-expiry"
+    });
+    let report = session(json!({
+        "url": url(&app),
+        "token": jwt,
+        "listen": {
+            "uri": "hcp-sense://records",
+            "steps": [grpcurl(&app, crate::security::RUNTIME, "hcp.sense.v1.IngestService/DeliverTrigger", &trigger)],
+            "until_end": true,
+            "timeout": 30,
+        },
+    }))
+    .await;
+    assert!(report.get("failed").is_none(), "{report}");
+    let heard = &report["listen"];
+    assert!(heard.get("timed_out").is_none(), "it never ended: {heard}");
+    assert_eq!(heard["steps"][0]["ok"], true, "{heard}");
+    record_id_in(&heard["steps"][0]["output"]);
+    assert_eq!(
+        heard["events"].as_array().map(Vec::len),
+        Some(1),
+        "the record before the expiry was told: {heard}"
+    );
+    let at = heard["ended"]["at"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{heard}"));
+    assert!(
+        (at - due).abs() < 2.0,
+        "ended {:+.2} s from the JWT's expiry: {heard}",
+        at - due
+    );
+    let again = session(json!({ "url": url(&app), "raw": [initialize(&jwt)] })).await;
+    assert_eq!(again["raw"][0]["status"], 401, "{again}");
+    app.stop().await;
+}
+on_both_stores!(a_subscription_ends_when_its_jwt_expires => a_subscription_ends_when_its_jwt_expires);
+
+/// The MCP twin of §7.5.2 in a watch: a reader's subscription tells it of its brain records
+/// only while it is a member of their project; removed, it hears its other records and
+/// lists no brain record.
+async fn s7_5_2_a_subscription_tells_of_brain_records_only_to_members(kind: StoreKind) {
+    let (app, _) = served(kind, 0).await;
+    let mut m = crate::helpers::example("github.pack.json");
+    m["id"] = json!("notes");
+    m["stimulusTriggers"] = json!([{ "ref": "note.shared" }, { "ref": "note.seen" }]);
+    m["policy"]["stimuli"] = json!([
+        { "ref": "note.shared", "operation": "read", "land": "brain" },
+        { "ref": "note.seen", "operation": "read", "land": "user" }
+    ]);
+    pb::pack_service_client::PackServiceClient::new(bearer(&app.channel, ADMIN))
+        .register_pack(crate::packs::register_req(&m))
+        .await
+        .expect("register notes");
+    let mut policy =
+        pb::policy_service_client::PolicyServiceClient::new(bearer(&app.channel, ADMIN));
+    policy
+        .grant_sense_enable(pb::GrantSenseEnableRequest {
+            principal: "bob".into(),
+            pack_id: "notes".into(),
+        })
+        .await
+        .expect("grant");
+    policy
+        .put_binding(pb::PutBindingRequest {
+            principal: "bob".into(),
+            pack_id: "notes".into(),
+            binding_id: "b-notes".into(),
+            state: pb::BindingState::Linked as i32,
+        })
+        .await
+        .expect("bind");
+    policy
+        .activate_sense(pb::ActivateSenseRequest {
+            principal: "bob".into(),
+            pack_id: "notes".into(),
+            route: pb::Route::Inbox as i32,
+            filter: String::new(),
+        })
+        .await
+        .expect("activate");
+    policy
+        .add_project_member(pb::AddProjectMemberRequest {
+            project: "apollo".into(),
+            principal: "bob".into(),
+        })
+        .await
+        .expect("member");
+    let note = |id: &str, r#ref: &str, land: &str| {
+        let mut t = json!({
+            "pack_id": "notes", "ref": r#ref, "principal": "bob", "land": land, "trigger_id": id
+        });
+        if land == "brain" {
+            t["project"] = json!("apollo");
+        }
+        grpcurl(
+            &app,
+            RUNTIME,
+            "hcp.sense.v1.IngestService/DeliverTrigger",
+            &t,
+        )
+    };
+    let report = session(json!({
+        "url": url(&app),
+        "token": BOB,
+        "listen": {
+            "uri": "hcp-sense://records",
+            "steps": [
+                note("brain-1", "note.shared", "brain"),
+                note("user-1", "note.seen", "user"),
+                grpcurl(&app, ADMIN, "hcp.sense.v1.PolicyService/RemoveProjectMember", &json!({ "project": "apollo", "principal": "bob" })),
+                note("brain-2", "note.shared", "brain"),
+                note("user-2", "note.seen", "user"),
+            ],
+            "events": 4,
+            "timeout": 3,
+        },
+    }))
+    .await;
+    assert!(report.get("failed").is_none(), "{report}");
+    let heard = &report["listen"];
+    let steps = heard["steps"].as_array().expect("steps");
+    assert!(steps.iter().all(|s| s["ok"] == true), "{heard}");
+    let uri = |i: usize| format!("hcp-sense://records/{}", record_id_in(&steps[i]["output"]));
+    // Each notification falls after the step that delivered its record began and before the
+    // next began (the SDK hands events on without their `_meta`).
+    let began: Vec<f64> = steps
+        .iter()
+        .map(|s| s["ms"].as_f64().unwrap_or(0.0))
+        .collect();
+    let told: Vec<usize> = heard["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| {
+            let ms = e["ms"].as_f64().unwrap_or(0.0);
+            began.iter().rposition(|b| *b <= ms).unwrap_or(usize::MAX)
+        })
+        .collect();
+    assert_eq!(
+        told,
+        vec![0, 1, 4],
+        "brain-1 and user-1 as a member, user-2 after: {heard}"
+    );
+    let after = heard["after"].as_array().expect("after");
+    assert!(
+        after.contains(&json!(uri(1))) && after.contains(&json!(uri(4))),
+        "{heard}"
+    );
+    assert!(
+        !after.contains(&json!(uri(0))) && !after.contains(&json!(uri(3))),
+        "a brain record listed without membership: {heard}"
+    );
+    app.stop().await;
+}
+on_both_stores!(s7_5_2_a_subscription_tells_of_brain_records_only_to_members => s7_5_2_a_subscription_tells_of_brain_records_only_to_members);

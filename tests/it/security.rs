@@ -20,8 +20,8 @@ use tonic::Code;
 
 use crate::helpers::{spawn_app_with, StoreKind, TestApp};
 
-const ADMIN: &str = "admin-token-9f3c";
-const RUNTIME: &str = "runtime-token-71ab";
+pub(crate) const ADMIN: &str = "admin-token-9f3c";
+pub(crate) const RUNTIME: &str = "runtime-token-71ab";
 const READER: &str = "reader-token-alice";
 const SECRET: &str = "jwt-shared-secret-for-tests-32-bytes-long";
 
@@ -35,7 +35,7 @@ pub fn token(name: &str, secret: &str, role: Role, principal: Option<&str>) -> T
 }
 
 /// Now, in Unix seconds.
-fn now() -> i64 {
+pub(crate) fn now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
@@ -65,7 +65,7 @@ fn jwt_signed(secret: &str, role: &str, sub: &str, exp: i64) -> String {
 }
 
 /// A JWT the test servers accept until `exp` (Unix seconds) plus the leeway.
-fn jwt_until(role: &str, sub: &str, exp: i64) -> String {
+pub(crate) fn jwt_until(role: &str, sub: &str, exp: i64) -> String {
     jwt_signed(SECRET, role, sub, exp)
 }
 
@@ -74,7 +74,7 @@ async fn secured(kind: StoreKind) -> (TestApp, tempfile::TempDir) {
 }
 
 /// The tokens and HS256 JWTs of `secured`, then `adjust`.
-async fn secured_with(
+pub(crate) async fn secured_with(
     kind: StoreKind,
     adjust: impl FnOnce(&mut hcp_sense::config::Config),
 ) -> (TestApp, tempfile::TempDir) {

@@ -2,9 +2,16 @@
 // revision before 2026-07-28 (the initialize handshake, a session). Reads a plan as JSON on
 // standard input ({"url", "token", "read": [uri...], "calls": [[tool, args]...]}) and prints
 // one JSON report: the negotiated version, the tools, every listed resource (all pages), and
-// each read and call's result or error.
+// each read and call's result or error. With "subscribe": {"uri", "deliver": [command...],
+// "timeout": s, "after": [command...]} it subscribes (resources/subscribe), runs `deliver`,
+// waits for a resources/updated notification, then unsubscribes, runs `after` and reports any
+// notification heard within a second.
+import { execFileSync } from "node:child_process";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { ResourceUpdatedNotificationSchema } from "@modelcontextprotocol/sdk/types.js";
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 const chunks = [];
 for await (const c of process.stdin) chunks.push(c);
@@ -47,6 +54,43 @@ try {
     } catch (e) {
       report.calls.push({ tool: name, error: { code: e.code ?? null, message: String(e.message ?? e) } });
     }
+  }
+  if (plan.subscribe) {
+    const sub = plan.subscribe;
+    const heard = [];
+    let wake = () => {};
+    client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => {
+      heard.push({ uri: n.params.uri, meta: n.params._meta ?? null, at: Date.now() });
+      wake();
+    });
+    const out = {};
+    try {
+      await client.subscribeResource({ uri: sub.uri });
+      out.subscribed = true;
+    } catch (e) {
+      out.subscribed = false;
+      out.error = { code: e.code ?? null, message: String(e.message ?? e) };
+    }
+    if (out.subscribed) {
+      // The session's stream (GET) carries the notifications: give it a moment to open.
+      await sleep(300);
+      const started = Date.now();
+      out.deliverOutput = execFileSync(sub.deliver[0], sub.deliver.slice(1)).toString();
+      const delivered = Date.now();
+      const deadline = started + (sub.timeout ?? 10) * 1000;
+      while (heard.length === 0 && Date.now() < deadline) {
+        await Promise.race([new Promise((r) => { wake = r; }), sleep(100)]);
+      }
+      out.heard = heard.map((h) => ({ ...h, msAfterDeliver: h.at - delivered }));
+      await client.unsubscribeResource({ uri: sub.uri });
+      const before = heard.length;
+      if (sub.after) {
+        out.afterOutput = execFileSync(sub.after[0], sub.after.slice(1)).toString();
+        await sleep(1000);
+      }
+      out.heardAfterUnsubscribe = heard.slice(before);
+    }
+    report.subscribe = out;
   }
   await client.close();
 } catch (e) {

@@ -7,6 +7,13 @@ Reads a plan as JSON on standard input:
   and "listen": {"uri": ..., "deliver": [command...], "events": N, "timeout": S}: subscribe
   (subscriptions/listen), run the command once the subscription is acknowledged, and report
   the events heard (kind, uri, milliseconds after the command ended) and the resources after.
+The listen plan may give "steps": [[command...], ...] instead of "deliver": each is run in turn
+(its output reported), a pause of "pause" seconds after each; and "until_end": true waits for the
+subscription itself to end (reported: how, and the epoch second it did).
+A plan {"url", "raw": [{"method", "headers", "body", "sleep"}, ...]} sends each HTTP request as
+given (after sleeping "sleep" seconds; a body that is an object is sent as JSON, a string as is)
+and reports each answer's status, session and Retry-After headers and body; "$session" in a
+header value is the session id of the latest answer that named one.
 A plan {"url", "holds": [{"token", "count"}, ...]} instead opens, one after another and all held
 open together, `count` subscriptions to hcp-sense://records with each token, and reports for
 each whether it stayed open (no event, no error within a second) or the error that ended it.
@@ -76,33 +83,90 @@ async def session(plan: dict) -> dict:
     return report
 
 
+async def run_command(cmd: list) -> tuple[bool, str]:
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    stdout, stderr = await proc.communicate()
+    return proc.returncode == 0, (stdout + stderr).decode()[-2000:]
+
+
+def meta_of(event) -> dict:
+    meta = getattr(event, "meta", None)
+    if meta is None:
+        return {}
+    return meta if isinstance(meta, dict) else getattr(meta, "model_dump", lambda **_: {})(by_alias=True)
+
+
 async def listen(client: Client, lp: dict) -> dict:
     out: dict = {"events": []}
-    async with client.listen(resource_subscriptions=[lp["uri"]]) as sub:
-        out["honored"] = sub.honored.model_dump(by_alias=True, exclude_none=True)
-        proc = await asyncio.create_subprocess_exec(
-            *lp["deliver"], stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        stdout, stderr = await proc.communicate()
-        out["delivered"] = proc.returncode == 0
-        out["deliver_output"] = (stdout + stderr).decode()[-500:]
-        done = time.monotonic()
+    try:
+        async with client.listen(resource_subscriptions=[lp["uri"]]) as sub:
+            out["honored"] = sub.honored.model_dump(by_alias=True, exclude_none=True)
+            done = time.monotonic()
 
-        async def take() -> None:
-            async for event in sub:
-                out["events"].append(
-                    {"kind": type(event).__name__, "uri": getattr(event, "uri", None), "ms": (time.monotonic() - done) * 1000}
-                )
-                if len(out["events"]) >= lp.get("events", 1):
-                    return
+            async def take() -> None:
+                async for event in sub:
+                    out["events"].append(
+                        {"kind": type(event).__name__, "uri": getattr(event, "uri", None), "meta": meta_of(event), "ms": (time.monotonic() - done) * 1000}
+                    )
+                    if not lp.get("until_end") and len(out["events"]) >= lp.get("events", 1):
+                        return
+                out["ended"] = {"how": "closed", "at": time.time()}
 
-        try:
-            await asyncio.wait_for(take(), lp.get("timeout", 10))
-        except asyncio.TimeoutError:
-            out["timed_out"] = True
+            taking = asyncio.create_task(take())
+            if "steps" in lp:
+                out["steps"] = []
+                for step in lp["steps"]:
+                    began = (time.monotonic() - done) * 1000
+                    ok, output = await run_command(step)
+                    out["steps"].append({"ok": ok, "output": output, "ms": began})
+                    await asyncio.sleep(lp.get("pause", 0.5))
+            elif "deliver" in lp:
+                ok, output = await run_command(lp["deliver"])
+                out["delivered"] = ok
+                out["deliver_output"] = output[-500:]
+            done = time.monotonic()
+            try:
+                await asyncio.wait_for(taking, lp.get("timeout", 10))
+            except asyncio.TimeoutError:
+                out["timed_out"] = True
+    except Exception as e:  # the subscription ended by the server
+        out["ended"] = {"how": "error", "at": time.time(), **error_of(e)}
+    if lp.get("until_end"):
+        return out
     listed = await client.list_resources()
     out["after"] = [str(r.uri) for r in listed.resources]
     return out
+
+
+async def raw(plan: dict) -> dict:
+    import httpx2 as httpx  # the HTTP client the SDK itself is built on
+
+    answers = []
+    session_id = None
+    async with httpx.AsyncClient(timeout=10) as http:
+        for r in plan["raw"]:
+            await asyncio.sleep(r.get("sleep", 0))
+            headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+            for k, v in r.get("headers", {}).items():
+                headers[k] = v.replace("$session", session_id or "")
+            body = r.get("body")
+            content = json.dumps(body).encode() if isinstance(body, (dict, list)) else (body or "").encode()
+            try:
+                got = await http.request(r.get("method", "POST"), plan["url"], headers=headers, content=content)
+            except Exception as e:  # the server closed the connection: reported
+                answers.append({"status": None, "error": f"{type(e).__name__}: {e}"})
+                continue
+            sid = got.headers.get("mcp-session-id")
+            if sid:
+                session_id = sid
+            text = got.text
+            answers.append({
+                "status": got.status_code,
+                "session": sid,
+                "retryAfter": got.headers.get("retry-after"),
+                "body": text[-2000:],
+            })
+    return {"raw": answers}
 
 
 def leaves(e: BaseException) -> list[BaseException]:
@@ -140,7 +204,10 @@ async def holds(plan: dict) -> dict:
 def main() -> None:
     plan = json.load(sys.stdin)
     try:
-        report = asyncio.run(holds(plan) if "holds" in plan else session(plan))
+        if "raw" in plan:
+            report = asyncio.run(raw(plan))
+        else:
+            report = asyncio.run(holds(plan) if "holds" in plan else session(plan))
     except BaseException as e:  # connection refused, 401: reported, not raised
         report = {"failed": "; ".join(f"{type(x).__name__}: {x}" for x in leaves(e))}
     json.dump(report, sys.stdout)
