@@ -7,6 +7,7 @@ mod filter;
 mod flood;
 mod hostile;
 mod load;
+mod mcp;
 mod nats;
 // The server's fix for sqlx's PostgreSQL sockets, so the store-limit phase does not measure
 // delayed ACKs the server never waits on. Compiled in from the server's file rather than
@@ -119,6 +120,16 @@ struct Options {
     /// Idle watches opened to measure their memory.
     #[arg(long, default_value_t = 1000)]
     watch_idle: usize,
+    /// Measure the MCP door: how soon a subscribed MCP client hears of a record at --mcp-rate,
+    /// and idle subscriptions' memory.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    mcp: bool,
+    /// Recorded triggers a second delivered while one MCP client listens, one phase each.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    mcp_rate: Vec<f64>,
+    /// Idle MCP subscriptions opened to measure their memory.
+    #[arg(long, default_value_t = 1000)]
+    mcp_idle: usize,
     /// Messages drained from NATS JetStream into records, against DeliverTriggers streams on
     /// the same server (0 skips).
     #[arg(long, default_value_t = 20_000)]
@@ -263,6 +274,11 @@ async fn run(o: &Options) -> anyhow::Result<()> {
     if o.watch {
         for kind in &o.stores {
             watch::watch_phase(o, kind).await?;
+        }
+    }
+    if o.mcp {
+        for kind in &o.stores {
+            mcp::mcp_phase(o, kind).await?;
         }
     }
     if o.nats_messages > 0 {
