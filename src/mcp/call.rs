@@ -114,6 +114,12 @@ impl Decoder for DynamicDecoder {
             .map(Some)
             .map_err(|e| Error::internal_from("answer not decoded", e).into())
     }
+
+    /// A small first buffer: a subscription's watch holds its buffer while idle, and the
+    /// buffer grows to the messages that come.
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        tonic::codec::BufferSettings::new(1024, 32 * 1024)
+    }
 }
 
 /// Opens the server stream `method` with `request` (protobuf JSON of its input type),

@@ -257,10 +257,27 @@ impl Door {
     }
 
     /// Opens the caller's watch for a subscription, within the door's caps: the API's
-    /// WatchRecords from now, with the caller's credentials.
-    async fn watch(
+    /// WatchRecords with the caller's credentials, from `start` (see [`start_of`]). Boxed:
+    /// what opening holds is freed once the watch is open, not kept for the subscription's life.
+    fn watch(
         &self,
         credentials: Option<AsciiMetadataValue>,
+        start: Value,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<(subscriptions::Held, call::Messages), McpError>,
+                > + Send
+                + '_,
+        >,
+    > {
+        Box::pin(self.open_watch(credentials, start))
+    }
+
+    async fn open_watch(
+        &self,
+        credentials: Option<AsciiMetadataValue>,
+        start: Value,
     ) -> Result<(subscriptions::Held, call::Messages), McpError> {
         let held = self
             .inner
@@ -270,14 +287,9 @@ impl Door {
         let method = self
             .method("hcp.sense.v1.RecordService.WatchRecords")
             .map_err(|s| protocol_error(&s))?;
-        let watch = call::server_stream(
-            &self.inner.api,
-            &method,
-            json!({ "fromNow": true }),
-            credentials,
-        )
-        .await
-        .map_err(|s| protocol_error(&s))?;
+        let watch = call::server_stream(&self.inner.api, &method, start, credentials)
+            .await
+            .map_err(|s| protocol_error(&s))?;
         Ok((held, watch))
     }
 
@@ -294,7 +306,10 @@ impl Door {
             cx.cancelled().await;
             return Ok(());
         }
-        let (_held, watch) = self.watch(self.authorization(cx.request_context())).await?;
+        let start = start_of(&cx.request_context().meta.0 .0)?;
+        let (_held, watch) = self
+            .watch(self.authorization(cx.request_context()), start)
+            .await?;
         relay(watch, &Notify::Listen(cx), updates, list).await
     }
 
@@ -424,6 +439,36 @@ async fn follow_session(
                 guard.disarm();
             }
         }
+    }
+}
+
+/// Where a subscription's watch starts: after the position a client names in the request's
+/// `_meta` — `resumeToken` (one a notification carried) or `afterRecordUri` (a record it was
+/// told of) — so a client that reconnects is told of what committed meanwhile; else now.
+fn start_of(meta: &Map<String, Value>) -> Result<Value, McpError> {
+    let named = |key: &str| meta.get(key).filter(|v| !v.is_null());
+    match (named("resumeToken"), named("afterRecordUri")) {
+        (Some(_), Some(_)) => Err(McpError::invalid_params(
+            "_meta: name one of resumeToken and afterRecordUri, not both",
+            None,
+        )),
+        (Some(Value::String(t)), None) => Ok(json!({ "resumeToken": t })),
+        (None, Some(Value::String(uri))) => match uri.strip_prefix(RECORD_URI) {
+            Some(id) if !id.is_empty() => Ok(json!({ "afterRecordId": id })),
+            _ => Err(McpError::invalid_params(
+                format!("_meta.afterRecordUri: `{uri}` is not a record's URI ({RECORD_URI}{{id}})"),
+                None,
+            )),
+        },
+        (Some(_), None) => Err(McpError::invalid_params(
+            "_meta.resumeToken: must be a string, as a notification's _meta.resumeToken is",
+            None,
+        )),
+        (None, Some(_)) => Err(McpError::invalid_params(
+            "_meta.afterRecordUri: must be a string, a record's URI",
+            None,
+        )),
+        (None, None) => Ok(json!({ "fromNow": true })),
     }
 }
 
@@ -580,7 +625,8 @@ impl ServerHandler for Door {
         if self.session.inbox().is_some() {
             return Ok(());
         }
-        let (held, watch) = self.watch(self.authorization(&cx)).await?;
+        let start = start_of(&cx.meta.0 .0)?;
+        let (held, watch) = self.watch(self.authorization(&cx), start).await?;
         static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ended = CancellationToken::new();
@@ -754,6 +800,32 @@ impl ServerHandler for Door {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subscription_starts_where_its_meta_names_else_now() {
+        let meta = |v: Value| v.as_object().cloned().unwrap_or_default();
+        assert_eq!(start_of(&Map::new()).ok(), Some(json!({ "fromNow": true })));
+        assert_eq!(
+            start_of(&meta(json!({ "resumeToken": "t-1" }))).ok(),
+            Some(json!({ "resumeToken": "t-1" }))
+        );
+        assert_eq!(
+            start_of(&meta(
+                json!({ "afterRecordUri": "hcp-sense://records/r-9" })
+            ))
+            .ok(),
+            Some(json!({ "afterRecordId": "r-9" }))
+        );
+        for bad in [
+            json!({ "resumeToken": "t", "afterRecordUri": "hcp-sense://records/r" }),
+            json!({ "resumeToken": 7 }),
+            json!({ "afterRecordUri": "hcp-sense://catalog" }),
+            json!({ "afterRecordUri": "hcp-sense://records/" }),
+        ] {
+            let e = start_of(&meta(bad.clone())).expect_err("refused");
+            assert!(e.message.contains("_meta"), "{bad}: {}", e.message);
+        }
+    }
 
     #[test]
     fn codes_are_named_as_grpc_names_them() {

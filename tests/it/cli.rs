@@ -465,6 +465,7 @@ fn readme_walkthroughs_run_verbatim() {
         "fails `pattern` of the payload schema of `ticket.created` at `/key`",
         // The MCP door, with the Python SDK's client.
         "protocol 2026-07-28",
+        "heard ResourceUpdated hcp-sense://records",
         "inbox ['github issue.opened']",
         "record alice Seen over MCP",
         "decided DECISION_OUTCOME_INBOX by route",

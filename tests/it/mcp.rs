@@ -477,6 +477,7 @@ async fn the_typescript_sdk_reads_over_the_earlier_revision(kind: StoreKind) {
             "deliver": deliver_alices(&app, "ts-heard-1"),
             "after": deliver_alices(&app, "ts-unheard-2"),
             "timeout": 10,
+            "resume": true,
         },
     });
     let out = tokio::task::spawn_blocking(move || {
@@ -540,7 +541,14 @@ async fn the_typescript_sdk_reads_over_the_earlier_revision(kind: StoreKind) {
     );
     assert!(heard[0]["meta"]["resumeToken"].is_string(), "{sub}");
     assert_eq!(sub["heardAfterUnsubscribe"], json!([]), "{sub}");
-    record_id_in(&sub["afterOutput"]);
+    // Subscribing again from the first notification's resume token tells of what committed
+    // in between: nothing is lost across a reconnect.
+    let missed = record_id_in(&sub["afterOutput"]);
+    assert_eq!(
+        sub["heardOnResume"][0]["meta"]["recordUri"],
+        format!("hcp-sense://records/{missed}"),
+        "{sub}"
+    );
     app.stop().await;
 }
 on_both_stores!(the_typescript_sdk_reads_over_the_earlier_revision => the_typescript_sdk_reads_over_the_earlier_revision);

@@ -5,7 +5,8 @@
 // each read and call's result or error. With "subscribe": {"uri", "deliver": [command...],
 // "timeout": s, "after": [command...]} it subscribes (resources/subscribe), runs `deliver`,
 // waits for a resources/updated notification, then unsubscribes, runs `after` and reports any
-// notification heard within a second.
+// notification heard within a second; with "resume": true it then subscribes again from the
+// first notification's resume token (`_meta.resumeToken`) and reports what it is told.
 import { execFileSync } from "node:child_process";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -89,6 +90,16 @@ try {
         await sleep(1000);
       }
       out.heardAfterUnsubscribe = heard.slice(before);
+      if (sub.resume && heard.length > 0) {
+        const from = heard.length;
+        await client.subscribeResource({ uri: sub.uri, _meta: { resumeToken: heard[0].meta?.resumeToken } });
+        const until = Date.now() + 10000;
+        while (heard.length === from && Date.now() < until) {
+          await Promise.race([new Promise((r) => { wake = r; }), sleep(100)]);
+        }
+        out.heardOnResume = heard.slice(from);
+        await client.unsubscribeResource({ uri: sub.uri });
+      }
     }
     report.subscribe = out;
   }

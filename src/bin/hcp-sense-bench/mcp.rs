@@ -80,7 +80,9 @@ fn pct(sorted: &[u64], q: f64) -> f64 {
 /// --mcp-rate, then the memory of --mcp-idle idle subscriptions.
 pub async fn mcp_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     let pop = o.population(o.principals);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let door = format!("127.0.0.1:{port}");
     // One caller (no authentication here) holds every subscription: the caps are raised so
     // the measure is the cost, not the refusal.
