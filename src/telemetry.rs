@@ -99,10 +99,26 @@ fn env_sampler() -> Sampler {
     }
 }
 
+/// What RUST_LOG asks for (`info` without it). The MCP SDK's service logs are off unless
+/// RUST_LOG names `rmcp`: it logs each client that leaves a subscription or a session as an
+/// error ("fail to response message", "failed to send pending response during drain"), one
+/// or two lines a client, which would bury the service's own errors under the normal comings
+/// and goings of MCP clients.
+fn log_filter(rust_log: Option<&str>) -> EnvFilter {
+    let asked = rust_log.filter(|s| !s.trim().is_empty()).unwrap_or("info");
+    let mut filter = EnvFilter::try_new(asked).unwrap_or_else(|_| EnvFilter::new("info"));
+    if !asked.contains("rmcp") {
+        if let Ok(d) = "rmcp::service=off".parse() {
+            filter = filter.add_directive(d);
+        }
+    }
+    filter
+}
+
 /// Installs the global subscriber. `sample_drops` lets the sampler drop
 /// decision spans of dropped triggers like any other span.
 pub fn init(format: LogFormat, sample_drops: bool) -> Telemetry {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     let ansi = std::io::stdout().is_terminal();
     let fmt = match format {
         LogFormat::Json => tracing_subscriber::fmt::layer()
@@ -182,4 +198,22 @@ pub fn init(format: LogFormat, sample_drops: bool) -> Telemetry {
 /// Logging only, for the short-lived subcommands.
 pub fn init_logging(format: LogFormat) {
     let _ = init(format, true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mcp_sdks_service_logs_are_off_unless_rust_log_names_them() {
+        for (rust_log, off) in [
+            (None, true),
+            (Some(""), true),
+            (Some("debug"), true),
+            (Some("warn,rmcp=debug"), false),
+        ] {
+            let f = log_filter(rust_log).to_string();
+            assert_eq!(f.contains("rmcp::service=off"), off, "{rust_log:?}: {f}");
+        }
+    }
 }
