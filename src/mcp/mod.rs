@@ -301,6 +301,14 @@ impl Door {
             .is_some_and(|uris| uris.iter().any(|u| u == INBOX_URI));
         let list = accepted.resources_list_changed == Some(true);
         if !updates && !list {
+            // Nothing to tell (a filter of tools or prompts only), but the stream is held
+            // open all the same: it counts under the caps as any subscription does.
+            let credentials = self.authorization(cx.request_context());
+            let _held = self
+                .inner
+                .subscriptions
+                .open(credentials.as_ref().map(AsciiMetadataValue::as_bytes))
+                .map_err(|e| protocol_error(&Status::from(e)))?;
             cx.cancelled().await;
             return Ok(());
         }

@@ -15,7 +15,8 @@ given (after sleeping "sleep" seconds; a body that is an object is sent as JSON,
 and reports each answer's status, session and Retry-After headers and body; "$session" in a
 header value is the session id of the latest answer that named one.
 A plan {"url", "holds": [{"token", "count"}, ...]} instead opens, one after another and all held
-open together, `count` subscriptions to hcp-sense://records with each token, and reports for
+open together, `count` subscriptions to hcp-sense://records with each token (to tool list changes
+alone with "tools": true), and reports for
 each whether it stayed open (no event, no error within a second) or the error that ended it.
 Prints one JSON report: the negotiated protocol version, the tools, every listed resource
 (all pages), and each read and call's result or error (code and message).
@@ -189,7 +190,13 @@ async def holds(plan: dict) -> dict:
             )
             for _ in range(hold["count"]):
                 try:
-                    sub = await stack.enter_async_context(client.listen(resource_subscriptions=["hcp-sense://records"]))
+                    # "tools": true asks for tool list changes only, which the door never sends.
+                    listening = (
+                        client.listen(tools_list_changed=True)
+                        if hold.get("tools")
+                        else client.listen(resource_subscriptions=["hcp-sense://records"])
+                    )
+                    sub = await stack.enter_async_context(listening)
                     try:
                         event = await asyncio.wait_for(sub.__anext__(), 1.0)
                         outcomes.append({"token": hold["token"], "outcome": f"event {type(event).__name__}"})
