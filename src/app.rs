@@ -48,6 +48,8 @@ pub struct App {
     /// The MCP door's caps on live subscriptions.
     mcp_caps: crate::mcp::SubscriptionCaps,
     mcp_sessions: crate::mcp::serve::SessionLimits,
+    /// TLS of the door's listener: beside a TLS API, with its certificate.
+    mcp_tls: Option<tokio_rustls::TlsAcceptor>,
     /// The NATS server NATS routes consume from, when one is configured.
     nats_url: Option<String>,
     /// How long a socket of the HTTP listeners may move no byte before it is closed.
@@ -101,6 +103,11 @@ impl App {
                 auth.with_client_certificates(config.tls.client_role, config.tls.client_identity);
         }
         let auth = Arc::new(auth);
+        // The MCP door speaks TLS beside a TLS API, with the same certificate.
+        let mcp_tls = match (&config.mcp_listen, &tls_files) {
+            (Some(_), Some((cert, key))) => Some(crate::http::tls_acceptor(cert, key)?),
+            _ => None,
+        };
         let tls = match tls_files {
             None => None,
             Some((cert, key)) => Some(tls_config(&config, cert, key)?),
@@ -123,11 +130,6 @@ impl App {
             None => None,
         };
         let mcp_listener = match config.mcp_listen {
-            // The door's listener speaks plain HTTP: beside a TLS API it would carry the
-            // bearer tokens TLS protects there in the clear.
-            Some(_) if tls.is_some() => anyhow::bail!(
-                "--mcp-listen is not served beside TLS (--tls-cert): the MCP listener speaks plain HTTP and would carry bearer tokens in the clear"
-            ),
             // Without authentication the door reads every principal's records: loopback only.
             Some(a) if !auth.is_enabled() && !a.ip().is_loopback() && !config.insecure_no_auth => {
                 anyhow::bail!(
@@ -161,6 +163,7 @@ impl App {
                 per_caller: config.mcp_max_sessions_per_caller,
                 idle: config.mcp_session_idle_timeout,
             },
+            mcp_tls,
             nats_url: config.nats_url.clone(),
             http: http_limits(&config),
             hub,
@@ -239,6 +242,7 @@ impl App {
             mcp_listener,
             mcp_caps,
             mcp_sessions,
+            mcp_tls,
             nats_url,
             http,
             hub,
@@ -279,7 +283,7 @@ impl App {
                 door,
                 api,
                 l.max_request_bytes,
-                (mcp_caps, mcp_sessions),
+                (mcp_caps, mcp_sessions, mcp_tls),
             )?;
         }
         let mut builder = Server::builder();
@@ -453,6 +457,7 @@ fn spawn_probes(
         },
         hub.metrics.clone(),
         hub.lifecycle().clone(),
+        None,
     ));
 }
 
@@ -474,6 +479,7 @@ fn spawn_ingress(
             http,
             hub.metrics.clone(),
             life.clone(),
+            None,
         ));
     }
     if let Some(url) = nats_url {
@@ -489,9 +495,10 @@ fn spawn_mcp(
     listener: TcpListener,
     api: crate::mcp::call::Api,
     max_body_bytes: usize,
-    (caps, sessions): (
+    (caps, sessions, tls): (
         crate::mcp::SubscriptionCaps,
         crate::mcp::serve::SessionLimits,
+        Option<tokio_rustls::TlsAcceptor>,
     ),
 ) -> anyhow::Result<()> {
     let door = crate::mcp::Door::new(api, None, caps)?.with_session_ping(sessions.idle / 3);
@@ -510,6 +517,7 @@ fn spawn_mcp(
         http,
         hub.metrics.clone(),
         life.clone(),
+        tls,
     ));
     Ok(())
 }

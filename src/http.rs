@@ -22,7 +22,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::time::{Instant, Sleep};
 
 use crate::lifecycle::{Lifecycle, Signal};
@@ -59,6 +59,7 @@ pub async fn serve(
     limits: HttpLimits,
     metrics: Arc<Metrics>,
     life: Lifecycle,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let stop = life.stopping();
     let sockets = Sockets::new(limits.caps);
@@ -114,9 +115,23 @@ pub async fn serve(
         let stop = stop.clone();
         // The ingress listener counts what it refuses before any route sees the request.
         let refusals = (name == "ingress").then(|| metrics.clone());
+        let tls = tls.clone();
         life.spawn(async move {
             let slot = held.slot.clone();
-            connection(stream, slot, routes, limits, refusals, stop).await;
+            match tls {
+                None => connection(stream, slot, routes, limits, refusals, stop).await,
+                // The handshake has the head's deadline: a socket that never finishes it is
+                // closed like one that never finishes its head.
+                Some(tls) => {
+                    match tokio::time::timeout(limits.header_timeout, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            connection(stream, slot, routes, limits, refusals, stop).await
+                        }
+                        Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%remote, "TLS handshake not finished in time"),
+                    }
+                }
+            }
             drop(held);
         });
     }
@@ -125,14 +140,16 @@ pub async fn serve(
 /// One socket's HTTP/1.1 connection, closed when it is shed. Requests refused before routing
 /// (a head too large or malformed, a body too large, too slow or unreadable) are counted in
 /// `refusals` as HTTP ingress refusals, when given.
-async fn connection(
-    stream: TcpStream,
+async fn connection<S>(
+    stream: S,
     slot: Arc<Slot>,
     routes: axum::Router,
     limits: HttpLimits,
     refusals: Option<Arc<Metrics>>,
     stop: Signal,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let io = TokioIo::new(IdleIo::new(stream, limits.idle));
     let request_slot = slot.clone();
     let request_refusals = refusals.clone();
@@ -278,14 +295,14 @@ fn refusal(status: StatusCode, why: &str) -> Response<Body> {
 }
 
 /// A socket that fails (and so is closed) after `idle` without a byte read or written.
-pub struct IdleIo {
-    stream: TcpStream,
+pub struct IdleIo<S> {
+    stream: S,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
 }
 
-impl IdleIo {
-    fn new(stream: TcpStream, idle: Duration) -> IdleIo {
+impl<S> IdleIo<S> {
+    fn new(stream: S, idle: Duration) -> IdleIo<S> {
         IdleIo {
             stream,
             idle,
@@ -307,7 +324,7 @@ fn idle_error() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "connection idle")
 }
 
-impl AsyncRead for IdleIo {
+impl<S: AsyncRead + Unpin> AsyncRead for IdleIo<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -327,7 +344,7 @@ impl AsyncRead for IdleIo {
     }
 }
 
-impl AsyncWrite for IdleIo {
+impl<S: AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -352,4 +369,28 @@ impl AsyncWrite for IdleIo {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
+}
+
+/// A TLS acceptor for an HTTP listener, from the gRPC listener's PEM certificate chain and key
+/// (`--tls-cert-file`, `--tls-key-file`): HTTP/1.1 over TLS 1.2 or 1.3, no client certificate
+/// asked for (callers name themselves with a bearer token).
+pub fn tls_acceptor(
+    cert_file: &std::path::Path,
+    key_file: &std::path::Path,
+) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(cert_file)
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", cert_file.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key_file)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", key_file.display()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }

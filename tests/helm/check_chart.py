@@ -943,12 +943,14 @@ def main() -> int:
     report.check(err and "minAvailable" in err, f"minAvailable at the autoscaler's minimum should fail clearly; got {err!r}")
     for values, needle in [
         ({"ingressListener": {"service": {"enabled": True}}}, "ingressListener.service.enabled needs ingressListener.enabled"),
-        ({"mcp": {"enabled": True}, "tls": {"enabled": True}}, "mcp.enabled is not served beside tls.enabled"),
         ({"ingressListener": {"enabled": True, "service": {"enabled": True, "type": "ClusterIP", "externalTrafficPolicy": "Local"}}}, "externalTrafficPolicy Local needs"),
         ({"ingressListener": {"enabled": True, "service": {"enabled": True, "type": "NodePort", "loadBalancerSourceRanges": ["203.0.113.0/24"]}}}, "loadBalancerSourceRanges needs"),
     ]:
         err = render_error(values)
         report.check(err and needle in err, f"rendering {values} should fail with '{needle}'; got {err!r}")
+    # The MCP port speaks TLS beside a TLS gRPC port, with the same certificate.
+    err = render_error({"mcp": {"enabled": True}, "tls": {"enabled": True}})
+    report.check(err is None, f"mcp.enabled beside tls.enabled should render; got {err!r}")
     err = render_error({"database": {"existingSecret": "", "url": ""}})
     report.check(err and "no database configured" in err, f"rendering without any database Secret should fail clearly; got {err!r}")
 

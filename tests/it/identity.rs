@@ -106,13 +106,13 @@ fn name_with_cn(cn: &str) -> Vec<u8> {
     tlv(0x30, &tlv(0x31, &tlv(0x30, &atv)))
 }
 
-struct Pki {
+pub(crate) struct Pki {
     dir: tempfile::TempDir,
     issuer: Issuer<'static, KeyPair>,
 }
 
 impl Pki {
-    fn new() -> Pki {
+    pub(crate) fn new() -> Pki {
         let dir = tempfile::tempdir().expect("tempdir");
         let key = KeyPair::generate().expect("key");
         let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
@@ -133,7 +133,7 @@ impl Pki {
         pki
     }
 
-    fn path(&self, f: &str) -> std::path::PathBuf {
+    pub(crate) fn path(&self, f: &str) -> std::path::PathBuf {
         self.dir.path().join(f)
     }
 

@@ -887,3 +887,52 @@ async fn s7_5_2_a_subscription_tells_of_brain_records_only_to_members(kind: Stor
     app.stop().await;
 }
 on_both_stores!(s7_5_2_a_subscription_tells_of_brain_records_only_to_members => s7_5_2_a_subscription_tells_of_brain_records_only_to_members);
+
+/// Beside TLS on the API the door speaks TLS with the same certificate: the Python SDK's
+/// client, checking it against the CA, negotiates and reads alice's catalog; a plain-HTTP
+/// request to the door gets no HTTP answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_door_speaks_tls_beside_a_tls_api() {
+    let pki = crate::identity::Pki::new();
+    let app = spawn_app_with(StoreKind::Sqlite, |c| {
+        c.auth_failure_rate_per_sec = 0.0;
+        c.mcp_listen = Some("127.0.0.1:0".parse().expect("addr"));
+        c.auth = AuthConfig {
+            tokens: vec![
+                token("ops", ADMIN, Role::Admin, None),
+                token("harness", RUNTIME, Role::Runtime, None),
+                token("alice", ALICE, Role::Reader, Some("alice")),
+            ],
+            jwt: None,
+        };
+        c.tls = hcp_sense::config::TlsOptions {
+            cert_file: Some(pki.path("server.pem")),
+            key_file: Some(pki.path("server.key")),
+            client_ca_file: None,
+            client_role: Role::Reader,
+            client_identity: hcp_sense::auth::CertIdentity::default(),
+        };
+    })
+    .await;
+    let door = app.mcp_addr.expect("the door");
+    let ca = pki.path("ca.pem");
+    let report = session(json!({
+        "url": format!("https://localhost:{}/mcp", door.port()),
+        "ca": ca,
+        "token": ALICE,
+        "read": ["hcp-sense://catalog"],
+    }))
+    .await;
+    assert!(report.get("failed").is_none(), "{report}");
+    assert_eq!(report["protocol"], "2026-07-28", "{report}");
+    assert!(
+        report["reads"]["hcp-sense://catalog"]["json"]["triggerTypes"].is_array(),
+        "{report}"
+    );
+    let plain = session(json!({ "url": format!("http://127.0.0.1:{}/mcp", door.port()), "raw": [initialize(ALICE)] })).await;
+    assert!(
+        plain["raw"][0]["status"].is_null(),
+        "plain HTTP to the TLS door was answered: {plain}"
+    );
+    app.stop().await;
+}

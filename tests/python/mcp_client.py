@@ -1,7 +1,8 @@
 """An MCP client session against hcp-sense's MCP door, with the official Python SDK (`mcp`).
 
 Reads a plan as JSON on standard input:
-  {"url": "http://127.0.0.1:PORT/mcp", "token": "..."}                      Streamable HTTP, or
+  {"url": "http://127.0.0.1:PORT/mcp", "token": "..."}                      Streamable HTTP
+  (with "ca": a CA file, https checked against it), or
   {"command": ["hcp-sense", "mcp", "--server", "..."], "env": {...}}          stdio,
   with "read": [uri, ...] resources to read and "calls": [[tool, {args}], ...] tools to call,
   and "listen": {"uri": ..., "deliver": [command...], "events": N, "timeout": S}: subscribe
@@ -41,7 +42,13 @@ def error_of(e: BaseException) -> dict:
 async def session(plan: dict) -> dict:
     if "url" in plan:
         headers = {"Authorization": f"Bearer {plan['token']}"} if plan.get("token") else {}
-        server = streamable_http_client(plan["url"], http_client=create_mcp_http_client(headers=headers))
+        if "ca" in plan:  # https: the server's certificate checked against this CA file
+            import httpx2
+
+            http = httpx2.AsyncClient(headers=headers, verify=plan["ca"], timeout=httpx2.Timeout(30, read=300))
+        else:
+            http = create_mcp_http_client(headers=headers)
+        server = streamable_http_client(plan["url"], http_client=http)
     else:
         cmd = plan["command"]
         server = StdioServerParameters(command=cmd[0], args=cmd[1:], env=plan.get("env"))

@@ -170,9 +170,6 @@ so `helm install`, `helm upgrade` and `helm template` all stop with the same mes
 {{- if and .Values.autoscaling.enabled (not (dig "requests" "cpu" "" (.Values.resources | default dict))) }}
 {{- fail "hcp-sense: autoscaling.enabled needs resources.requests.cpu: CPU utilisation is measured against the request." }}
 {{- end }}
-{{- if and .Values.mcp.enabled .Values.tls.enabled }}
-{{- fail "hcp-sense: mcp.enabled is not served beside tls.enabled: the MCP port speaks plain HTTP and would carry bearer tokens in the clear." }}
-{{- end }}
 {{- $il := .Values.ingressListener }}
 {{- if and $il.service.enabled (not $il.enabled) }}
 {{- fail "hcp-sense: ingressListener.service.enabled needs ingressListener.enabled (the Service would point at a port no container opens)." }}
