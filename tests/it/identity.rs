@@ -41,8 +41,23 @@ fn sign(secret: &[u8], claims: serde_json::Value) -> String {
 
 /// Registers `github`, and grants, links and activates (inbox) each principal.
 pub async fn set_up(ch: &Channel, admin: &str, principals: &[&str]) {
+    set_up_pack(ch, admin, &example("github.pack.json"), principals).await;
+}
+
+/// Registers the pack of `manifest` as `admin`, then grants, links and activates (inbox) it
+/// for each of `principals`.
+pub async fn set_up_pack(
+    ch: &Channel,
+    admin: &str,
+    manifest: &serde_json::Value,
+    principals: &[&str],
+) {
+    let pack = manifest["id"]
+        .as_str()
+        .expect("the manifest's id")
+        .to_owned();
     pb::pack_service_client::PackServiceClient::new(bearer(ch, admin))
-        .register_pack(register_req(&example("github.pack.json")))
+        .register_pack(register_req(manifest))
         .await
         .expect("register");
     let mut policy = PolicyServiceClient::new(bearer(ch, admin));
@@ -50,14 +65,14 @@ pub async fn set_up(ch: &Channel, admin: &str, principals: &[&str]) {
         policy
             .grant_sense_enable(pb::GrantSenseEnableRequest {
                 principal: (*who).into(),
-                pack_id: "github".into(),
+                pack_id: pack.clone(),
             })
             .await
             .expect("grant");
         policy
             .put_binding(pb::PutBindingRequest {
                 principal: (*who).into(),
-                pack_id: "github".into(),
+                pack_id: pack.clone(),
                 binding_id: format!("b-{}", who.len()),
                 state: pb::BindingState::Linked as i32,
             })
@@ -66,7 +81,7 @@ pub async fn set_up(ch: &Channel, admin: &str, principals: &[&str]) {
         policy
             .activate_sense(pb::ActivateSenseRequest {
                 principal: (*who).into(),
-                pack_id: "github".into(),
+                pack_id: pack.clone(),
                 route: pb::Route::Inbox as i32,
                 filter: String::new(),
             })

@@ -781,37 +781,9 @@ async fn s7_5_2_a_subscription_tells_of_brain_records_only_to_members(kind: Stor
         { "ref": "note.shared", "operation": "read", "land": "brain" },
         { "ref": "note.seen", "operation": "read", "land": "user" }
     ]);
-    pb::pack_service_client::PackServiceClient::new(bearer(&app.channel, ADMIN))
-        .register_pack(crate::packs::register_req(&m))
-        .await
-        .expect("register notes");
+    crate::identity::set_up_pack(&app.channel, ADMIN, &m, &["bob"]).await;
     let mut policy =
         pb::policy_service_client::PolicyServiceClient::new(bearer(&app.channel, ADMIN));
-    policy
-        .grant_sense_enable(pb::GrantSenseEnableRequest {
-            principal: "bob".into(),
-            pack_id: "notes".into(),
-        })
-        .await
-        .expect("grant");
-    policy
-        .put_binding(pb::PutBindingRequest {
-            principal: "bob".into(),
-            pack_id: "notes".into(),
-            binding_id: "b-notes".into(),
-            state: pb::BindingState::Linked as i32,
-        })
-        .await
-        .expect("bind");
-    policy
-        .activate_sense(pb::ActivateSenseRequest {
-            principal: "bob".into(),
-            pack_id: "notes".into(),
-            route: pb::Route::Inbox as i32,
-            filter: String::new(),
-        })
-        .await
-        .expect("activate");
     policy
         .add_project_member(pb::AddProjectMemberRequest {
             project: "apollo".into(),
