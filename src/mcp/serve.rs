@@ -224,7 +224,8 @@ impl SessionManager for Sessions {
 
 /// Answers 401 with `WWW-Authenticate: Bearer` for missing or refused credentials, before
 /// the MCP session sees the request (what a caller may do is the API's to say, call by
-/// call), and refuses an `initialize` past the session caps.
+/// call), refuses an `initialize` past the session caps, and keeps each session to the
+/// credentials that opened it.
 async fn admitted(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
     let authorization = request
         .headers()
@@ -238,11 +239,25 @@ async fn admitted(State(gate): State<Arc<Gate>>, request: Request, next: Next) -
         )
             .into_response();
     }
-    // A session is opened by an `initialize` POST, which names none.
-    if request.method() != Method::POST || request.headers().contains_key(SESSION_HEADER) {
+    let caller: [u8; 32] = Sha256::digest(authorization.unwrap_or_default()).into();
+    if let Some(session) = request.headers().get(SESSION_HEADER) {
+        // A session is its opener's: other credentials naming it (to hear its subscription on
+        // its stream, say) are told it does not exist, as an unknown one is.
+        let id: SessionId = session.to_str().unwrap_or_default().into();
+        let owner = lock(&gate.ledger).live.get(&id).copied().flatten();
+        if owner.is_some_and(|o| o != caller) {
+            return (
+                StatusCode::NOT_FOUND,
+                axum::Json(serde_json::json!({ "error": "no such session: initialize a new one" })),
+            )
+                .into_response();
+        }
         return next.run(request).await;
     }
-    let caller: [u8; 32] = Sha256::digest(authorization.unwrap_or_default()).into();
+    // A session is opened by an `initialize` POST, which names none.
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
     let too_large = || {
         (
             StatusCode::PAYLOAD_TOO_LARGE,

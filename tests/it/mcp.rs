@@ -672,6 +672,13 @@ async fn sessions_are_capped_per_caller_and_in_all_and_idle_ones_close() {
             { "headers": as_bob, "body": "{\"jsonrpc\": \"2.0\", \"id\": 3, \"method\": " },
             { "headers": as_bob, "body": padded(max) },
             { "headers": as_bob, "body": padded(max + 1) },
+            // A session is its opener's: bob's, named by alice, does not exist for her.
+            initialize(BOB),
+            { "headers": { "Authorization": format!("Bearer {ALICE}"), "Mcp-Session-Id": "$session", "MCP-Protocol-Version": "2025-11-25" },
+              "body": { "jsonrpc": "2.0", "method": "notifications/initialized" } },
+            { "method": "GET", "headers": { "Authorization": format!("Bearer {ALICE}"), "Mcp-Session-Id": "$session", "MCP-Protocol-Version": "2025-11-25" } },
+            { "headers": { "Authorization": format!("Bearer {BOB}"), "Mcp-Session-Id": "$session", "MCP-Protocol-Version": "2025-11-25" },
+              "body": { "jsonrpc": "2.0", "method": "notifications/initialized" } },
         ],
     }))
     .await;
@@ -714,6 +721,13 @@ async fn sessions_are_capped_per_caller_and_in_all_and_idle_ones_close() {
         status[12], 413,
         "one byte over --max-request-bytes: {report}"
     );
+    assert_eq!(status[13], 200, "bob's session: {report}");
+    assert_eq!(
+        &status[14..16],
+        &[404, 404],
+        "alice naming bob's session: {report}"
+    );
+    assert!(status[16] < 300, "bob naming his own session: {report}");
     app.stop().await;
 }
 
