@@ -460,6 +460,31 @@ async fn a_subscribed_client_hears_of_each_new_record(kind: StoreKind) {
 }
 on_both_stores!(a_subscribed_client_hears_of_each_new_record => a_subscribed_client_hears_of_each_new_record);
 
+/// Runs tests/node/mcp_client.mjs (the official TypeScript SDK's client) with `plan`; answers
+/// its report.
+async fn node_session(plan: Value) -> Value {
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new("node")
+            .arg("tests/node/mcp_client.mjs")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("node with tests/node's packages (see .ci/test)");
+        std::io::Write::write_all(
+            &mut child.stdin.take().expect("stdin"),
+            plan.to_string().as_bytes(),
+        )
+        .expect("plan");
+        child.wait_with_output().expect("node")
+    })
+    .await
+    .expect("join");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)))
+}
+
 /// The official TypeScript SDK's client, which speaks the revision before 2026-07-28 (the
 /// initialize handshake, a session): the same catalog, records and refusals.
 async fn the_typescript_sdk_reads_over_the_earlier_revision(kind: StoreKind) {
@@ -480,26 +505,7 @@ async fn the_typescript_sdk_reads_over_the_earlier_revision(kind: StoreKind) {
             "resume": true,
         },
     });
-    let out = tokio::task::spawn_blocking(move || {
-        let mut child = Command::new("node")
-            .arg("tests/node/mcp_client.mjs")
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("node with tests/node's packages (see .ci/test)");
-        std::io::Write::write_all(
-            &mut child.stdin.take().expect("stdin"),
-            plan.to_string().as_bytes(),
-        )
-        .expect("plan");
-        child.wait_with_output().expect("node")
-    })
-    .await
-    .expect("join");
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let report = node_session(plan).await;
     assert!(report.get("failed").is_none(), "{report}");
     assert_eq!(report["protocol"], "2025-11-25", "{report}");
     assert_eq!(report["server"], "hcp-sense");
@@ -919,6 +925,48 @@ async fn the_door_speaks_tls_beside_a_tls_api() {
     assert!(
         plain["raw"][0]["status"].is_null(),
         "plain HTTP to the TLS door was answered: {plain}"
+    );
+    app.stop().await;
+}
+
+/// A session holding a `resources/subscribe` outlives the session idle timeout while its
+/// client answers the door's pings: quiet for more than twice the timeout, it still hears
+/// the next record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribed_session_is_kept_past_the_idle_timeout_by_its_pings() {
+    let app = spawn_app_with(StoreKind::Sqlite, |c| {
+        c.auth_failure_rate_per_sec = 0.0;
+        c.mcp_listen = Some("127.0.0.1:0".parse().expect("addr"));
+        c.mcp_session_idle_timeout = std::time::Duration::from_secs(2);
+        c.auth = AuthConfig {
+            tokens: vec![
+                token("ops", ADMIN, Role::Admin, None),
+                token("harness", RUNTIME, Role::Runtime, None),
+                token("alice", ALICE, Role::Reader, Some("alice")),
+            ],
+            jwt: None,
+        };
+    })
+    .await;
+    crate::identity::set_up(&app.channel, ADMIN, &["alice"]).await;
+    let report = node_session(json!({
+        "url": url(&app),
+        "token": ALICE,
+        "subscribe": {
+            "uri": "hcp-sense://records",
+            "deliver": deliver_alices(&app, "after-quiet"),
+            "quietMs": 5000,
+            "timeout": 10,
+        },
+    }))
+    .await;
+    assert!(report.get("failed").is_none(), "{report}");
+    let sub = &report["subscribe"];
+    let id = record_id_in(&sub["deliverOutput"]);
+    assert_eq!(
+        sub["heard"][0]["meta"]["recordUri"],
+        format!("hcp-sense://records/{id}"),
+        "{sub}"
     );
     app.stop().await;
 }

@@ -3,7 +3,7 @@
 // standard input ({"url", "token", "read": [uri...], "calls": [[tool, args]...]}) and prints
 // one JSON report: the negotiated version, the tools, every listed resource (all pages), and
 // each read and call's result or error. With "subscribe": {"uri", "deliver": [command...],
-// "timeout": s, "after": [command...]} it subscribes (resources/subscribe), runs `deliver`,
+// "timeout": s, "after": [command...], "quietMs": ms} it subscribes (resources/subscribe), runs `deliver`,
 // waits for a resources/updated notification, then unsubscribes, runs `after` and reports any
 // notification heard within a second; with "resume": true it then subscribes again from the
 // first notification's resume token (`_meta.resumeToken`) and reports what it is told.
@@ -73,8 +73,9 @@ try {
       out.error = { code: e.code ?? null, message: String(e.message ?? e) };
     }
     if (out.subscribed) {
-      // The session's stream (GET) carries the notifications: give it a moment to open.
-      await sleep(300);
+      // The session's stream (GET) carries the notifications: give it a moment to open (and
+      // "quietMs" more, the session idle meanwhile but for the server's pings).
+      await sleep(300 + (sub.quietMs ?? 0));
       const started = Date.now();
       out.deliverOutput = execFileSync(sub.deliver[0], sub.deliver.slice(1)).toString();
       const delivered = Date.now();
