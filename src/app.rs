@@ -514,7 +514,12 @@ fn spawn_mcp(
         "mcp",
         listener,
         routes,
-        http,
+        // The door's bodies are JSON-RPC messages carrying the API's requests: the API's
+        // own bound, not the ingress payload's.
+        crate::http::HttpLimits {
+            max_body_bytes,
+            ..http
+        },
         hub.metrics.clone(),
         life.clone(),
         tls,

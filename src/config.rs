@@ -145,7 +145,7 @@ pub struct Config {
     )]
     pub mcp_max_subscriptions: usize,
 
-    /// Most live MCP subscriptions one caller (one set of credentials) holds at once; past it a new one is refused.
+    /// Most live MCP subscriptions one caller (one authenticated identity) holds at once; past it a new one is refused.
     #[arg(
         long,
         env = "HCP_SENSE_MCP_MAX_SUBSCRIPTIONS_PER_CALLER",
@@ -163,7 +163,7 @@ pub struct Config {
     )]
     pub mcp_max_sessions: usize,
 
-    /// Most MCP sessions one caller (one set of credentials) holds open at once; past it a new one is refused 429.
+    /// Most MCP sessions one caller (one authenticated identity) holds open at once; past it a new one is refused 429.
     #[arg(
         long,
         env = "HCP_SENSE_MCP_MAX_SESSIONS_PER_CALLER",

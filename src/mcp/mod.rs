@@ -9,8 +9,8 @@ pub mod call;
 pub mod serve;
 pub mod subscriptions;
 
-pub use subscriptions::SubscriptionCaps;
 use subscriptions::Subscriptions;
+pub use subscriptions::{CallerKey, SubscriptionCaps};
 
 use std::sync::Arc;
 
@@ -242,6 +242,15 @@ impl Door {
         }
     }
 
+    /// Who a request's caller is for the caps: over HTTP the key the door's middleware put on
+    /// the request from its authenticated identity; over stdio the door's one caller.
+    fn caller(&self, cx: &RequestContext<RoleServer>) -> CallerKey {
+        cx.extensions
+            .get::<tonic::codegen::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<CallerKey>().copied())
+            .unwrap_or_else(|| CallerKey::of(None))
+    }
+
     /// The credentials of a request: the door's own, else the HTTP request's.
     fn authorization(&self, cx: &RequestContext<RoleServer>) -> Option<AsciiMetadataValue> {
         if let Some(a) = &self.inner.authorization {
@@ -268,19 +277,19 @@ impl Door {
     /// Opens the caller's watch for a subscription, within the door's caps: the API's
     /// WatchRecords with the caller's credentials, from `start` (see [`start_of`]). Boxed:
     /// what opening holds is freed once the watch is open, not kept for the subscription's life.
-    fn watch(&self, credentials: Option<AsciiMetadataValue>, start: Value) -> Opening<'_> {
-        Box::pin(self.open_watch(credentials, start))
+    fn watch(&self, who: (CallerKey, Option<AsciiMetadataValue>), start: Value) -> Opening<'_> {
+        Box::pin(self.open_watch(who, start))
     }
 
     async fn open_watch(
         &self,
-        credentials: Option<AsciiMetadataValue>,
+        (caller, credentials): (CallerKey, Option<AsciiMetadataValue>),
         start: Value,
     ) -> Result<(subscriptions::Held, call::Messages), McpError> {
         let held = self
             .inner
             .subscriptions
-            .open(credentials.as_ref().map(AsciiMetadataValue::as_bytes))
+            .open(caller)
             .map_err(|e| protocol_error(&Status::from(e)))?;
         let method = self
             .method("hcp.sense.v1.RecordService.WatchRecords")
@@ -300,21 +309,36 @@ impl Door {
             .as_ref()
             .is_some_and(|uris| uris.iter().any(|u| u == INBOX_URI));
         let list = accepted.resources_list_changed == Some(true);
+        let others: Vec<&String> = cx
+            .requested()
+            .resource_subscriptions
+            .iter()
+            .flatten()
+            .filter(|u| *u != INBOX_URI)
+            .collect();
+        if let Some(uri) = others.first() {
+            return Err(McpError::invalid_params(
+                format!(
+                    "notifications.resourceSubscriptions: only {INBOX_URI}, the inbox, can be subscribed; `{uri}` does not change once read"
+                ),
+                None,
+            ));
+        }
         if !updates && !list {
             // Nothing to tell (a filter of tools or prompts only), but the stream is held
             // open all the same: it counts under the caps as any subscription does.
-            let credentials = self.authorization(cx.request_context());
             let _held = self
                 .inner
                 .subscriptions
-                .open(credentials.as_ref().map(AsciiMetadataValue::as_bytes))
+                .open(self.caller(cx.request_context()))
                 .map_err(|e| protocol_error(&Status::from(e)))?;
             cx.cancelled().await;
             return Ok(());
         }
         let start = start_of(&cx.request_context().meta.0 .0)?;
+        let rx = cx.request_context();
         let (_held, watch) = self
-            .watch(self.authorization(cx.request_context()), start)
+            .watch((self.caller(rx), self.authorization(rx)), start)
             .await?;
         relay(watch, &Notify::Listen(cx), updates, list).await
     }
@@ -632,7 +656,9 @@ impl ServerHandler for Door {
             return Ok(());
         }
         let start = start_of(&cx.meta.0 .0)?;
-        let (held, watch) = self.watch(self.authorization(&cx), start).await?;
+        let (held, watch) = self
+            .watch((self.caller(&cx), self.authorization(&cx)), start)
+            .await?;
         static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ended = CancellationToken::new();

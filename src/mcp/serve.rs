@@ -16,10 +16,9 @@ use rmcp::transport::streamable_http_server::session::{
     RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
 };
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use sha2::{Digest, Sha256};
 use tokio_stream::Stream;
 
-use super::Door;
+use super::{CallerKey, Door};
 use crate::auth::{Authenticator, Caller};
 use crate::lifecycle::Signal;
 
@@ -34,7 +33,7 @@ const SESSION_HEADER: &str = "mcp-session-id";
 pub struct SessionLimits {
     /// Sessions open at once, in all.
     pub total: usize,
-    /// Sessions one caller (one set of credentials) holds open.
+    /// Sessions one caller (one authenticated identity) holds open.
     pub per_caller: usize,
     /// A session with no traffic for this long is closed.
     pub idle: Duration,
@@ -224,37 +223,39 @@ impl SessionManager for Sessions {
 
 /// Answers 401 with `WWW-Authenticate: Bearer` for missing or refused credentials, before
 /// the MCP session sees the request (what a caller may do is the API's to say, call by
-/// call), refuses an `initialize` past the session caps, and keeps each session to the
-/// credentials that opened it.
-async fn admitted(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+/// call); keeps each session to the caller that opened it; refuses a body that is not one
+/// JSON-RPC message (400, with the JSON-RPC error that says why) and an `initialize` past the
+/// session caps. The caller's [`CallerKey`] goes on the request for the door's own caps.
+async fn admitted(State(gate): State<Arc<Gate>>, mut request: Request, next: Next) -> Response {
     let authorization = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    if let Caller::Refused(why) = gate.auth.check(authorization) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            axum::Json(serde_json::json!({ "error": why.public_message() })),
-        )
-            .into_response();
-    }
-    let caller: [u8; 32] = Sha256::digest(authorization.unwrap_or_default()).into();
-    if let Some(session) = request.headers().get(SESSION_HEADER) {
-        // A session is its opener's: other credentials naming it (to hear its subscription on
-        // its stream, say) are told it does not exist, as an unknown one is.
-        let id: SessionId = session.to_str().unwrap_or_default().into();
-        let owner = lock(&gate.ledger).live.get(&id).copied().flatten();
-        if owner.is_some_and(|o| o != caller) {
+    let caller = match gate.auth.check(authorization) {
+        Caller::Refused(why) => {
             return (
-                StatusCode::NOT_FOUND,
-                axum::Json(serde_json::json!({ "error": "no such session: initialize a new one" })),
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                axum::Json(serde_json::json!({ "error": why.public_message() })),
             )
-                .into_response();
+                .into_response()
         }
-        return next.run(request).await;
+        Caller::Known(id) => CallerKey::of(Some(&id.bucket())),
+        Caller::Open => CallerKey::of(None),
+    };
+    request.extensions_mut().insert(caller);
+    let session: Option<SessionId> = request
+        .headers()
+        .get(SESSION_HEADER)
+        .map(|v| v.to_str().unwrap_or_default().into());
+    if let Some(id) = &session {
+        // A session is its opener's: other credentials naming it (to hear its subscription
+        // on its stream, say) are answered as for a session that does not exist.
+        let owner = lock(&gate.ledger).live.get(id).copied().flatten();
+        if owner.is_some_and(|o| o != caller.0) {
+            return session_not_found();
+        }
     }
-    // A session is opened by an `initialize` POST, which names none.
     if request.method() != Method::POST {
         return next.run(request).await;
     }
@@ -281,21 +282,24 @@ async fn admitted(State(gate): State<Arc<Gate>>, request: Request, next: Next) -
     let Ok(bytes) = axum::body::to_bytes(body, gate.max_body_bytes).await else {
         return too_large();
     };
-    let id = match initialize_id(&bytes) {
-        Some(id) => id,
-        None => {
-            return next
-                .run(Request::from_parts(parts, Body::from(bytes)))
-                .await
-        }
+    if let Err(not_one) = one_message(&bytes) {
+        return not_one.answer();
+    }
+    let init = if session.is_none() {
+        initialize_id(&bytes)
+    } else {
+        None
     };
-    let reserved = match gate.reserve(caller) {
+    let request = Request::from_parts(parts, Body::from(bytes));
+    // A session is opened by an `initialize`, which names none.
+    let Some(id) = init else {
+        return next.run(request).await;
+    };
+    let reserved = match gate.reserve(caller.0) {
         Ok(r) => r,
         Err(refusal) => return refusal.answer(id),
     };
-    let answer = next
-        .run(Request::from_parts(parts, Body::from(bytes)))
-        .await;
+    let answer = next.run(request).await;
     match answer
         .headers()
         .get(SESSION_HEADER)
@@ -305,6 +309,72 @@ async fn admitted(State(gate): State<Arc<Gate>>, request: Request, next: Next) -
         _ => drop(reserved),
     }
     answer
+}
+
+/// The SDK's own answer for a session it does not hold, word for word.
+fn session_not_found() -> Response {
+    let mut answer = Response::new(Body::from("Not Found: Session not found"));
+    *answer.status_mut() = StatusCode::NOT_FOUND;
+    answer
+}
+
+/// Why a body is not one JSON-RPC message: the error answered (400) in its place.
+struct NotOne {
+    id: serde_json::Value,
+    code: i64,
+    message: String,
+}
+
+impl NotOne {
+    fn answer(self) -> Response {
+        let body = serde_json::json!({
+            "jsonrpc": "2.0", "id": self.id,
+            "error": { "code": self.code, "message": self.message },
+        });
+        (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+    }
+}
+
+/// Refuses a body that is not one JSON-RPC message: not JSON (-32700), or not a request,
+/// notification or response of JSON-RPC 2.0 (-32600: a batch, a `method` that is not a
+/// string, an `id` that is neither a string nor an integer).
+fn one_message(body: &[u8]) -> Result<(), NotOne> {
+    use serde_json::Value;
+    let not_one = |id: &Value, code: i64, message: String| NotOne {
+        id: id.clone(),
+        code,
+        message,
+    };
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        not_one(
+            &Value::Null,
+            -32700,
+            format!("parse error: the body is not JSON: {e}"),
+        )
+    })?;
+    let Some(m) = v.as_object() else {
+        let why = if v.is_array() {
+            "invalid request: a batch (a JSON array) is not accepted: send one message a request"
+        } else {
+            "invalid request: a JSON-RPC message is a JSON object"
+        };
+        return Err(not_one(&Value::Null, -32600, why.to_owned()));
+    };
+    let id = m.get("id").unwrap_or(&Value::Null);
+    let invalid = |why: &str| not_one(id, -32600, format!("invalid request: {why}"));
+    if m.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(invalid("`jsonrpc` must be \"2.0\""));
+    }
+    if !(id.is_null() && !m.contains_key("id") || id.is_string() || id.is_i64() || id.is_u64()) {
+        return Err(invalid("`id` must be a string or an integer"));
+    }
+    match m.get("method") {
+        Some(Value::String(_)) => Ok(()),
+        Some(_) => Err(invalid("`method` must be a string")),
+        // A client's answer to the server's own request (a ping).
+        None if m.contains_key("result") || m.contains_key("error") => Ok(()),
+        None => Err(invalid("`method` is missing")),
+    }
 }
 
 /// The JSON-RPC id of an `initialize` request; `None` for any other body.
@@ -387,6 +457,40 @@ impl Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_that_is_not_one_json_rpc_message_is_refused_with_the_reason() {
+        let code = |body: &str| match one_message(body.as_bytes()) {
+            Ok(()) => None,
+            Err(not_one) => Some(not_one.answer().status().as_u16()),
+        };
+        for ok in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":"a","method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":3,"result":{}}"#,
+        ] {
+            assert_eq!(code(ok), None, "{ok}");
+        }
+        for bad in [
+            "",
+            "not json",
+            "[]",
+            r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#,
+            "5",
+            r#"{"id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":5}"#,
+            r#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1}"#,
+        ] {
+            assert_eq!(code(bad), Some(400), "{bad}");
+        }
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert_eq!(code(&deep), Some(400));
+    }
 
     #[test]
     fn only_an_initialize_is_read_as_one() {

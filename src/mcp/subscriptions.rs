@@ -10,12 +10,25 @@ use sha2::{Digest, Sha256};
 
 use crate::error::Error;
 
+/// Who a caller is, for the door's caps: the identity its credentials authenticate as (kind
+/// and name), hashed; every caller of a server without authentication is one. Not the header's
+/// text, which one identity can spell many ways (`Bearer  t`, `Bearer t `).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CallerKey(pub [u8; 32]);
+
+impl CallerKey {
+    /// The key of an authenticated identity (`Identity::bucket`), or of everyone (`None`).
+    pub fn of(identity: Option<&str>) -> CallerKey {
+        CallerKey(Sha256::digest(identity.unwrap_or_default()).into())
+    }
+}
+
 /// The caps (each at least 1).
 #[derive(Debug, Clone, Copy)]
 pub struct SubscriptionCaps {
     /// Open subscriptions in all.
     pub total: usize,
-    /// Open subscriptions of one caller (one set of credentials).
+    /// Open subscriptions of one caller (one authenticated identity).
     pub per_caller: usize,
 }
 
@@ -50,10 +63,9 @@ impl Subscriptions {
         })
     }
 
-    /// Opens a subscription for the caller with `credentials` (its `Authorization`, none on a
-    /// server without authentication), or refuses it past a cap.
-    pub fn open(self: &Arc<Self>, credentials: Option<&[u8]>) -> Result<Held, Error> {
-        let caller: [u8; 32] = Sha256::digest(credentials.unwrap_or_default()).into();
+    /// Opens a subscription for `caller` (its [`CallerKey`]), or refuses it past a cap.
+    pub fn open(self: &Arc<Self>, caller: CallerKey) -> Result<Held, Error> {
+        let CallerKey(caller) = caller;
         let mut open = self
             .open
             .lock()
@@ -107,20 +119,22 @@ mod tests {
             total: 3,
             per_caller: 2,
         });
-        let a1 = subs.open(Some(b"Bearer a")).expect("a 1");
-        let _a2 = subs.open(Some(b"Bearer a")).expect("a 2");
-        let e = subs.open(Some(b"Bearer a")).expect_err("a 3");
+        let (a, b) = (
+            CallerKey::of(Some("token:a")),
+            CallerKey::of(Some("token:b")),
+        );
+        let a1 = subs.open(a).expect("a 1");
+        let _a2 = subs.open(a).expect("a 2");
+        let e = subs.open(a).expect_err("a 3");
         assert!(
             e.to_string()
                 .contains("--mcp-max-subscriptions-per-caller 2"),
             "{e}"
         );
-        let _b1 = subs.open(Some(b"Bearer b")).expect("b 1: the third in all");
-        let e = subs
-            .open(Some(b"Bearer b"))
-            .expect_err("b 2: a fourth in all");
+        let _b1 = subs.open(b).expect("b 1: the third in all");
+        let e = subs.open(b).expect_err("b 2: a fourth in all");
         assert!(e.to_string().contains("--mcp-max-subscriptions 3"), "{e}");
         drop(a1);
-        subs.open(Some(b"Bearer b")).expect("room again");
+        subs.open(b).expect("room again");
     }
 }

@@ -583,7 +583,8 @@ async fn subscriptions_are_capped_per_caller_and_in_all(kind: StoreKind) {
     let report = session(json!({
         "url": url(&app),
         // bob's second asks for nothing the door sends: it is held, and counted, all the same.
-        "holds": [{ "token": ALICE, "count": 3 }, { "token": BOB, "count": 1 }, { "token": BOB, "count": 1, "tools": true }],
+        // alice's last spells her token with more spaces: the same caller all the same.
+        "holds": [{ "token": ALICE, "count": 3 }, { "token": BOB, "count": 1 }, { "token": BOB, "count": 1, "tools": true }, { "token": format!("   {ALICE}"), "count": 1 }],
     }))
     .await;
     assert!(report.get("failed").is_none(), "{report}");
@@ -597,7 +598,7 @@ async fn subscriptions_are_capped_per_caller_and_in_all(kind: StoreKind) {
             )
         })
         .collect();
-    assert_eq!(shown.len(), 5, "{report}");
+    assert_eq!(shown.len(), 6, "{report}");
     assert_eq!(shown[0].0, "open", "{report}");
     assert_eq!(shown[1].0, "open", "{report}");
     assert_eq!(shown[2].0, "ended", "alice's third: {report}");
@@ -611,6 +612,11 @@ async fn subscriptions_are_capped_per_caller_and_in_all(kind: StoreKind) {
     );
     assert_eq!(shown[4].0, "ended", "a fourth in all: {report}");
     assert!(shown[4].1.contains("--mcp-max-subscriptions 3"), "{report}");
+    assert_eq!(shown[5].0, "ended", "alice, spelt otherwise: {report}");
+    assert!(
+        shown[5].1.contains("--mcp-max-subscriptions-per-caller 2"),
+        "{report}"
+    );
     app.stop().await;
 }
 on_both_stores!(subscriptions_are_capped_per_caller_and_in_all => subscriptions_are_capped_per_caller_and_in_all);
@@ -685,6 +691,10 @@ async fn sessions_are_capped_per_caller_and_in_all_and_idle_ones_close() {
             { "method": "GET", "headers": { "Authorization": format!("Bearer {ALICE}"), "Mcp-Session-Id": "$session", "MCP-Protocol-Version": "2025-11-25" } },
             { "headers": { "Authorization": format!("Bearer {BOB}"), "Mcp-Session-Id": "$session", "MCP-Protocol-Version": "2025-11-25" },
               "body": { "jsonrpc": "2.0", "method": "notifications/initialized" } },
+            // alice holds her 2; her token spelt with more spaces is still alice.
+            { "headers": { "Authorization": format!("Bearer    {ALICE}") }, "body": initialize(ALICE)["body"] },
+            // Not one JSON-RPC message: refused 400 with the reason.
+            { "headers": as_bob, "body": "[{\"jsonrpc\": \"2.0\", \"id\": 5, \"method\": \"ping\"}]" },
         ],
     }))
     .await;
@@ -715,10 +725,8 @@ async fn sessions_are_capped_per_caller_and_in_all_and_idle_ones_close() {
         &[200, 200],
         "idle sessions gave their places back: {report}"
     );
-    assert!(
-        (400..500).contains(&status[10]),
-        "malformed JSON is the client's error: {report}"
-    );
+    assert_eq!(status[10], 400, "malformed JSON: {report}");
+    assert!(body(10).contains("-32700"), "a parse error: {report}");
     assert!(
         status[11] != 413 && status[11] != 0,
         "at --max-request-bytes: {report}"
@@ -734,6 +742,12 @@ async fn sessions_are_capped_per_caller_and_in_all_and_idle_ones_close() {
         "alice naming bob's session: {report}"
     );
     assert!(status[16] < 300, "bob naming his own session: {report}");
+    assert_eq!(status[17], 429, "alice, spelt otherwise: {report}");
+    assert_eq!(status[18], 400, "a batch: {report}");
+    assert!(
+        body(18).contains("-32600") && body(18).contains("batch"),
+        "{report}"
+    );
     app.stop().await;
 }
 
