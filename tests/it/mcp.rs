@@ -584,7 +584,7 @@ async fn subscriptions_are_capped_per_caller_and_in_all(kind: StoreKind) {
         "url": url(&app),
         // bob's second asks for nothing the door sends: it is held, and counted, all the same.
         // alice's last spells her token with more spaces: the same caller all the same.
-        "holds": [{ "token": ALICE, "count": 3 }, { "token": BOB, "count": 1 }, { "token": BOB, "count": 1, "tools": true }, { "token": format!("   {ALICE}"), "count": 1 }],
+        "holds": [{ "token": ALICE, "count": 3 }, { "token": BOB, "count": 1 }, { "token": BOB, "count": 1, "tools": true }, { "token": format!("   {ALICE}"), "count": 1 }, { "token": BOB, "count": 1, "uri": "hcp-sense://catalog" }],
     }))
     .await;
     assert!(report.get("failed").is_none(), "{report}");
@@ -598,7 +598,7 @@ async fn subscriptions_are_capped_per_caller_and_in_all(kind: StoreKind) {
             )
         })
         .collect();
-    assert_eq!(shown.len(), 6, "{report}");
+    assert_eq!(shown.len(), 7, "{report}");
     assert_eq!(shown[0].0, "open", "{report}");
     assert_eq!(shown[1].0, "open", "{report}");
     assert_eq!(shown[2].0, "ended", "alice's third: {report}");
@@ -612,6 +612,8 @@ async fn subscriptions_are_capped_per_caller_and_in_all(kind: StoreKind) {
     );
     assert_eq!(shown[4].0, "ended", "a fourth in all: {report}");
     assert!(shown[4].1.contains("--mcp-max-subscriptions 3"), "{report}");
+    assert_eq!(shown[6].0, "ended", "the catalog does not change: {report}");
+    assert!(shown[6].1.contains("only hcp-sense://records"), "{report}");
     assert_eq!(shown[5].0, "ended", "alice, spelt otherwise: {report}");
     assert!(
         shown[5].1.contains("--mcp-max-subscriptions-per-caller 2"),

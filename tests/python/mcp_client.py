@@ -17,7 +17,7 @@ and reports each answer's status, session and Retry-After headers and body; "$se
 header value is the session id of the latest answer that named one.
 A plan {"url", "holds": [{"token", "count"}, ...]} instead opens, one after another and all held
 open together, `count` subscriptions to hcp-sense://records with each token (to tool list changes
-alone with "tools": true), and reports for
+alone with "tools": true; to "uri" when given), and reports for
 each whether it stayed open (no event, no error within a second) or the error that ended it.
 Prints one JSON report: the negotiated protocol version, the tools, every listed resource
 (all pages), and each read and call's result or error (code and message).
@@ -201,7 +201,7 @@ async def holds(plan: dict) -> dict:
                     listening = (
                         client.listen(tools_list_changed=True)
                         if hold.get("tools")
-                        else client.listen(resource_subscriptions=["hcp-sense://records"])
+                        else client.listen(resource_subscriptions=[hold.get("uri", "hcp-sense://records")])
                     )
                     sub = await stack.enter_async_context(listening)
                     try:
