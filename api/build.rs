@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "hcp/sense/v1/audit.proto",
         "hcp/sense/v1/ingress.proto",
         "hcp/sense/v1/decisions.proto",
+        "hcp/sense/v1/caller.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={}", root.join(f).display());

@@ -50,6 +50,9 @@ pub struct App {
     mcp_sessions: crate::mcp::serve::SessionLimits,
     /// TLS of the door's listener: beside a TLS API, with its certificate.
     mcp_tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The JSON door's listener, and whether it serves the console.
+    web_listener: Option<TcpListener>,
+    console: bool,
     /// The NATS server NATS routes consume from, when one is configured.
     nats_url: Option<String>,
     /// How long a socket of the HTTP listeners may move no byte before it is closed.
@@ -104,7 +107,7 @@ impl App {
         }
         let auth = Arc::new(auth);
         // The MCP door speaks TLS beside a TLS API, with the same certificate.
-        let mcp_tls = match (&config.mcp_listen, &tls_files) {
+        let mcp_tls = match (config.mcp_listen.or(config.http_listen), &tls_files) {
             (Some(_), Some((cert, key))) => Some(crate::http::tls_acceptor(cert, key)?),
             _ => None,
         };
@@ -126,6 +129,16 @@ impl App {
         let metrics_listener = bind(config.metrics_listen).await?;
         let metrics_addr = metrics_listener.local_addr()?;
         let ingress_listener = match config.ingress_listen {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
+        let web_listener = match config.http_listen {
+            // Without authentication the door is every role's: loopback only.
+            Some(a) if !auth.is_enabled() && !a.ip().is_loopback() && !config.insecure_no_auth => {
+                anyhow::bail!(
+                    "refusing to serve the JSON door on {a} without authentication: configure [auth] in the config file, or pass --insecure-no-auth"
+                )
+            }
             Some(a) => Some(bind(a).await?),
             None => None,
         };
@@ -164,6 +177,8 @@ impl App {
                 idle: config.mcp_session_idle_timeout,
             },
             mcp_tls,
+            web_listener,
+            console: config.console,
             nats_url: config.nats_url.clone(),
             http: http_limits(&config),
             hub,
@@ -198,6 +213,11 @@ impl App {
     /// The MCP door's address, when one is configured.
     pub fn mcp_addr(&self) -> Option<SocketAddr> {
         self.mcp_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The JSON door's address, when it is served.
+    pub fn web_addr(&self) -> Option<SocketAddr> {
+        self.web_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The service's capabilities, as started.
@@ -243,6 +263,8 @@ impl App {
             mcp_caps,
             mcp_sessions,
             mcp_tls,
+            web_listener,
+            console,
             nats_url,
             http,
             hub,
@@ -268,6 +290,31 @@ impl App {
             metrics.clone(),
             crate::grpc::streams::Streams::new(l.streams),
         );
+        if let Some(listener) = web_listener {
+            let api = crate::mcp::call::in_process(
+                tower::ServiceBuilder::new()
+                    .layer(calls.clone())
+                    .layer(rpc.clone())
+                    .layer(guard.clone())
+                    .service(routes.clone()),
+            );
+            let life = hub.lifecycle();
+            let door =
+                crate::web::Door::new(api, auth.is_enabled(), console, http.idle, life.stopping())?;
+            life.spawn(crate::http::serve(
+                "http",
+                listener,
+                door.routes(),
+                // The door's bodies carry the API's requests: the API's own bound.
+                crate::http::HttpLimits {
+                    max_body_bytes: l.max_request_bytes,
+                    ..http
+                },
+                hub.metrics.clone(),
+                life.clone(),
+                mcp_tls.clone(),
+            ));
+        }
         if let Some(door) = mcp_listener {
             let api = crate::mcp::call::in_process(
                 tower::ServiceBuilder::new()
@@ -391,6 +438,10 @@ impl App {
                 pages: pages.clone(),
             })
             .max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::caller_service_server::CallerServiceServer::new(crate::grpc::caller::CallerApi)
+                .max_decoding_message_size(max),
         )
         .add_service(
             AuditServiceServer::new(crate::grpc::audit::AuditApi {

@@ -561,43 +561,51 @@ pub fn allowed(method: &str, role: Role) -> bool {
     is_open(method)
         || matches!(
             (service, rpc, role),
-            (
-                "hcp.sense.v1.IngestService",
-                "DeliverTrigger" | "DeliverTriggers",
-                Role::Runtime
-            ) | (
-                "hcp.sense.v1.PolicyService",
-                "ReportBindingHealth",
-                Role::Runtime | Role::Admin
-            ) | (
-                "hcp.sense.v1.RecordService",
-                "ListRecords" | "GetRecord" | "WatchRecords",
-                Role::Reader
-            ) | (
-                "hcp.sense.v1.IngestService",
-                "ExplainTrigger",
-                Role::Runtime | Role::Admin
-            ) | (
-                "hcp.sense.v1.PackService",
-                "ListTriggerTypes",
-                Role::Runtime | Role::Reader
-            ) | (
-                "hcp.sense.v1.RecordService",
-                "ListDropReports" | "EraseRecords",
-                Role::Admin
-            ) | (
-                "hcp.sense.v1.DecisionService",
-                "ListDecisions" | "GetDecision",
-                Role::Reader | Role::Admin
-            ) | (
-                "hcp.sense.v1.PackService"
-                    | "hcp.sense.v1.PolicyService"
-                    | "hcp.sense.v1.IngressService"
-                    | "hcp.sense.v1.AuditService"
-                    | "hcp.sense.v1.BenchService",
-                _,
-                Role::Admin,
-            )
+            ("hcp.sense.v1.CallerService", "GetCaller", _)
+                | (
+                    "hcp.sense.v1.IngestService",
+                    "DeliverTrigger" | "DeliverTriggers",
+                    Role::Runtime
+                )
+                | (
+                    "hcp.sense.v1.PolicyService",
+                    "ReportBindingHealth",
+                    Role::Runtime | Role::Admin
+                )
+                | (
+                    "hcp.sense.v1.RecordService",
+                    "ListRecords" | "GetRecord" | "WatchRecords",
+                    Role::Reader
+                )
+                | (
+                    "hcp.sense.v1.IngestService",
+                    "ExplainTrigger",
+                    Role::Runtime | Role::Admin
+                )
+                | (
+                    "hcp.sense.v1.PackService",
+                    "ListTriggerTypes",
+                    Role::Runtime | Role::Reader
+                )
+                | (
+                    "hcp.sense.v1.RecordService",
+                    "ListDropReports" | "EraseRecords",
+                    Role::Admin
+                )
+                | (
+                    "hcp.sense.v1.DecisionService",
+                    "ListDecisions" | "GetDecision",
+                    Role::Reader | Role::Admin
+                )
+                | (
+                    "hcp.sense.v1.PackService"
+                        | "hcp.sense.v1.PolicyService"
+                        | "hcp.sense.v1.IngressService"
+                        | "hcp.sense.v1.AuditService"
+                        | "hcp.sense.v1.BenchService",
+                    _,
+                    Role::Admin,
+                )
         )
 }
 

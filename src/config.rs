@@ -182,6 +182,19 @@ pub struct Config {
     )]
     pub mcp_session_idle_timeout: Duration,
 
+    /// Address of the JSON door: every RPC as JSON over HTTP (the `google.api.http` routes
+    /// of the protos; WatchRecords as Server-Sent Events; the OpenAPI document at
+    /// /openapi.json); none by default. Its calls carry the caller's bearer token and are
+    /// answered by the gRPC API's own rules.
+    #[arg(long, env = "HCP_SENSE_HTTP_LISTEN", value_name = "ADDR")]
+    pub http_listen: Option<SocketAddr>,
+
+    /// Serve the operator console at /console/ on --http-listen (off by default). Its pages
+    /// hold no data of their own: each one calls the JSON routes with the token the operator
+    /// signs in with, under the API's role table.
+    #[arg(long, env = "HCP_SENSE_CONSOLE", requires = "http_listen")]
+    pub console: bool,
+
     /// NATS server whose JetStream streams NATS ingress routes consume (`nats://host:4222`), or
     /// a cluster's nodes comma-separated; none by default. Credentials, if any, go in the URL
     /// (`nats://user:pass@host`).

@@ -1,6 +1,7 @@
 //! The gRPC edge: generated types, thin services that translate and delegate, and error mapping.
 pub mod audit;
 pub mod bench;
+pub mod caller;
 pub mod calls;
 pub mod codec;
 pub mod conn;

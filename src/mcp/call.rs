@@ -157,6 +157,38 @@ impl Messages {
     }
 }
 
+/// The client and path to call `method` with.
+async fn client(
+    api: &Api,
+    method: &MethodDescriptor,
+) -> Result<(tonic::client::Grpc<Api>, PathAndQuery), Status> {
+    let path = PathAndQuery::try_from(format!(
+        "/{}/{}",
+        method.parent_service().full_name(),
+        method.name()
+    ))
+    .map_err(|e| Status::from(Error::internal_from("method path", e)))?;
+    let mut grpc = tonic::client::Grpc::new(api.clone());
+    grpc.ready().await.map_err(|e| {
+        Status::from(Error::Unavailable(format!(
+            "hcp-sense is not reachable: {e}"
+        )))
+    })?;
+    Ok((grpc, path))
+}
+
+/// A request carrying `authorization`.
+fn with_authorization<T>(
+    message: T,
+    authorization: Option<AsciiMetadataValue>,
+) -> tonic::Request<T> {
+    let mut call = tonic::Request::new(message);
+    if let Some(a) = authorization {
+        call.metadata_mut().insert("authorization", a);
+    }
+    call
+}
+
 /// The request of a call of `method`, and the client and path to make it with.
 async fn prepare(
     api: &Api,
@@ -171,27 +203,83 @@ async fn prepare(
     ),
     Status,
 > {
-    let input = match DynamicMessage::deserialize(method.input(), request.clone()) {
-        Ok(m) => m,
-        Err(e) => return Err(refusal(&method.input(), &request, &e).into()),
-    };
-    let path = PathAndQuery::try_from(format!(
-        "/{}/{}",
-        method.parent_service().full_name(),
-        method.name()
-    ))
-    .map_err(|e| Status::from(Error::internal_from("method path", e)))?;
-    let mut grpc = tonic::client::Grpc::new(api.clone());
-    grpc.ready().await.map_err(|e| {
-        Status::from(Error::Unavailable(format!(
-            "hcp-sense is not reachable: {e}"
-        )))
-    })?;
-    let mut call = tonic::Request::new(input);
-    if let Some(a) = authorization {
-        call.metadata_mut().insert("authorization", a);
+    let input = message_of(&method.input(), request, Some("arguments"))?;
+    let (grpc, path) = client(api, method).await?;
+    Ok((grpc, with_authorization(input, authorization), path))
+}
+
+/// `json` read as a `input` (protobuf JSON: lowerCamelCase or proto names). What does not
+/// fit is INVALID_ARGUMENT naming the field, under `named` (`arguments.page_size`) or alone.
+pub fn message_of(
+    input: &MessageDescriptor,
+    json: serde_json::Value,
+    named: Option<&str>,
+) -> Result<DynamicMessage, Status> {
+    match DynamicMessage::deserialize(input.clone(), json.clone()) {
+        Ok(m) => Ok(m),
+        Err(e) => Err(refusal(input, &json, &e, named).into()),
     }
-    Ok((grpc, call, path))
+}
+
+/// Calls `method` with `input`, carrying `authorization`: its answer.
+pub async fn unary_message(
+    api: &Api,
+    method: &MethodDescriptor,
+    input: DynamicMessage,
+    authorization: Option<AsciiMetadataValue>,
+) -> Result<DynamicMessage, Status> {
+    let (mut grpc, path) = client(api, method).await?;
+    let answer = grpc
+        .unary(
+            with_authorization(input, authorization),
+            path,
+            DynamicCodec {
+                output: method.output(),
+            },
+        )
+        .await?;
+    Ok(answer.into_inner())
+}
+
+/// Opens the server stream `method` with `input`, carrying `authorization`.
+pub async fn server_stream_messages(
+    api: &Api,
+    method: &MethodDescriptor,
+    input: DynamicMessage,
+    authorization: Option<AsciiMetadataValue>,
+) -> Result<tonic::Streaming<DynamicMessage>, Status> {
+    let (mut grpc, path) = client(api, method).await?;
+    let answer = grpc
+        .server_streaming(
+            with_authorization(input, authorization),
+            path,
+            DynamicCodec {
+                output: method.output(),
+            },
+        )
+        .await?;
+    Ok(answer.into_inner())
+}
+
+/// Calls the streaming method `method` with `inputs`, carrying `authorization`: its answers
+/// as they come.
+pub async fn streaming_messages(
+    api: &Api,
+    method: &MethodDescriptor,
+    inputs: Vec<DynamicMessage>,
+    authorization: Option<AsciiMetadataValue>,
+) -> Result<tonic::Streaming<DynamicMessage>, Status> {
+    let (mut grpc, path) = client(api, method).await?;
+    let answer = grpc
+        .streaming(
+            with_authorization(tokio_stream::iter(inputs), authorization),
+            path,
+            DynamicCodec {
+                output: method.output(),
+            },
+        )
+        .await?;
+    Ok(answer.into_inner())
 }
 
 /// Calls `method` with `request` (protobuf JSON of its input type), carrying `authorization`;
@@ -204,27 +292,24 @@ pub async fn unary(
     request: serde_json::Value,
     authorization: Option<AsciiMetadataValue>,
 ) -> Result<serde_json::Value, Status> {
-    let (mut grpc, call, path) = prepare(api, method, request, authorization).await?;
-    let answer = grpc
-        .unary(
-            call,
-            path,
-            DynamicCodec {
-                output: method.output(),
-            },
-        )
-        .await?
-        .into_inner();
+    let input = message_of(&method.input(), request, Some("arguments"))?;
+    let answer = unary_message(api, method, input, authorization).await?;
     as_json(&answer)
 }
 
 /// A message as protobuf JSON: lowerCamelCase names, 64-bit integers as numbers, whole
 /// doubles as integers.
 fn as_json(m: &DynamicMessage) -> Result<serde_json::Value, Status> {
+    to_json(m, false)
+}
+
+/// A message as protobuf JSON, lowerCamelCase names, whole doubles as integers; 64-bit
+/// integers as strings (`stringify_64`, the proto3 JSON mapping) or as numbers.
+pub fn to_json(m: &DynamicMessage, stringify_64: bool) -> Result<serde_json::Value, Status> {
     let mut json = m
         .serialize_with_options(
             serde_json::value::Serializer,
-            &SerializeOptions::new().stringify_64_bit_integers(false),
+            &SerializeOptions::new().stringify_64_bit_integers(stringify_64),
         )
         .map_err(|e| Status::from(Error::internal_from("answer not written as JSON", e)))?;
     whole_numbers(&mut json);
@@ -237,24 +322,26 @@ fn refusal(
     input: &MessageDescriptor,
     arguments: &serde_json::Value,
     whole: &serde_json::Error,
+    named: Option<&str>,
 ) -> Error {
     let of = input.full_name();
+    let (named, what) = match named {
+        Some(n) => (format!("{n}."), n),
+        None => (String::new(), "request"),
+    };
     if let serde_json::Value::Object(fields) = arguments {
         for (name, value) in fields {
             let alone =
                 serde_json::Value::Object([(name.clone(), value.clone())].into_iter().collect());
             if let Err(e) = DynamicMessage::deserialize(input.clone(), alone) {
                 return Error::invalid(
-                    format!("arguments.{name}"),
-                    format!("{e} (the arguments are the protobuf JSON of {of})"),
+                    format!("{named}{name}"),
+                    format!("{e} ({what}: the protobuf JSON of {of})"),
                 );
             }
         }
     }
-    Error::invalid(
-        "arguments",
-        format!("{whole} (the arguments are the protobuf JSON of {of})"),
-    )
+    Error::invalid(what, format!("{whole} ({what}: the protobuf JSON of {of})"))
 }
 
 /// Writes a whole double as an integer (`42`, not `42.0`), as grpcurl prints a payload's
