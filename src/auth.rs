@@ -575,7 +575,7 @@ pub fn allowed(method: &str, role: Role) -> bool {
                 | (
                     "hcp.sense.v1.RecordService",
                     "ListRecords" | "GetRecord" | "WatchRecords",
-                    Role::Reader
+                    Role::Reader | Role::Admin
                 )
                 | (
                     "hcp.sense.v1.IngestService",
@@ -795,6 +795,15 @@ mod tests {
         ));
         assert!(allowed("/grpc.health.v1.Health/Check", Role::Reader));
         assert!(!allowed("/unknown.Service/X", Role::Admin));
+        // An operator reads a principal's inbox to answer "why didn't alice get it?".
+        assert!(allowed(
+            "/hcp.sense.v1.RecordService/WatchRecords",
+            Role::Admin
+        ));
+        assert!(!allowed(
+            "/hcp.sense.v1.RecordService/WatchRecords",
+            Role::Runtime
+        ));
     }
 
     fn hs256(secret: &[u8], alg: Algorithm, exp: i64) -> String {

@@ -649,10 +649,12 @@ mod tests {
 
     fn method(name: &str) -> MethodDescriptor {
         let pool = pool().expect("pool");
-        pool.services()
+        let found = pool
+            .services()
             .flat_map(|s| s.methods().collect::<Vec<_>>())
             .find(|m| m.name() == name)
-            .expect("method")
+            .expect("method");
+        found
     }
 
     #[test]

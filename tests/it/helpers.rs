@@ -172,6 +172,8 @@ pub struct TestApp {
     pub ingress_addr: Option<SocketAddr>,
     /// The MCP door, when the test configured one.
     pub mcp_addr: Option<SocketAddr>,
+    /// The JSON door, when the test configured one.
+    pub web_addr: Option<SocketAddr>,
     pub packs: PackServiceClient<Channel>,
     pub policy: PolicyServiceClient<Channel>,
     pub ingest: IngestServiceClient<Channel>,
@@ -200,6 +202,7 @@ pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -
     let metrics_addr = app.metrics_addr();
     let ingress_addr = app.ingress_addr();
     let mcp_addr = app.mcp_addr();
+    let web_addr = app.web_addr();
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {
         let _ = stopped.await;
@@ -222,6 +225,7 @@ pub async fn spawn_app_with(kind: StoreKind, adjust: impl FnOnce(&mut Config)) -
         metrics_addr,
         ingress_addr,
         mcp_addr,
+        web_addr,
         packs: PackServiceClient::new(channel.clone()),
         policy: PolicyServiceClient::new(channel.clone()),
         ingest: IngestServiceClient::new(channel.clone()),

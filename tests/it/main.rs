@@ -32,3 +32,4 @@ mod support;
 mod telemetry;
 mod trace;
 mod watch;
+mod web;

@@ -226,9 +226,10 @@ async fn a_reader_reads_its_catalog_and_only_its_own_records(kind: StoreKind) {
     );
     assert!(calls[6].get("error").is_some(), "{}", calls[6]);
 
-    // A caller that may read no records (an admin) has the catalog alone.
+    // A caller that may read no records (a runtime) has the catalog alone.
     let admin =
-        session(json!({ "url": url(&app), "token": ADMIN, "read": ["hcp-sense://catalog"] })).await;
+        session(json!({ "url": url(&app), "token": RUNTIME, "read": ["hcp-sense://catalog"] }))
+            .await;
     assert_eq!(
         uris(&admin),
         vec!["hcp-sense://catalog".to_owned()],

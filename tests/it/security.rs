@@ -22,7 +22,7 @@ use crate::helpers::{spawn_app_with, StoreKind, TestApp};
 
 pub(crate) const ADMIN: &str = "admin-token-9f3c";
 pub(crate) const RUNTIME: &str = "runtime-token-71ab";
-const READER: &str = "reader-token-alice";
+pub(crate) const READER: &str = "reader-token-alice";
 const SECRET: &str = "jwt-shared-secret-for-tests-32-bytes-long";
 
 pub fn token(name: &str, secret: &str, role: Role, principal: Option<&str>) -> TokenConfig {
