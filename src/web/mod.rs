@@ -27,9 +27,25 @@ use serde_json::{Map, Value};
 use tonic::metadata::AsciiMetadataValue;
 use tonic::Status;
 
+use crate::error::Error;
 use crate::lifecycle::Signal;
 use crate::mcp::call::{self, Api};
 use rules::{BodyRule, Route};
+
+/// A refusal of the request as written: `message` is `field: what is wrong`, and names the
+/// field in its BadRequest detail too, as the API's own refusals do.
+fn invalid(message: impl Into<String>) -> Status {
+    let message = message.into();
+    let (field, why) = message
+        .split_once(": ")
+        .unwrap_or(("request", message.as_str()));
+    Error::invalid(field, why).into()
+}
+
+/// A route that does not fit its method: a bug of this binary, caught at start by the tests.
+fn internal(message: String) -> Status {
+    Error::internal(message).into()
+}
 
 /// Where the OpenAPI document is served.
 pub const OPENAPI_PATH: &str = "/openapi.json";
@@ -119,9 +135,9 @@ impl Door {
         if d.loopback_only && !loopback_host(req.headers()) {
             return status::response(
                 &d.pool,
-                &Status::permission_denied(
-                    "Host: without authentication the JSON door answers only a loopback host name (localhost, 127.0.0.1, [::1])",
-                ),
+                &Status::from(Error::PermissionDenied(
+                    "Host: without authentication the JSON door answers only a loopback host name (localhost, 127.0.0.1, [::1])".to_owned(),
+                )),
             );
         }
         let path = req.uri().path().to_owned();
@@ -158,17 +174,17 @@ impl Door {
         if allowed.is_empty() {
             return status::response(
                 &d.pool,
-                &Status::not_found(format!(
+                &Status::from(Error::NotFound(format!(
                     "no route {verb} {path}: the routes are listed in {OPENAPI_PATH}"
-                )),
+                ))),
             );
         }
         let mut r = status::response(
             &d.pool,
-            &Status::unimplemented(format!(
+            &Status::from(Error::NotFound(format!(
                 "{path} is not served for {verb}: it is for {}",
                 allowed.join(", ")
-            )),
+            ))),
         );
         *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
         if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
@@ -192,7 +208,7 @@ impl Door {
         if parts.method == Method::POST && !is_json(&parts.headers) {
             let mut r = status::response(
                 &d.pool,
-                &Status::invalid_argument("Content-Type: a POST's body is JSON (application/json)"),
+                &invalid("Content-Type: a POST's body is JSON (application/json)"),
             );
             *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
             return Ok(r);
@@ -200,7 +216,7 @@ impl Door {
         // The listener has read the body whole, within its size and time bounds.
         let body = axum::body::to_bytes(body, usize::MAX)
             .await
-            .map_err(|e| Status::invalid_argument(format!("body: not read: {e}")))?;
+            .map_err(|e| invalid(format!("body: not read: {e}")))?;
         if method.is_client_streaming() {
             let inputs = items(method, &body)?;
             let stream = call::streaming_messages(&d.api, method, inputs, authorization).await?;
@@ -209,7 +225,7 @@ impl Door {
         let mut fields = match route.body {
             BodyRule::Whole => {
                 if query.as_deref().is_some_and(|q| !q.is_empty()) {
-                    return Err(Status::invalid_argument(
+                    return Err(invalid(
                         "query string: this route takes its fields in the JSON body",
                     ));
                 }
@@ -217,7 +233,7 @@ impl Door {
             }
             BodyRule::None => {
                 if !body.is_empty() {
-                    return Err(Status::invalid_argument(format!(
+                    return Err(invalid(format!(
                         "body: {} {} takes no body; its fields go in the query string",
                         route.verb, route.template
                     )));
@@ -266,7 +282,7 @@ impl Door {
                     },
                     _ = ping.tick() => (": ping\n\n".to_owned(), true),
                     () = d.stopping.wait() => (
-                        error_event(&d.pool, &Status::unavailable("the server is stopping: reconnect to resume after the last event")),
+                        error_event(&d.pool, &Status::from(Error::Unavailable("the server is stopping: reconnect to resume after the last event".to_owned()))),
                         false,
                     ),
                 };
@@ -379,7 +395,7 @@ fn resume_from_last_event(
     };
     let last = last
         .to_str()
-        .map_err(|_| Status::invalid_argument("Last-Event-ID: must be a resume token (ASCII)"))?;
+        .map_err(|_| invalid("Last-Event-ID: must be a resume token (ASCII)"))?;
     let starts = field
         .containing_oneof()
         .map(|o| o.fields().collect::<Vec<_>>())
@@ -403,7 +419,9 @@ fn authorization(headers: &HeaderMap) -> Result<Option<AsciiMetadataValue>, Stat
             .and_then(|s| AsciiMetadataValue::try_from(s).ok())
             .map(Some)
             .ok_or_else(|| {
-                Status::unauthenticated("Authorization: credentials are missing or were refused")
+                Status::from(Error::Unauthenticated(
+                    "Authorization: credentials are missing or were refused".to_owned(),
+                ))
             }),
     }
 }
@@ -443,20 +461,19 @@ fn body_object(body: &[u8]) -> Result<Map<String, Value>, Status> {
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(Status::invalid_argument(
+        Ok(_) => Err(invalid(
             "body: must be a JSON object (the request message's protobuf JSON)",
         )),
-        Err(e) => Err(Status::invalid_argument(format!("body: not JSON: {e}"))),
+        Err(e) => Err(invalid(format!("body: not JSON: {e}"))),
     }
 }
 
 /// A streaming call's requests: a JSON array of them, or one JSON object a line.
 fn items(method: &MethodDescriptor, body: &[u8]) -> Result<Vec<DynamicMessage>, Status> {
-    let text =
-        std::str::from_utf8(body).map_err(|_| Status::invalid_argument("body: not UTF-8"))?;
+    let text = std::str::from_utf8(body).map_err(|_| invalid("body: not UTF-8"))?;
     let values: Vec<Value> = if text.trim_start().starts_with('[') {
         serde_json::from_str::<Vec<Value>>(text)
-            .map_err(|e| Status::invalid_argument(format!("body: not a JSON array: {e}")))?
+            .map_err(|e| invalid(format!("body: not a JSON array: {e}")))?
     } else {
         let mut out = Vec::new();
         for (n, l) in text
@@ -464,14 +481,15 @@ fn items(method: &MethodDescriptor, body: &[u8]) -> Result<Vec<DynamicMessage>, 
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty())
         {
-            out.push(serde_json::from_str(l).map_err(|e| {
-                Status::invalid_argument(format!("body: line {}: not JSON: {e}", n + 1))
-            })?);
+            out.push(
+                serde_json::from_str(l)
+                    .map_err(|e| invalid(format!("body: line {}: not JSON: {e}", n + 1)))?,
+            );
         }
         out
     };
     if values.is_empty() {
-        return Err(Status::invalid_argument(
+        return Err(invalid(
             "body: no requests (a JSON array of them, or one JSON object a line)",
         ));
     }
@@ -491,12 +509,12 @@ fn query_fields(method: &MethodDescriptor, query: &str) -> Result<Map<String, Va
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let (Some(k), Some(v)) = (rules::query_decode(k), rules::query_decode(v)) else {
-            return Err(Status::invalid_argument(format!(
+            return Err(invalid(format!(
                 "query string: `{pair}` is not percent-encoded UTF-8"
             )));
         };
         let Some(field) = rules::field(&input, &k) else {
-            return Err(Status::invalid_argument(format!(
+            return Err(invalid(format!(
                 "{k}: not a field of {} (query parameters are its fields, by name)",
                 input.full_name()
             )));
@@ -515,7 +533,7 @@ fn query_fields(method: &MethodDescriptor, query: &str) -> Result<Map<String, Va
                 .map_or(Value::String(v), Value::Number),
             Kind::Enum(_) => v.parse::<i64>().map_or(Value::String(v), Value::from),
             Kind::Message(m) if !is_scalar_message(&m) => {
-                return Err(Status::invalid_argument(format!(
+                return Err(invalid(format!(
                     "{k}: a message; give its fields in the query string ({k}.field=…)"
                 )))
             }
@@ -527,7 +545,7 @@ fn query_fields(method: &MethodDescriptor, query: &str) -> Result<Map<String, Va
             (true, Value::Array(items)) => items.push(value),
             (false, s @ Value::Null) => *s = value,
             _ => {
-                return Err(Status::invalid_argument(format!(
+                return Err(invalid(format!(
                     "{k}: given more than once (only a repeated field may be)"
                 )))
             }
@@ -556,11 +574,7 @@ fn slot<'a>(fields: &'a mut Map<String, Value>, path: &str) -> Result<&'a mut Va
             .or_insert_with(|| Value::Object(Map::new()));
         at = match next {
             Value::Object(m) => m,
-            _ => {
-                return Err(Status::invalid_argument(format!(
-                    "{path}: {step} is not a message here"
-                )))
-            }
+            _ => return Err(invalid(format!("{path}: {step} is not a message here"))),
         };
     }
 }
@@ -579,7 +593,7 @@ fn put_path_field(
     let steps: Vec<&str> = path.split('.').collect();
     for (i, step) in steps.iter().enumerate() {
         let Some(f) = message.get_field_by_name(step) else {
-            return Err(Status::internal(format!(
+            return Err(internal(format!(
                 "route field {path} is not in {}",
                 input.full_name()
             )));
@@ -592,22 +606,18 @@ fn put_path_field(
         if i + 1 == steps.len() {
             match at.get(&key) {
                 Some(Value::String(s)) if *s != value => {
-                    return Err(Status::invalid_argument(format!(
+                    return Err(invalid(format!(
                         "{path}: the body says `{s}`, the path `{value}`"
                     )))
                 }
                 Some(Value::String(_)) | Some(Value::Null) | None => {}
-                Some(_) => {
-                    return Err(Status::invalid_argument(format!(
-                        "{path}: must be a string"
-                    )))
-                }
+                Some(_) => return Err(invalid(format!("{path}: must be a string"))),
             }
             at.insert(key, Value::String(value));
             return Ok(());
         }
         let Kind::Message(m) = f.kind() else {
-            return Err(Status::internal(format!(
+            return Err(internal(format!(
                 "route field {path}: {step} is not a message"
             )));
         };
@@ -615,11 +625,7 @@ fn put_path_field(
         let next = at.entry(key).or_insert_with(|| Value::Object(Map::new()));
         at = match next {
             Value::Object(m) => m,
-            _ => {
-                return Err(Status::invalid_argument(format!(
-                    "{step}: must be an object"
-                )))
-            }
+            _ => return Err(invalid(format!("{step}: must be an object"))),
         };
     }
     Ok(())

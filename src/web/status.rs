@@ -7,7 +7,9 @@ use serde_json::Value;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
-/// The HTTP status of a gRPC code (google.rpc.Code's own mapping).
+/// The HTTP status of a gRPC code (google.rpc.Code's own mapping, as gRPC-JSON transcoders
+/// answer). The door sees the API's status, not its Error: the code decides. (crate::reply's
+/// HTTP statuses are the webhook senders', whose retry rules differ.)
 pub fn http_status(code: Code) -> StatusCode {
     match code {
         Code::Ok => StatusCode::OK,
@@ -77,39 +79,48 @@ pub fn response(pool: &DescriptorPool, status: &Status) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic_types::ErrorDetails;
+    use crate::error::Error;
 
     #[test]
     fn a_refusal_carries_its_details_as_json_and_its_wait_as_retry_after() {
         let pool = super::super::pool().expect("pool");
-        let mut d = ErrorDetails::new();
-        d.add_bad_request_violation("page_size", "must be at most 1000");
-        d.set_retry_info(Some(std::time::Duration::from_millis(1500)));
-        let s = Status::with_error_details(Code::ResourceExhausted, "slow down", d);
+        let s = Status::from(Error::invalid("page_size", "must be at most 1000"));
+        let j = json(&pool, &s);
+        assert_eq!(j["code"], 3);
+        assert_eq!(j["message"], s.message());
+        assert_eq!(
+            j["details"][0]["@type"],
+            "type.googleapis.com/google.rpc.BadRequest"
+        );
+        assert_eq!(j["details"][0]["fieldViolations"][0]["field"], "page_size");
+        assert_eq!(response(&pool, &s).status(), StatusCode::BAD_REQUEST);
+
+        let s = Status::from(Error::Throttled {
+            message: "slow down".into(),
+            retry_after: std::time::Duration::from_millis(1500),
+            reason: "RATE_LIMITED",
+        });
         let j = json(&pool, &s);
         assert_eq!(j["code"], 8);
-        assert_eq!(j["message"], "slow down");
-        let details = j["details"].as_array().expect("details");
-        let types: Vec<&str> = details.iter().filter_map(|d| d["@type"].as_str()).collect();
-        assert!(
-            types.contains(&"type.googleapis.com/google.rpc.BadRequest"),
-            "{j}"
-        );
+        let types: Vec<&str> = j["details"]
+            .as_array()
+            .expect("details")
+            .iter()
+            .filter_map(|d| d["@type"].as_str())
+            .collect();
         assert!(
             types.contains(&"type.googleapis.com/google.rpc.RetryInfo"),
             "{j}"
         );
-        let bad = details
-            .iter()
-            .find(|d| d["@type"] == "type.googleapis.com/google.rpc.BadRequest")
-            .expect("bad request");
-        assert_eq!(bad["fieldViolations"][0]["field"], "page_size");
+        assert!(
+            types.contains(&"type.googleapis.com/google.rpc.ErrorInfo"),
+            "{j}"
+        );
         let r = response(&pool, &s);
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "2");
-        assert_eq!(
-            response(&pool, &Status::unauthenticated("no")).status(),
-            StatusCode::UNAUTHORIZED
-        );
+        let r = response(&pool, &Status::from(Error::Unauthenticated("no".into())));
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert!(r.headers().contains_key(header::WWW_AUTHENTICATE));
     }
 }
