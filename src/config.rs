@@ -750,6 +750,9 @@ impl Config {
         if self.mcp_session_idle_timeout.is_zero() {
             anyhow::bail!("--mcp-session-idle-timeout-secs must be at least 1");
         }
+        if self.console && self.http_listen.is_none() {
+            anyhow::bail!("--console serves the console on --http-listen: set --http-listen too");
+        }
         if self.shed_grace > self.first_request_timeout {
             anyhow::bail!(
                 "--shed-grace-ms ({} ms) must be at most --first-request-timeout-secs ({} s): a connection waiting for room waits at most that long",
@@ -918,6 +921,16 @@ mod tests {
 
     fn serve(args: &[&str]) -> anyhow::Result<Config> {
         Config::from_args(std::iter::once("hcp-sense").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_console_is_served_only_beside_the_json_door() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(&dir, "c.toml", "console = true\n");
+        let p = path.to_str().expect("path");
+        let e = serve(&["--config", p]).expect_err("a console with no listener");
+        assert!(e.to_string().contains("--http-listen"), "{e}");
+        serve(&["--config", p, "--http-listen", "127.0.0.1:0"]).expect("beside the door");
     }
 
     #[test]

@@ -119,13 +119,13 @@ pub async fn serve(
         life.spawn(async move {
             let slot = held.slot.clone();
             match tls {
-                None => connection(stream, slot, routes, limits, refusals, stop).await,
+                None => connection(stream, remote, slot, routes, limits, refusals, stop).await,
                 // The handshake has the head's deadline: a socket that never finishes it is
                 // closed like one that never finishes its head.
                 Some(tls) => {
                     match tokio::time::timeout(limits.header_timeout, tls.accept(stream)).await {
                         Ok(Ok(stream)) => {
-                            connection(stream, slot, routes, limits, refusals, stop).await
+                            connection(stream, remote, slot, routes, limits, refusals, stop).await
                         }
                         Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%remote, "TLS handshake not finished in time"),
@@ -142,6 +142,7 @@ pub async fn serve(
 /// `refusals` as HTTP ingress refusals, when given.
 async fn connection<S>(
     stream: S,
+    remote: std::net::SocketAddr,
     slot: Arc<Slot>,
     routes: axum::Router,
     limits: HttpLimits,
@@ -153,7 +154,10 @@ async fn connection<S>(
     let io = TokioIo::new(IdleIo::new(stream, limits.idle));
     let request_slot = slot.clone();
     let request_refusals = refusals.clone();
-    let service = hyper::service::service_fn(move |req| {
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        // Routes read the peer as axum's extractor does.
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(remote));
         request(
             req,
             routes.clone(),

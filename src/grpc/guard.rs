@@ -44,6 +44,12 @@ pub const OVER_BUDGET_CHECKS: usize = 1;
 #[derive(Clone, Copy, Debug)]
 pub struct OwnCall;
 
+/// The address an in-process call's own client came from (the JSON door's HTTP peer,
+/// `peer:<ip>`): its failed authentications are budgeted as that address's, not as one
+/// shared door's. Set only in process, like OwnCall.
+#[derive(Clone, Debug)]
+pub struct DoorPeer(pub Arc<str>);
+
 #[derive(Clone, Debug)]
 pub struct GuardLayer {
     auth: Arc<Authenticator>,
@@ -294,7 +300,12 @@ where
             });
         }
         let peer: Arc<str> = conn.map_or_else(
-            || Arc::from(if own { "peer:mcp-door" } else { "peer:unknown" }),
+            || {
+                req.extensions().get::<DoorPeer>().map_or_else(
+                    || Arc::from(if own { "peer:mcp-door" } else { "peer:unknown" }),
+                    |p| p.0.clone(),
+                )
+            },
             |c| c.peer,
         );
         let header = req

@@ -189,6 +189,24 @@ fn with_authorization<T>(
     call
 }
 
+/// Who a call is from: its `Authorization`, and the address of the door's own client.
+#[derive(Clone, Debug, Default)]
+pub struct Origin {
+    pub authorization: Option<AsciiMetadataValue>,
+    pub peer: Option<std::sync::Arc<str>>,
+}
+
+impl Origin {
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut call = with_authorization(message, self.authorization.clone());
+        if let Some(p) = &self.peer {
+            call.extensions_mut()
+                .insert(crate::grpc::guard::DoorPeer(p.clone()));
+        }
+        call
+    }
+}
+
 /// The request of a call of `method`, and the client and path to make it with.
 async fn prepare(
     api: &Api,
@@ -226,12 +244,12 @@ pub async fn unary_message(
     api: &Api,
     method: &MethodDescriptor,
     input: DynamicMessage,
-    authorization: Option<AsciiMetadataValue>,
+    from: &Origin,
 ) -> Result<DynamicMessage, Status> {
     let (mut grpc, path) = client(api, method).await?;
     let answer = grpc
         .unary(
-            with_authorization(input, authorization),
+            from.request(input),
             path,
             DynamicCodec {
                 output: method.output(),
@@ -246,12 +264,12 @@ pub async fn server_stream_messages(
     api: &Api,
     method: &MethodDescriptor,
     input: DynamicMessage,
-    authorization: Option<AsciiMetadataValue>,
+    from: &Origin,
 ) -> Result<tonic::Streaming<DynamicMessage>, Status> {
     let (mut grpc, path) = client(api, method).await?;
     let answer = grpc
         .server_streaming(
-            with_authorization(input, authorization),
+            from.request(input),
             path,
             DynamicCodec {
                 output: method.output(),
@@ -267,12 +285,12 @@ pub async fn streaming_messages(
     api: &Api,
     method: &MethodDescriptor,
     inputs: Vec<DynamicMessage>,
-    authorization: Option<AsciiMetadataValue>,
+    from: &Origin,
 ) -> Result<tonic::Streaming<DynamicMessage>, Status> {
     let (mut grpc, path) = client(api, method).await?;
     let answer = grpc
         .streaming(
-            with_authorization(tokio_stream::iter(inputs), authorization),
+            from.request(tokio_stream::iter(inputs)),
             path,
             DynamicCodec {
                 output: method.output(),
@@ -293,7 +311,11 @@ pub async fn unary(
     authorization: Option<AsciiMetadataValue>,
 ) -> Result<serde_json::Value, Status> {
     let input = message_of(&method.input(), request, Some("arguments"))?;
-    let answer = unary_message(api, method, input, authorization).await?;
+    let from = Origin {
+        authorization,
+        peer: None,
+    };
+    let answer = unary_message(api, method, input, &from).await?;
     as_json(&answer)
 }
 

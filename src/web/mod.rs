@@ -202,7 +202,13 @@ impl Door {
     ) -> Result<Response, Status> {
         let d = &self.0;
         let method = &route.method;
-        let authorization = authorization(req.headers())?;
+        let from = call::Origin {
+            authorization: authorization(req.headers())?,
+            peer: req
+                .extensions()
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| Arc::from(format!("peer:{}", c.0.ip()))),
+        };
         let query = req.uri().query().map(str::to_owned);
         let (parts, body) = req.into_parts();
         if parts.method == Method::POST && !is_json(&parts.headers) {
@@ -219,7 +225,7 @@ impl Door {
             .map_err(|e| invalid(format!("body: not read: {e}")))?;
         if method.is_client_streaming() {
             let inputs = items(method, &body)?;
-            let stream = call::streaming_messages(&d.api, method, inputs, authorization).await?;
+            let stream = call::streaming_messages(&d.api, method, inputs, &from).await?;
             return Ok(self.lines(stream).await);
         }
         let mut fields = match route.body {
@@ -249,10 +255,10 @@ impl Door {
         }
         let input = call::message_of(&method.input(), Value::Object(fields), None)?;
         if method.is_server_streaming() {
-            let stream = call::server_stream_messages(&d.api, method, input, authorization).await?;
+            let stream = call::server_stream_messages(&d.api, method, input, &from).await?;
             return Ok(self.events(stream));
         }
-        let answer = call::unary_message(&d.api, method, input, authorization).await?;
+        let answer = call::unary_message(&d.api, method, input, &from).await?;
         let json = call::to_json(&answer, true)?;
         Ok(json_bytes(
             StatusCode::OK,

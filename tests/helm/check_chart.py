@@ -10,7 +10,8 @@
    minimal schema below instead; no other object may lack a schema.
 3. Asserts what matters for running hcp-sense: probes, security context, Secrets, the migration
    hook, the Service, the ingress listener (its port, Services and NetworkPolicy rule, on and
-   off), NATS (its URL only from a Secret), autoscaling, disruption budget, monitoring, network
+   off), the MCP door and the JSON door with its console (config keys, ports, Service ports and
+   NetworkPolicy rules, on and off, and beside TLS), NATS (its URL only from a Secret), autoscaling, disruption budget, monitoring, network
    policy, the dashboard, shutdown timing and a config.toml that the binary accepts
    (`hcp-sense check-config` judges each rendering with the binary's own parsers, so the check
    follows the code).
@@ -69,6 +70,7 @@ GRPC_PORT = 50051
 METRICS_PORT = 9464
 INGRESS_PORT = 8080
 MCP_PORT = 8090
+HTTP_PORT = 8091
 NATS_ENV = "HCP_SENSE_NATS_URL"
 RUN_AS = 65532
 AUTH_MESSAGE = "no authentication configured"
@@ -472,6 +474,15 @@ def check_scenario(
         report.check(config.get("mcp_listen") == f"0.0.0.0:{MCP_PORT}", f"{label}: config.toml mcp_listen is {config.get('mcp_listen')!r}, expected 0.0.0.0:{MCP_PORT}")
     else:
         report.check("mcp_listen" not in config, f"{label}: config.toml has mcp_listen although mcp.enabled is false")
+    http = merged["http"]
+    if http["enabled"]:
+        report.check(config.get("http_listen") == f"0.0.0.0:{HTTP_PORT}", f"{label}: config.toml http_listen is {config.get('http_listen')!r}, expected 0.0.0.0:{HTTP_PORT}")
+    else:
+        report.check("http_listen" not in config, f"{label}: config.toml has http_listen although http.enabled is false")
+    if http["enabled"] and http["console"]:
+        report.check(config.get("console") is True, f"{label}: config.toml console is {config.get('console')!r}, expected true (http.console)")
+    else:
+        report.check("console" not in config, f"{label}: config.toml has console although http.console is false or http.enabled is false")
     for secret_key in ("database_url", "page_token_secret", "auth", "nats_url"):
         report.check(secret_key not in config, f"{label}: config.toml (a ConfigMap) must not carry {secret_key}; it comes from a Secret")
     report.check(config.get("insecure_no_auth", False) == merged["insecureNoAuth"], f"{label}: insecure_no_auth does not follow insecureNoAuth")
@@ -523,7 +534,7 @@ def check_scenario(
     report.check(len(containers) == 1, f"{where}: expected one container, found {len(containers)}")
     c = containers[0]
     ports = {p["name"]: p["containerPort"] for p in c.get("ports") or []}
-    want_ports = {"grpc": GRPC_PORT, "metrics": METRICS_PORT} | ({"ingress": INGRESS_PORT} if listener["enabled"] else {}) | ({"mcp": MCP_PORT} if merged["mcp"]["enabled"] else {})
+    want_ports = {"grpc": GRPC_PORT, "metrics": METRICS_PORT} | ({"ingress": INGRESS_PORT} if listener["enabled"] else {}) | ({"mcp": MCP_PORT} if merged["mcp"]["enabled"] else {}) | ({"http": HTTP_PORT} if http["enabled"] else {})
     report.check(ports == want_ports, f"{where}: container ports {ports}, expected {want_ports}")
     args = c.get("args") or []
     report.check(not any(str(a).startswith("--nats-url") for a in args), f"{where}: the NATS URL is an argument ({args}); it may carry credentials")
@@ -612,6 +623,12 @@ def check_scenario(
         report.check(mcp and mcp.get("port") == merged["service"]["mcpPort"] and mcp.get("targetPort") in ("mcp", MCP_PORT), f"{label}: Service port mcp should be {merged['service']['mcpPort']} → {MCP_PORT}, is {mcp}")
     else:
         report.check(mcp is None, f"{label}: the Service has an mcp port although mcp.enabled is false")
+    hp = sports.get("http")
+    if http["enabled"]:
+        report.check(hp and hp.get("port") == merged["service"]["httpPort"] and hp.get("targetPort") in ("http", HTTP_PORT), f"{label}: Service port http should be {merged['service']['httpPort']} → {HTTP_PORT}, is {hp}")
+    else:
+        report.check(hp is None, f"{label}: the Service has an http port although http.enabled is false")
+    report.check(len({p["port"] for p in svc["spec"]["ports"]}) == len(svc["spec"]["ports"]), f"{label}: the Service has two ports with the same number: {svc['spec']['ports']}")
     separate = listener["enabled"] and listener["service"]["enabled"]
     ip = sports.get("ingress")
     if listener["enabled"] and not separate:
@@ -736,6 +753,13 @@ def check_scenario(
                     report.check(mcp_rules[0].get("from", []) == merged["networkPolicy"]["mcpFrom"], f"{label}: the NetworkPolicy's MCP rule admits {mcp_rules[0].get('from', 'every source')}, expected networkPolicy.mcpFrom")
             else:
                 report.check(not mcp_rules, f"{label}: NetworkPolicy opens the MCP port although mcp.enabled is false")
+            http_rules = [rule for rule in np.get("ingress", []) if any(ports.get(p["port"], p["port"]) in (HTTP_PORT, "http") for p in rule.get("ports", []))]
+            if http["enabled"]:
+                if report.check(len(http_rules) == 1, f"{label}: NetworkPolicy should have one rule for the JSON door's port, has {len(http_rules)}"):
+                    report.check([ports.get(p["port"], p["port"]) for p in http_rules[0]["ports"]] == [HTTP_PORT], f"{label}: the NetworkPolicy's JSON door rule opens more than the JSON door's port: {http_rules[0]['ports']}")
+                    report.check(http_rules[0].get("from", []) == merged["networkPolicy"]["httpFrom"], f"{label}: the NetworkPolicy's JSON door rule admits {http_rules[0].get('from', 'every source')}, expected networkPolicy.httpFrom")
+            else:
+                report.check(not http_rules, f"{label}: NetworkPolicy opens the JSON door's port although http.enabled is false")
             eg = {(p.get("protocol", "TCP"), p["port"]) for rule in np.get("egress", []) for p in rule.get("ports", [])}
             report.check(("UDP", 53) in eg, f"{label}: NetworkPolicy egress has no DNS (UDP 53)")
             report.check(("TCP", merged["networkPolicy"]["postgres"]["port"]) in eg, f"{label}: NetworkPolicy egress has no PostgreSQL port")
@@ -865,6 +889,18 @@ def main() -> int:
                 True,
             ),
             ("the MCP door, behind a NetworkPolicy", {"mcp": {"enabled": True}, "service": {"mcpPort": 8091}, "networkPolicy": {"enabled": True, "mcpFrom": [{"namespaceSelector": {"matchLabels": {"team": "harness"}}}]}}, False),
+            ("the JSON door and the console, behind a NetworkPolicy", {"http": {"enabled": True, "console": True}, "service": {"httpPort": 8443}, "networkPolicy": {"enabled": True, "httpFrom": [{"namespaceSelector": {"matchLabels": {"team": "ops"}}}]}}, False),
+            ("the JSON door without the console", {"http": {"enabled": True}}, True),
+            (
+                "the MCP and JSON doors beside TLS, behind a NetworkPolicy",
+                {
+                    "tls": {"enabled": True},
+                    "mcp": {"enabled": True},
+                    "http": {"enabled": True, "console": True},
+                    "networkPolicy": {"enabled": True, "mcpFrom": [{"podSelector": {"matchLabels": {"role": "harness"}}}]},
+                },
+                True,
+            ),
             ("ingress listener alone, on a ClusterIP Service of its own", {"ingressListener": {"enabled": True, "service": {"enabled": True, "type": "ClusterIP"}}}, False),
             ("63-character fullnameOverride", deep_merge(production, {"fullnameOverride": "h" * 63, "database": {"url": "postgres://a@b/c"}}), False),
         ]
@@ -906,6 +942,13 @@ def main() -> int:
         ("a string for ingressListener.enabled", {"ingressListener": {"enabled": "true"}}, "enabled"),
         ("a mistyped key under ingressListener", {"ingressListener": {"enable": True}}, "enable"),
         ("a string for mcp.enabled", {"mcp": {"enabled": "yes"}}, "enabled"),
+        ("a string for http.enabled", {"http": {"enabled": "yes"}}, "enabled"),
+        ("a string for http.console", {"http": {"enabled": True, "console": "true"}}, "console"),
+        ("a mistyped key under http", {"http": {"enabled": True, "consle": True}}, "consle"),
+        ("a JSON door port as a string", {"service": {"httpPort": "8091"}}, "httpPort"),
+        ("a JSON door port past 65535", {"service": {"httpPort": 65536}}, "httpPort"),
+        ("a JSON door port of 0", {"service": {"httpPort": 0}}, "httpPort"),
+        ("a string for networkPolicy.httpFrom", {"networkPolicy": {"httpFrom": "0.0.0.0/0"}}, "httpFrom"),
         ("a string for the ingress Service's port", {"ingressListener": {"service": {"port": "80"}}}, "port"),
         ("an ingress port past 65535", {"service": {"ingressPort": 65536}}, "ingressPort"),
         ("an ingress port of 0", {"service": {"ingressPort": 0}}, "ingressPort"),
@@ -930,6 +973,8 @@ def main() -> int:
         ("an ingress port of 1", {"service": {"ingressPort": 1}}),
         ("an ingress port of 65535", {"service": {"ingressPort": 65535}, "ingressListener": {"service": {"port": 65535}}}),
         ("NATS servers listed with TLS and credentials", {"nats": {"url": "tls://a:pw@nats-0:4222,tls://a:pw@nats-1:4222"}}),
+        ("a JSON door port of 1, with the console", {"http": {"enabled": True, "console": True}, "service": {"httpPort": 1}}),
+        ("a JSON door port of 65535", {"http": {"enabled": True}, "service": {"httpPort": 65535}}),
     ]:
         err = schema_error(values)
         report.check(err is None, f"values.schema.json rejects {what}: {err}")
@@ -943,6 +988,7 @@ def main() -> int:
     report.check(err and "minAvailable" in err, f"minAvailable at the autoscaler's minimum should fail clearly; got {err!r}")
     for values, needle in [
         ({"ingressListener": {"service": {"enabled": True}}}, "ingressListener.service.enabled needs ingressListener.enabled"),
+        ({"http": {"console": True}}, "http.console needs http.enabled"),
         ({"ingressListener": {"enabled": True, "service": {"enabled": True, "type": "ClusterIP", "externalTrafficPolicy": "Local"}}}, "externalTrafficPolicy Local needs"),
         ({"ingressListener": {"enabled": True, "service": {"enabled": True, "type": "NodePort", "loadBalancerSourceRanges": ["203.0.113.0/24"]}}}, "loadBalancerSourceRanges needs"),
     ]:
@@ -951,6 +997,9 @@ def main() -> int:
     # The MCP port speaks TLS beside a TLS gRPC port, with the same certificate.
     err = render_error({"mcp": {"enabled": True}, "tls": {"enabled": True}})
     report.check(err is None, f"mcp.enabled beside tls.enabled should render; got {err!r}")
+    # So does the JSON door (and its console).
+    err = render_error({"http": {"enabled": True, "console": True}, "tls": {"enabled": True}})
+    report.check(err is None, f"http.enabled beside tls.enabled should render; got {err!r}")
     err = render_error({"database": {"existingSecret": "", "url": ""}})
     report.check(err and "no database configured" in err, f"rendering without any database Secret should fail clearly; got {err!r}")
 

@@ -89,6 +89,21 @@ async fn every_rpc_is_reached_by_its_json_route(kind: StoreKind) {
                 !message.starts_with("no route") && a.status != 405,
                 "{verb} {concrete} is not served: {a:?}"
             );
+            // No route lets a reader past the role table: what it may not call over gRPC
+            // is 403 here too.
+            let (service, rpc) = op["summary"]
+                .as_str()
+                .and_then(|s| s.rsplit_once('.'))
+                .expect("summary: Service.Method");
+            let method = format!("/{service}/{rpc}");
+            if !hcp_sense::auth::allowed(&method, hcp_sense::auth::Role::Reader) {
+                let mut req = Req::new(verb_of(verb), &concrete).bearer(ALICE);
+                if op.get("requestBody").is_some() {
+                    req = req.json(&if streaming { json!([{}]) } else { json!({}) });
+                }
+                let a = req.send(web).await;
+                assert_eq!(a.status, 403, "a reader calling {method}: {a:?}");
+            }
         }
     }
     operations.sort();
@@ -697,6 +712,24 @@ async fn the_console_drives_the_api_in_a_real_browser(kind: StoreKind) {
     );
     assert_eq!(report["granted"], true, "{report}");
     assert_eq!(report["inbox_row"], true, "{report}");
+    assert_eq!(
+        report["inbox_rows"], 2,
+        "the earlier record listed, the new one live: {report}"
+    );
+    assert_eq!(report["recent_listed"], true, "{report}");
+    assert_eq!(
+        report["drops_over_time"][1], "1",
+        "one undeclared_ref drop this hour: {report}"
+    );
+    assert!(
+        report["admission"]
+            .as_str()
+            .is_some_and(|a| a.contains("admits now")),
+        "{report}"
+    );
+    assert_eq!(report["unlabelled"], json!([]), "{report}");
+    assert_eq!(report["tables_without_caption"], 0, "{report}");
+    assert_eq!(report["lang"], "en", "{report}");
     assert_eq!(report["payload_as_text"], true, "{report}");
     assert_eq!(report["injected_elements"], 0, "{report}");
     assert_eq!(report["drop_reason_shown"], true, "{report}");

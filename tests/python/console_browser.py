@@ -21,6 +21,7 @@ from selenium import webdriver
 from selenium.common.exceptions import NoAlertPresentException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -78,7 +79,8 @@ class Console:
     def sign_in(self, token):
         self.page("signin")
         self.type("token", token)
-        self.click("#signin-form button[type=submit]")
+        # By keyboard: Enter in the field submits the form.
+        self.d.find_element(By.ID, "token").send_keys(Keys.ENTER)
         self.wait(lambda: self.text("#who").startswith("Signed in as"))
         return self.text("#who")
 
@@ -125,6 +127,11 @@ def main():
         report["granted"] = len(cells) > 2 and cells[1] == "yes" and cells[2] == "yes"
         c.shot("principal")
 
+        # A record before the watch: listed among the recent ones.
+        post(base, "/v1/triggers:deliver", plan["runtime"], {
+            "packId": "github", "ref": "issue.opened", "principal": "alice", "land": "user",
+            "triggerId": "console-0", "payload": {"action": "opened", "issue": {"number": 0, "title": "earlier"}},
+        })
         c.page("inbox")
         c.type("inbox-principal", "alice")
         c.click("#inbox-form button[type=submit]")
@@ -134,8 +141,11 @@ def main():
             "packId": "github", "ref": "issue.opened", "principal": "alice", "land": "user",
             "triggerId": "console-1", "payload": {"action": "opened", "issue": {"number": 1, "title": XSS}},
         })
-        c.wait(lambda: len(d.find_elements(By.CSS_SELECTOR, "#inbox-table tbody tr.record")) > 0)
-        row = c.text("#inbox-table tbody tr.record")
+        c.wait(lambda: len(d.find_elements(By.CSS_SELECTOR, "#inbox-table tbody tr.record")) > 1)
+        rows = [e.text for e in d.find_elements(By.CSS_SELECTOR, "#inbox-table tbody tr.record")]
+        report["inbox_rows"] = len(rows)
+        report["recent_listed"] = "earlier" in rows[-1]
+        row = rows[0]
         report["inbox_row"] = "issue.opened" in row and "alice" in row
         report["payload_as_text"] = XSS in row
         report["injected_elements"] = len(d.find_elements(By.CSS_SELECTOR, "main img"))
@@ -150,6 +160,8 @@ def main():
         c.click("#drops-form button[type=submit]")
         c.wait(lambda: "undeclared_ref" in c.text("#drops-table tbody"))
         report["drop_reason_shown"] = True
+        c.wait(lambda: "undeclared_ref" in c.text("#drops-time-table thead"))
+        report["drops_over_time"] = [e.text for e in d.find_elements(By.CSS_SELECTOR, "#drops-time-table tbody td")]
         c.type("dec-pack", "github")
         c.type("dec-trigger", "console-drop")
         c.click("#decisions-form button[type=submit]")
@@ -174,6 +186,9 @@ def main():
         c.type("q-burst", "20")
         c.click("#quota-form button[value=put]")
         c.wait(lambda: "github" in c.text("#quotas-table tbody"))
+        c.click("#quotas-table tbody button")
+        c.wait(lambda: "admits now" in c.text("#quotas-table tbody") or "refuses now" in c.text("#quotas-table tbody"))
+        report["admission"] = c.text("#quotas-table tbody tr")
         c.shot("quotas")
 
         c.page("signin")
@@ -186,6 +201,13 @@ def main():
         c.wait(lambda: "403" in c.message())
         report["reader_grant"] = c.message()
         c.shot("reader-refused")
+        # Every form control has a label; every table a caption; the page a language.
+        report["unlabelled"] = d.execute_script(
+            "return [...document.querySelectorAll('input, select, textarea')]"
+            ".filter(e => !document.querySelector('label[for=\"' + e.id + '\"]')).map(e => e.id || e.name);")
+        report["tables_without_caption"] = d.execute_script(
+            "return [...document.querySelectorAll('table')].filter(t => !t.querySelector('caption')).length;")
+        report["lang"] = d.execute_script("return document.documentElement.lang;")
         try:
             d.switch_to.alert
             report["alerts"] = 1

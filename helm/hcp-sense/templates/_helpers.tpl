@@ -7,6 +7,7 @@ Names, labels and the few derived values every template shares.
 {{- define "hcp-sense.metricsPort" -}}9464{{- end }}
 {{- define "hcp-sense.ingressPort" -}}8080{{- end }}
 {{- define "hcp-sense.mcpPort" -}}8090{{- end }}
+{{- define "hcp-sense.httpPort" -}}8091{{- end }}
 
 {{/* Where files are mounted in the container. */}}
 {{- define "hcp-sense.configDir" -}}/etc/hcp-sense/config{{- end }}
@@ -179,6 +180,9 @@ so `helm install`, `helm upgrade` and `helm template` all stop with the same mes
 {{- end }}
 {{- if and $il.enabled $il.service.enabled $il.service.loadBalancerSourceRanges (ne $il.service.type "LoadBalancer") }}
 {{- fail "hcp-sense: ingressListener.service.loadBalancerSourceRanges needs ingressListener.service.type LoadBalancer." }}
+{{- end }}
+{{- if and .Values.http.console (not .Values.http.enabled) }}
+{{- fail "hcp-sense: http.console needs http.enabled (the console is served on the JSON door's port, --console requires --http-listen)." }}
 {{- end }}
 {{- $pdb := .Values.podDisruptionBudget }}
 {{- if and $pdb.enabled (hasKey $pdb "minAvailable") (kindIs "float64" $pdb.minAvailable) }}

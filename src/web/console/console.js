@@ -278,17 +278,32 @@ function stopInbox() {
   document.getElementById("inbox-state").textContent = "Not watching.";
 }
 
-function addRecord(r) {
+const shown = new Set();
+
+// Newest first; a record listed and then told by the watch is shown once.
+function addRecord(r, atEnd) {
+  if (shown.has(r.recordId)) return;
+  shown.add(r.recordId);
   const body = document.querySelector("#inbox-table tbody");
   const tr = row([r.receiveTime, r.principal, r.packId, r.ref, r.land, short(r.route, "ROUTE_"), json(r.payload)]);
   tr.className = "record";
-  body.insertBefore(tr, body.firstChild);
+  if (atEnd) body.appendChild(tr); else body.insertBefore(tr, body.firstChild);
+}
+
+// The latest records matching the filters, below the live ones.
+async function recentRecords(params) {
+  const r = await api("GET", "/v1/records" + query({
+    principal: params.principal, pack_id: params.pack_id, land: params.land,
+    order_by: "receive_time desc", page_size: 20,
+  }));
+  for (const rec of r.records || []) addRecord(rec, true);
 }
 
 async function watchInbox(ev) {
   if (ev) ev.preventDefault();
   stopInbox();
   document.querySelector("#inbox-table tbody").replaceChildren();
+  shown.clear();
   const params = {
     principal: document.getElementById("inbox-principal").value.trim(),
     pack_id: document.getElementById("inbox-pack").value.trim(),
@@ -324,6 +339,7 @@ async function watchInbox(ev) {
       return;
     }
     state.textContent = "Watching: records appear as they commit.";
+    if (!last) guarded(() => recentRecords(params));
     const reader = r.body.getReader();
     const decoder = new TextDecoder();
     let buf = "";
@@ -372,6 +388,43 @@ async function loadDrops(ev) {
   const r = await api("GET", "/v1/dropReports" + query({ pack_id: pack, page_size: 200 }));
   fill("drops-table", (r.dropReports || []).map((d) =>
     [d.packId, d.ref, short(d.reason, "DROP_REASON_"), d.count, d.firstSeenTime, d.lastSeenTime]), "No drop recorded.");
+  await dropsOverTime(pack);
+}
+
+// Drops per hour and reason over the last day, from the decision log (at most 2,000).
+async function dropsOverTime(pack) {
+  const since = new Date(Date.now() - 24 * 3600 * 1000);
+  const counts = new Map();
+  const reasons = new Set();
+  let token = "";
+  let seen = 0;
+  do {
+    const r = await api("GET", "/v1/decisions" + query({
+      pack_id: pack, outcome: "DECISION_OUTCOME_DROPPED", start_time: since.toISOString(),
+      page_size: 500, page_token: token,
+    }));
+    for (const d of r.decisions || []) {
+      const hour = (d.decideTime || "").slice(0, 13) + ":00Z";
+      const reason = short(d.dropReason, "DROP_REASON_");
+      reasons.add(reason);
+      const key = hour + "|" + reason;
+      counts.set(key, (counts.get(key) || 0) + 1);
+      seen += 1;
+    }
+    token = r.nextPageToken || "";
+  } while (token && seen < 2000);
+  const hours = [...new Set([...counts.keys()].map((k) => k.split("|")[0]))].sort().reverse();
+  const cols = [...reasons].sort();
+  const table = document.getElementById("drops-time-table");
+  const head = table.querySelector("thead tr");
+  head.replaceChildren();
+  for (const h of ["Hour (UTC)", ...cols]) {
+    const th = el("th", h);
+    th.scope = "col";
+    head.appendChild(th);
+  }
+  fill("drops-time-table", hours.map((h) => [h, ...cols.map((c) => counts.get(h + "|" + c) || 0)]),
+    "No drop decided in the last 24 hours (or the decision log is off).");
 }
 
 async function findDecisions(ev) {
@@ -433,8 +486,37 @@ async function explain(ev) {
 
 async function loadQuotas() {
   const r = await api("GET", "/v1/quotas" + query({ page_size: 200 }));
-  fill("quotas-table", (r.quotas || []).map((q) =>
-    [q.packId, q.principal === undefined ? "(the pack's)" : q.principal, q.ratePerSecond, q.burst, q.updateTime]), "No quota is set.");
+  fill("quotas-table", (r.quotas || []).map((q) => {
+    const cell = el("span", "");
+    const b = el("button", "Check admission");
+    b.type = "button";
+    b.addEventListener("click", () => guarded(() => admission(q, cell)));
+    const box = el("span");
+    box.append(b, " ", cell);
+    return [q.packId, q.principal === undefined ? "(the pack's)" : q.principal, q.ratePerSecond, q.burst, q.updateTime, box];
+  }), "No quota is set.");
+}
+
+// Whether the quota admits a trigger now: ExplainTrigger (nothing is recorded, nothing is
+// spent) of the first of the pack's trigger types that an empty payload satisfies, as the
+// quota is checked after the payload's schema.
+async function admission(q, cell) {
+  const types = await api("GET", "/v1/triggerTypes" + query({ pack_id: q.packId, page_size: 20 }));
+  for (const t of types.triggerTypes || []) {
+    let r;
+    try {
+      r = await api("POST", "/v1/triggers:explain", { trigger: {
+        packId: q.packId, ref: t.ref, principal: q.principal || "quota-check", land: t.land, payload: {},
+      } });
+    } catch (e) {
+      if (e.status === 400) continue;
+      throw e;
+    }
+    const quota = r.quota || {};
+    cell.textContent = quota.admits ? "admits now" : "refuses now" + (quota.retryDelay ? ", retry after " + quota.retryDelay : "");
+    return;
+  }
+  cell.textContent = "not checked: every trigger type of the pack needs a payload";
 }
 
 async function quotaForm(ev) {
