@@ -50,9 +50,9 @@ pub struct App {
     mcp_sessions: crate::mcp::serve::SessionLimits,
     /// TLS of the door's listener: beside a TLS API, with its certificate.
     mcp_tls: Option<tokio_rustls::TlsAcceptor>,
-    /// The JSON door's listener, and whether it serves the console.
+    /// The JSON door's listener, and how it is served.
     web_listener: Option<TcpListener>,
-    console: bool,
+    web: (bool, crate::mcp::SubscriptionCaps),
     /// The NATS server NATS routes consume from, when one is configured.
     nats_url: Option<String>,
     /// How long a socket of the HTTP listeners may move no byte before it is closed.
@@ -178,7 +178,13 @@ impl App {
             },
             mcp_tls,
             web_listener,
-            console: config.console,
+            web: (
+                config.console,
+                crate::mcp::SubscriptionCaps {
+                    total: config.http_max_streams,
+                    per_caller: config.http_max_streams_per_caller,
+                },
+            ),
             nats_url: config.nats_url.clone(),
             http: http_limits(&config),
             hub,
@@ -264,7 +270,8 @@ impl App {
             mcp_sessions,
             mcp_tls,
             web_listener,
-            console,
+            web: (console, web_streams),
+            bench_baseline,
             nats_url,
             http,
             hub,
@@ -299,8 +306,17 @@ impl App {
                     .service(routes.clone()),
             );
             let life = hub.lifecycle();
-            let door =
-                crate::web::Door::new(api, auth.is_enabled(), console, http.idle, life.stopping())?;
+            let door = crate::web::Door::new(
+                api,
+                auth.clone(),
+                crate::web::Options {
+                    console,
+                    bench: bench_baseline,
+                    idle: http.idle,
+                    streams: web_streams,
+                },
+                life.stopping(),
+            )?;
             life.spawn(crate::http::serve(
                 "http",
                 listener,

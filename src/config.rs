@@ -195,6 +195,27 @@ pub struct Config {
     #[arg(long, env = "HCP_SENSE_CONSOLE", requires = "http_listen")]
     pub console: bool,
 
+    /// Most event streams (WatchRecords as Server-Sent Events) the JSON door holds open at once
+    /// in all; past it a new one is refused 429 RESOURCE_EXHAUSTED. Each holds a socket of the
+    /// listener: kept below its socket cap, so calls always find room.
+    #[arg(
+        long,
+        env = "HCP_SENSE_HTTP_MAX_STREAMS",
+        value_name = "N",
+        default_value_t = 512
+    )]
+    pub http_max_streams: usize,
+
+    /// Most event streams one caller (one authenticated identity) holds open on the JSON door;
+    /// past it a new one is refused 429 RESOURCE_EXHAUSTED.
+    #[arg(
+        long,
+        env = "HCP_SENSE_HTTP_MAX_STREAMS_PER_CALLER",
+        value_name = "N",
+        default_value_t = 16
+    )]
+    pub http_max_streams_per_caller: usize,
+
     /// NATS server whose JetStream streams NATS ingress routes consume (`nats://host:4222`), or
     /// a cluster's nodes comma-separated; none by default. Credentials, if any, go in the URL
     /// (`nats://user:pass@host`).
@@ -749,6 +770,11 @@ impl Config {
         }
         if self.mcp_session_idle_timeout.is_zero() {
             anyhow::bail!("--mcp-session-idle-timeout-secs must be at least 1");
+        }
+        if self.http_max_streams == 0 || self.http_max_streams_per_caller == 0 {
+            anyhow::bail!(
+                "--http-max-streams and --http-max-streams-per-caller must be at least 1"
+            );
         }
         if self.console && self.http_listen.is_none() {
             anyhow::bail!("--console serves the console on --http-listen: set --http-listen too");

@@ -285,10 +285,24 @@ impl http_body::Body for Answering {
     }
 }
 
-/// An answer before routing, with `Connection: close`: the socket has misbehaved.
+/// An answer before routing, with `Connection: close`: the socket has misbehaved. Its body
+/// reads both as the ingress's `{"error"}` and as a google.rpc.Status (the JSON door's
+/// refusals): the gRPC code a too-large message (RESOURCE_EXHAUSTED), a late body
+/// (DEADLINE_EXCEEDED) or an unreadable one (INVALID_ARGUMENT) gets.
 fn refusal(status: StatusCode, why: &str) -> Response<Body> {
-    let mut r = Response::new(Body::from(serde_json::json!({ "error": why }).to_string()));
+    let code = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => tonic::Code::ResourceExhausted,
+        StatusCode::REQUEST_TIMEOUT => tonic::Code::DeadlineExceeded,
+        _ => tonic::Code::InvalidArgument,
+    };
+    let body =
+        serde_json::json!({ "error": why, "code": code as i32, "message": why, "details": [] });
+    let mut r = Response::new(Body::from(body.to_string()));
     *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

@@ -48,7 +48,10 @@ pub struct OwnCall;
 /// `peer:<ip>`): its failed authentications are budgeted as that address's, not as one
 /// shared door's. Set only in process, like OwnCall.
 #[derive(Clone, Debug)]
-pub struct DoorPeer(pub Arc<str>);
+pub struct DoorPeer {
+    pub key: Arc<str>,
+    pub ip: std::net::IpAddr,
+}
 
 #[derive(Clone, Debug)]
 pub struct GuardLayer {
@@ -281,6 +284,7 @@ where
         let conn = ConnInfo::of(req.extensions());
         let socket_peer = conn.as_ref().map(|c| c.state.peer());
         let own = req.extensions().get::<OwnCall>().is_some();
+        let door_peer = req.extensions().get::<DoorPeer>().map(|p| p.ip);
         if is_open(&path) {
             // Health and reflection need no credentials, so none are read: a JWT sent to
             // them costs no signature check, and their streams are not bounded by one. Their
@@ -303,7 +307,7 @@ where
             || {
                 req.extensions().get::<DoorPeer>().map_or_else(
                     || Arc::from(if own { "peer:mcp-door" } else { "peer:unknown" }),
-                    |p| p.0.clone(),
+                    |p| p.key.clone(),
                 )
             },
             |c| c.peer,
@@ -365,10 +369,14 @@ where
                 _ => None,
             };
             let slot = if stream {
-                let admitted = if own {
-                    layer.streams.admit_own()
-                } else {
-                    layer.streams.admit(socket_peer, Kind::Authenticated)
+                // A door's client with an address of its own is capped as that peer (the
+                // JSON door's); the MCP door's subscriptions in the total alone.
+                let admitted = match (own, door_peer) {
+                    (true, Some(ip)) => layer
+                        .streams
+                        .admit(Some(crate::sockets::Peer::of(ip)), Kind::Authenticated),
+                    (true, None) => layer.streams.admit_own(),
+                    (false, _) => layer.streams.admit(socket_peer, Kind::Authenticated),
                 };
                 match admitted {
                     Ok(slot) => Some(slot),

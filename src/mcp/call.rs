@@ -193,15 +193,18 @@ fn with_authorization<T>(
 #[derive(Clone, Debug, Default)]
 pub struct Origin {
     pub authorization: Option<AsciiMetadataValue>,
-    pub peer: Option<std::sync::Arc<str>>,
+    /// The address of the door's own client.
+    pub peer: Option<std::net::IpAddr>,
 }
 
 impl Origin {
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut call = with_authorization(message, self.authorization.clone());
-        if let Some(p) = &self.peer {
-            call.extensions_mut()
-                .insert(crate::grpc::guard::DoorPeer(p.clone()));
+        if let Some(ip) = self.peer {
+            call.extensions_mut().insert(crate::grpc::guard::DoorPeer {
+                key: format!("peer:{ip}").into(),
+                ip,
+            });
         }
         call
     }

@@ -10,7 +10,7 @@ pub mod serve;
 pub mod subscriptions;
 
 use subscriptions::Subscriptions;
-pub use subscriptions::{CallerKey, SubscriptionCaps};
+pub use subscriptions::{CallerKey, Held, Names, SubscriptionCaps, Subscriptions as StreamCounts};
 
 use std::sync::Arc;
 

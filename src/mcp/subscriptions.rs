@@ -32,10 +32,30 @@ pub struct SubscriptionCaps {
     pub per_caller: usize,
 }
 
+/// What a door's refusals call its streams and their caps' options.
+#[derive(Debug, Clone, Copy)]
+pub struct Names {
+    /// What one is (`live subscriptions`).
+    pub what: &'static str,
+    /// The door (`the MCP door`).
+    pub door: &'static str,
+    pub per_caller_option: &'static str,
+    pub total_option: &'static str,
+}
+
+/// The MCP door's names.
+const MCP: Names = Names {
+    what: "live subscriptions",
+    door: "the MCP door",
+    per_caller_option: "--mcp-max-subscriptions-per-caller",
+    total_option: "--mcp-max-subscriptions",
+};
+
 /// The subscriptions open now.
 #[derive(Debug)]
 pub struct Subscriptions {
     caps: SubscriptionCaps,
+    names: Names,
     open: Mutex<Open>,
 }
 
@@ -54,7 +74,13 @@ pub struct Held {
 
 impl Subscriptions {
     pub fn new(caps: SubscriptionCaps) -> Arc<Subscriptions> {
+        Subscriptions::named(caps, MCP)
+    }
+
+    /// Caps whose refusals use `names` (another door's streams).
+    pub fn named(caps: SubscriptionCaps, names: Names) -> Arc<Subscriptions> {
         Arc::new(Subscriptions {
+            names,
             caps: SubscriptionCaps {
                 total: caps.total.max(1),
                 per_caller: caps.per_caller.max(1),
@@ -73,14 +99,18 @@ impl Subscriptions {
         let mine = open.per_caller.get(&caller).copied().unwrap_or(0);
         if mine >= self.caps.per_caller {
             return Err(Error::ResourceExhausted(format!(
-                "this caller has {mine} live subscriptions open, the most one caller may hold (--mcp-max-subscriptions-per-caller {}): end one first",
-                self.caps.per_caller
+                "this caller has {mine} {} open, the most one caller may hold ({} {}): end one first",
+                self.names.what, self.names.per_caller_option, self.caps.per_caller
             )));
         }
         if open.total >= self.caps.total {
             return Err(Error::ResourceExhausted(format!(
-                "the MCP door holds {} live subscriptions, its most (--mcp-max-subscriptions {}): try again later",
-                open.total, self.caps.total
+                "{} holds {} {}, its most ({} {}): try again later",
+                self.names.door,
+                open.total,
+                self.names.what,
+                self.names.total_option,
+                self.caps.total
             )));
         }
         open.total += 1;

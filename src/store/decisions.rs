@@ -299,7 +299,19 @@ fn select(f: &DecisionFilter) -> SelectStatement {
             q.cond_where(
                 Condition::any()
                     .add(col("source").eq(s.as_str()))
-                    .add(col("source").like(format!("{s}:%"))),
+                    // The kind's sources (`grpc` → `grpc:…`); `%` and `_` in it are
+                    // themselves, not wildcards.
+                    .add(
+                        col("source").like(
+                            sea_orm::sea_query::LikeExpr::new(format!(
+                                "{}:%",
+                                s.replace('\\', "\\\\")
+                                    .replace('%', "\\%")
+                                    .replace('_', "\\_")
+                            ))
+                            .escape('\\'),
+                        ),
+                    ),
             );
         }
     }

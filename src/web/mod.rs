@@ -54,12 +54,30 @@ pub const OPENAPI_PATH: &str = "/openapi.json";
 /// being closed as idle by this listener or a proxy between.
 const MAX_PING: Duration = Duration::from_secs(15);
 
+/// How the door is served.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Serve the console.
+    pub console: bool,
+    /// BenchService is offered.
+    pub bench: bool,
+    /// The listener closes a socket that moves no byte for this long.
+    pub idle: Duration,
+    /// Event streams open per caller and in all: each holds a socket of the listener, so the
+    /// total stays below its socket cap and a caller's below the total.
+    pub streams: crate::mcp::SubscriptionCaps,
+}
+
 /// The JSON door: the API it calls, its routes and what it serves beside them.
 #[derive(Clone)]
 pub struct Door(Arc<Inner>);
 
 struct Inner {
     api: Api,
+    /// Who a caller is, for the caps on its event streams.
+    auth: Arc<crate::auth::Authenticator>,
+    /// Event streams open, per caller and in all.
+    streams: Arc<crate::mcp::StreamCounts>,
     routes: Vec<Route>,
     /// The API's descriptors and google.rpc's (a refusal's details).
     pool: DescriptorPool,
@@ -77,24 +95,39 @@ impl Door {
     /// listener closes a socket that moves no byte for this long.
     pub fn new(
         api: Api,
-        authenticated: bool,
-        console: bool,
-        idle: Duration,
+        auth: Arc<crate::auth::Authenticator>,
+        opts: Options,
         stopping: Signal,
     ) -> anyhow::Result<Door> {
         let pool = pool()?;
-        let routes = rules::routes(&pool)?;
+        // A service the server does not offer has no route (BenchService without
+        // --bench-baseline).
+        let routes = rules::routes(&pool)?
+            .into_iter()
+            .filter(|r| opts.bench || r.method.parent_service().name() != "BenchService")
+            .collect::<Vec<_>>();
         let openapi = Bytes::from(serde_json::to_vec_pretty(&openapi::document(
             &routes, &pool,
         ))?);
+        let streams = crate::mcp::StreamCounts::named(
+            opts.streams,
+            crate::mcp::Names {
+                what: "event streams",
+                door: "the JSON door",
+                per_caller_option: "--http-max-streams-per-caller",
+                total_option: "--http-max-streams",
+            },
+        );
         Ok(Door(Arc::new(Inner {
             api,
+            loopback_only: !auth.is_enabled(),
+            auth,
+            streams,
             routes,
             pool,
             openapi,
-            console,
-            loopback_only: !authenticated,
-            ping: (idle / 3).clamp(Duration::from_secs(1), MAX_PING),
+            console: opts.console,
+            ping: (opts.idle / 3).clamp(Duration::from_secs(1), MAX_PING),
             stopping,
         })))
     }
@@ -142,7 +175,8 @@ impl Door {
         }
         let path = req.uri().path().to_owned();
         let verb = req.method().clone();
-        if path == OPENAPI_PATH && verb == Method::GET {
+        let read = verb == Method::GET || verb == Method::HEAD;
+        if path == OPENAPI_PATH && read {
             return json_bytes(StatusCode::OK, d.openapi.clone());
         }
         if path == "/" && verb == Method::GET {
@@ -152,7 +186,7 @@ impl Door {
                 OPENAPI_PATH
             });
         }
-        if d.console {
+        if d.console && read {
             if let Some(page) = console::serve(&path) {
                 return page;
             }
@@ -207,7 +241,7 @@ impl Door {
             peer: req
                 .extensions()
                 .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                .map(|c| Arc::from(format!("peer:{}", c.0.ip()))),
+                .map(|c| c.0.ip()),
         };
         let query = req.uri().query().map(str::to_owned);
         let (parts, body) = req.into_parts();
@@ -255,8 +289,9 @@ impl Door {
         }
         let input = call::message_of(&method.input(), Value::Object(fields), None)?;
         if method.is_server_streaming() {
+            let held = d.streams.open(self.caller(&parts.headers))?;
             let stream = call::server_stream_messages(&d.api, method, input, &from).await?;
-            return Ok(self.events(stream));
+            return Ok(self.events(stream, held));
         }
         let answer = call::unary_message(&d.api, method, input, &from).await?;
         let json = call::to_json(&answer, true)?;
@@ -270,16 +305,15 @@ impl Door {
     /// and whose id is its `resume_token`, so an EventSource that reconnects resumes after
     /// it; a status ending the stream an `error` event carrying it; a comment line while
     /// nothing else is written.
-    fn events(&self, stream: tonic::Streaming<DynamicMessage>) -> Response {
+    fn events(&self, stream: tonic::Streaming<DynamicMessage>, held: crate::mcp::Held) -> Response {
         let d = self.0.clone();
-        let state = Some((
-            stream,
-            tokio::time::interval_at(tokio::time::Instant::now() + d.ping, d.ping),
-        ));
+        let ping = tokio::time::interval_at(tokio::time::Instant::now() + d.ping, d.ping);
+        // The stream's place among the caps is given back when its body is dropped.
+        let state = Some((stream, ping, held));
         let body = futures_util::stream::unfold(state, move |state| {
             let d = d.clone();
             async move {
-                let (mut stream, mut ping) = state?;
+                let (mut stream, mut ping, held) = state?;
                 let (chunk, more) = tokio::select! {
                     m = stream.message() => match m {
                         Ok(Some(m)) => (event(&m), true),
@@ -292,7 +326,7 @@ impl Door {
                         false,
                     ),
                 };
-                let next = more.then_some((stream, ping));
+                let next = more.then_some((stream, ping, held));
                 Some((Ok::<_, std::convert::Infallible>(Bytes::from(chunk)), next))
             }
         });
@@ -304,6 +338,18 @@ impl Door {
         );
         h.insert("x-accel-buffering", HeaderValue::from_static("no"));
         r
+    }
+
+    /// Who the request's credentials are, for the stream caps: the identity they authenticate
+    /// as (a refused one is refused by the call itself).
+    fn caller(&self, headers: &HeaderMap) -> crate::mcp::CallerKey {
+        let authorization = headers
+            .get(header::AUTHORIZATION)
+            .map(|v| v.to_str().unwrap_or(""));
+        match self.0.auth.check(authorization) {
+            crate::auth::Caller::Known(id) => crate::mcp::CallerKey::of(Some(&id.bucket())),
+            _ => crate::mcp::CallerKey::of(None),
+        }
     }
 
     /// A stream's answers as JSON lines once the first has come (a refusal before it is the
@@ -444,20 +490,40 @@ fn is_json(headers: &HeaderMap) -> bool {
         })
 }
 
-/// A host name a browser can only mean this machine by.
+/// A host name a browser can only mean this machine by: exactly one Host header, naming
+/// `localhost` or a loopback address, with at most a numeric port.
 fn loopback_host(headers: &HeaderMap) -> bool {
-    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
-        // HTTP/1.0 without Host: no browser sends that.
-        return true;
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let (Some(host), None) = (hosts.next(), hosts.next()) else {
+        return false;
     };
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map_or(host, |(n, _)| n),
+    let Ok(host) = host.to_str() else {
+        return false;
     };
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    let (name, port) = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((name, tail)) => match tail {
+                "" => (name, None),
+                t => match t.strip_prefix(':') {
+                    Some(p) => (name, Some(p)),
+                    None => return false,
+                },
+            },
+            None => return false,
+        },
+        None => match host.split_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (host, None),
+        },
+    };
+    let port_ok =
+        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    let bracketed = host.starts_with('[');
+    port_ok
+        && (name.eq_ignore_ascii_case("localhost") && !bracketed
+            || name
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback() && (ip.is_ipv6() == bracketed)))
 }
 
 /// A body that must be one JSON object (an empty body is `{}`).
@@ -545,6 +611,8 @@ fn query_fields(method: &MethodDescriptor, query: &str) -> Result<Map<String, Va
             }
             _ => Value::String(v),
         };
+        // One field, whichever name it is given by (`page_size`, `pageSize`).
+        let k = proto_path(&input, &k);
         let slot = slot(&mut fields, &k)?;
         match (field.is_list(), slot) {
             (true, s @ Value::Null) => *s = Value::Array(vec![value]),
@@ -558,6 +626,26 @@ fn query_fields(method: &MethodDescriptor, query: &str) -> Result<Map<String, Va
         }
     }
     Ok(fields)
+}
+
+/// A dotted field path with each step by its proto name.
+fn proto_path(message: &prost_reflect::MessageDescriptor, path: &str) -> String {
+    let mut at = message.clone();
+    let mut out = Vec::new();
+    for step in path.split('.') {
+        let Some(f) = at
+            .get_field_by_name(step)
+            .or_else(|| at.get_field_by_json_name(step))
+        else {
+            out.push(step.to_owned());
+            continue;
+        };
+        out.push(f.name().to_owned());
+        if let Kind::Message(m) = f.kind() {
+            at = m;
+        }
+    }
+    out.join(".")
 }
 
 /// Messages written as one JSON string or number (Timestamp, Duration, wrappers, FieldMask).
@@ -697,6 +785,8 @@ mod tests {
         );
         let e = query_fields(&m, "pack_id=a&pack_id=b").expect_err("twice");
         assert!(e.message().contains("more than once"), "{}", e.message());
+        let e = query_fields(&m, "page_size=1&pageSize=3").expect_err("twice, by both names");
+        assert!(e.message().contains("more than once"), "{}", e.message());
         let e = call::message_of(
             &m.input(),
             Value::Object(query_fields(&m, "page_size=many").expect("f")),
@@ -736,6 +826,22 @@ mod tests {
         assert!(!host("evil.example:8080"));
         assert!(!host("localhost.evil.example"));
         assert!(!host("10.0.0.1"));
+        for h in [
+            "[::1]evil.example",
+            "[::1].evil.example",
+            "127.0.0.1:evil",
+            "localhost:52080, evil.example",
+            "::1",
+            "[127.0.0.1]",
+            "localhost:",
+        ] {
+            assert!(!host(h), "{h}");
+        }
+        let mut two = HeaderMap::new();
+        two.append(header::HOST, HeaderValue::from_static("localhost"));
+        two.append(header::HOST, HeaderValue::from_static("evil.example"));
+        assert!(!loopback_host(&two));
+        assert!(!loopback_host(&HeaderMap::new()), "no Host at all");
     }
 
     #[test]

@@ -166,6 +166,18 @@ async fn every_outcome_has_its_entry_with_the_deciding_check(kind: StoreKind) {
         },
     )
     .await;
+    // A source's `%` and `_` are themselves, not LIKE's wildcards.
+    for wild in ["%", "g_pc", "_"] {
+        let none = all(
+            &app.channel,
+            ListDecisionsRequest {
+                source: wild.into(),
+                ..Default::default()
+            },
+        )
+        .await;
+        assert!(none.is_empty(), "source {wild:?} matched {none:#?}");
+    }
     let every = all(&app.channel, ListDecisionsRequest::default()).await;
     // recorded, dropped, duplicate, undeclared, quota-1 recorded, quota-2 refused.
     assert_eq!(every.len(), 6, "{every:#?}");

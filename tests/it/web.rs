@@ -167,10 +167,11 @@ async fn the_openapi_document_validates_and_lists_what_is_served() {
     )
     .await;
     assert_eq!(report["valid"], true, "{report}");
+    // BenchService is offered (and routed) only with --bench-baseline.
     let methods = hcp_sense::web::pool()
         .expect("pool")
         .services()
-        .filter(|s| s.package_name() == "hcp.sense.v1")
+        .filter(|s| s.package_name() == "hcp.sense.v1" && s.name() != "BenchService")
         .map(|s| s.methods().len() as u64)
         .sum::<u64>();
     assert_eq!(report["operations"].as_u64(), Some(methods), "{report}");
@@ -743,3 +744,74 @@ async fn the_console_drives_the_api_in_a_real_browser(kind: StoreKind) {
     assert_eq!(report["alerts"], 0, "{report}");
 }
 on_both_stores!(the_console_drives_the_api_in_a_real_browser => the_console_drives_the_api_in_a_real_browser);
+
+/// Event streams hold a socket each: one caller holds at most --http-max-streams-per-caller,
+/// all callers --http-max-streams (below the listener's socket cap, so calls find room), a
+/// refusal is 429 naming the cap, and a closed stream makes room. The door's streams are
+/// capped per client address by --max-streams-per-peer too, as gRPC streams are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_streams_are_capped_per_caller_and_in_all() {
+    let (_app, _dir, web) = served(StoreKind::Sqlite, |c| {
+        c.http_max_streams = 3;
+        c.http_max_streams_per_caller = 2;
+    })
+    .await;
+    let open = |token: &'static str| async move {
+        Req::new("GET", "/v1/records:watch?from_now=true")
+            .bearer(token)
+            .events(web)
+            .await
+    };
+    let a1 = open(ALICE).await;
+    let a2 = open(ALICE).await;
+    assert_eq!((a1.0.status, a2.0.status), (200, 200));
+    let (refused, _) = open(ALICE).await;
+    assert_eq!(refused.status, 429, "{refused:?}");
+    let j: Value = serde_json::from_str(&refused.body).expect("a status");
+    assert_eq!(j["code"], 8);
+    assert!(
+        j["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("--http-max-streams-per-caller 2"),
+        "{j}"
+    );
+    let admin = open(ADMIN).await;
+    assert_eq!(admin.0.status, 200, "the third in all");
+    let (full, _) = open(ADMIN).await;
+    assert_eq!(full.status, 429, "{full:?}");
+    assert!(full.body.contains("--http-max-streams 3"), "{full:?}");
+    // Calls still find room.
+    assert_eq!(
+        Req::new("GET", "/v1/packs")
+            .bearer(ADMIN)
+            .send(web)
+            .await
+            .status,
+        200
+    );
+    drop(a1);
+    let mut again = None;
+    for _ in 0..50 {
+        let (head, events) = open(ADMIN).await;
+        if head.status == 200 {
+            again = Some(events);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(again.is_some(), "a closed stream makes room");
+
+    let (_app, _dir, web) = served(StoreKind::Sqlite, |c| c.max_streams_per_peer = 2).await;
+    let open = |token: &'static str| async move {
+        Req::new("GET", "/v1/records:watch?from_now=true")
+            .bearer(token)
+            .events(web)
+            .await
+    };
+    let _held = (open(ALICE).await, open(ADMIN).await);
+    assert_eq!(_held.0 .0.status, 200);
+    assert_eq!(_held.1 .0.status, 200);
+    let (refused, _) = open(ADMIN).await;
+    assert_eq!(refused.status, 429, "the peer's third stream: {refused:?}");
+}

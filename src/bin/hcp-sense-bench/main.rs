@@ -1,6 +1,7 @@
 //! `hcp-sense-bench`: a client of the public gRPC API that starts real `hcp-sense` servers, seeds
 //! them, drives them over a sweep of concurrency and reports every phase against a no-op baseline
 //! measured in the same run.
+mod console;
 mod cpu;
 mod decisions;
 mod filter;
@@ -130,6 +131,10 @@ struct Options {
     /// Idle MCP subscriptions opened to measure their memory.
     #[arg(long, default_value_t = 1000)]
     mcp_idle: usize,
+    /// Records seeded before the operator console's pages are loaded and timed (the console
+    /// phase, on each store); 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    console_records: usize,
     /// Messages drained from NATS JetStream into records, against DeliverTriggers streams on
     /// the same server (0 skips).
     #[arg(long, default_value_t = 20_000)]
@@ -279,6 +284,11 @@ async fn run(o: &Options) -> anyhow::Result<()> {
     if o.mcp {
         for kind in &o.stores {
             mcp::mcp_phase(o, kind).await?;
+        }
+    }
+    if o.console_records > 0 {
+        for kind in &o.stores {
+            console::console_phase(o, kind, o.console_records).await?;
         }
     }
     if o.nats_messages > 0 {

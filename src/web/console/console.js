@@ -562,6 +562,9 @@ function on(id, event, work) {
 
 document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("signin-form").addEventListener("submit", signIn);
+  // Enabled only now: a form submitted before this script runs would post the token nowhere
+  // useful, and never in a URL.
+  document.getElementById("signin-submit").disabled = false;
   document.getElementById("signout").addEventListener("click", signOut);
   on("packs-load", "click", loadPacks);
   on("principal-form", "submit", showPrincipal);
