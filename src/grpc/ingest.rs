@@ -19,7 +19,17 @@ use crate::domain::quota::Rule;
 use crate::domain::trigger::{Decision, Outcome, RawTrigger};
 use crate::error::Error;
 use crate::lifecycle::Signal;
-use crate::service::deliver::{Delivery, SOURCE_DELIVER_TRIGGERS};
+use crate::service::deliver::{
+    Delivery, SOURCE_DELIVER_TRIGGER, SOURCE_DELIVER_TRIGGERS, SOURCE_JSON_DELIVER_TRIGGER,
+    SOURCE_JSON_DELIVER_TRIGGERS,
+};
+
+/// A call the JSON door made for its HTTP client (the decision log names that door).
+fn through_json_door<T>(req: &Request<T>) -> bool {
+    req.extensions()
+        .get::<crate::grpc::guard::DoorPeer>()
+        .is_some()
+}
 use crate::service::QuotaCheck;
 
 /// Triggers of one DeliverTriggers stream being decided and written at once: enough to fill
@@ -109,12 +119,13 @@ fn response(o: Outcome) -> pb::DeliverTriggerResponse {
 async fn deliver_one(
     delivery: Delivery,
     r: Option<pb::DeliverTriggerRequest>,
+    source: &'static str,
 ) -> deliver_triggers_response::Result {
     use deliver_triggers_response::Result as R;
     let outcome = match r {
         None => Err(Error::invalid("trigger", "is required")),
         Some(r) => match raw_trigger(r) {
-            Ok(t) => delivery.deliver_from(t, SOURCE_DELIVER_TRIGGERS).await,
+            Ok(t) => delivery.deliver_from(t, source).await,
             Err(e) => Err(e),
         },
     };
@@ -156,8 +167,13 @@ impl IngestService for IngestApi {
         &self,
         req: Request<pb::DeliverTriggerRequest>,
     ) -> Result<Response<pb::DeliverTriggerResponse>, Status> {
+        let source = if through_json_door(&req) {
+            SOURCE_JSON_DELIVER_TRIGGER
+        } else {
+            SOURCE_DELIVER_TRIGGER
+        };
         let raw = raw_trigger(req.into_inner())?;
-        let o = self.delivery.deliver(raw).await?;
+        let o = self.delivery.deliver_from(raw, source).await?;
         Ok(Response::new(response(o)))
     }
 
@@ -216,6 +232,11 @@ impl IngestService for IngestApi {
         // Under --rate-limit-per-sec each trigger after the first takes a token of its own, as
         // DeliverTrigger calls would; one refused is answered RESOURCE_EXHAUSTED in its place.
         let bucket = req.extensions().get::<CallerBucket>().cloned();
+        let source = if through_json_door(&req) {
+            SOURCE_JSON_DELIVER_TRIGGERS
+        } else {
+            SOURCE_DELIVER_TRIGGERS
+        };
         // The caller's credential expiring ends the stream too: the guard's timer does that
         // for every stream (grpc/lifetime.rs).
         let inbound = req.into_inner();
@@ -230,6 +251,7 @@ impl IngestService for IngestApi {
             bucket,
             self.stopping.clone(),
             tx,
+            source,
         ));
         let outcomes = async_stream(move |out| answer_in_order(pending, out));
         Ok(Response::new(outcomes))
@@ -255,6 +277,7 @@ async fn start_each(
     bucket: Option<CallerBucket>,
     stopping: Signal,
     tx: mpsc::Sender<Started>,
+    source: &'static str,
 ) {
     let mut index: u64 = 0;
     // The last trigger in flight for each (pack, trigger id), and whether it is done.
@@ -316,7 +339,7 @@ async fn start_each(
                     if let Some(mut before) = before {
                         let _ = before.wait_for(|d| *d).await;
                     }
-                    let result = deliver_one(delivery, r.trigger).await;
+                    let result = deliver_one(delivery, r.trigger, source).await;
                     let _ = done.send(true);
                     drop(permit);
                     result

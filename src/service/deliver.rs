@@ -74,6 +74,9 @@ impl Message {
 /// The decision log's source of DeliverTrigger and of DeliverTriggers' items.
 pub const SOURCE_DELIVER_TRIGGER: &str = "grpc:DeliverTrigger";
 pub const SOURCE_DELIVER_TRIGGERS: &str = "grpc:DeliverTriggers";
+/// The same, called through the JSON door (src/web).
+pub const SOURCE_JSON_DELIVER_TRIGGER: &str = "json:DeliverTrigger";
+pub const SOURCE_JSON_DELIVER_TRIGGERS: &str = "json:DeliverTriggers";
 
 /// The span of one decision, made once the decision is known so that a sampler
 /// can see a drop, with the attributes dashboards read under the `hcp.` prefix.
