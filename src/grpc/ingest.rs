@@ -248,10 +248,10 @@ impl IngestService for IngestApi {
             self.delivery.clone(),
             self.in_flight.clone(),
             self.idle,
-            bucket,
+            // The caller's rate-limit bucket, and the decision log's source.
+            (bucket, source),
             self.stopping.clone(),
             tx,
-            source,
         ));
         let outcomes = async_stream(move |out| answer_in_order(pending, out));
         Ok(Response::new(outcomes))
@@ -274,10 +274,9 @@ async fn start_each(
     delivery: Delivery,
     in_flight: Arc<Semaphore>,
     idle: Duration,
-    bucket: Option<CallerBucket>,
+    (bucket, source): (Option<CallerBucket>, &'static str),
     stopping: Signal,
     tx: mpsc::Sender<Started>,
-    source: &'static str,
 ) {
     let mut index: u64 = 0;
     // The last trigger in flight for each (pack, trigger id), and whether it is done.

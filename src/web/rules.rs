@@ -176,7 +176,7 @@ fn route(rule: &prost_reflect::DynamicMessage, method: &MethodDescriptor) -> any
     let (segments, custom) = split(&template);
     let custom = custom.map(str::to_owned);
     let mut parsed = Vec::new();
-    for s in segments.iter().copied() {
+    for s in segments {
         if let Some(var) = s.strip_prefix('{').and_then(|v| v.strip_suffix('}')) {
             if var.contains('=') {
                 anyhow::bail!(

@@ -712,6 +712,11 @@ async fn the_console_drives_the_api_in_a_real_browser(kind: StoreKind) {
         "{report}"
     );
     assert_eq!(report["granted"], true, "{report}");
+    assert_eq!(
+        report["audited"],
+        json!([["ops", "ActivateSense"], ["ops", "GrantSenseEnable"]]),
+        "{report}"
+    );
     assert_eq!(report["inbox_row"], true, "{report}");
     assert_eq!(
         report["inbox_rows"], 2,

@@ -40,6 +40,13 @@ def browser():
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=o)
 
 
+def get(base, path, token):
+    req = urllib.request.Request(base + path)
+    req.add_header("Authorization", "Bearer " + token)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
 def post(base, path, token, body):
     req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
@@ -119,6 +126,9 @@ def main():
         c.type("act-pack", "github")
         c.click("#activate-form button[value=activate]")
         c.wait(lambda: c.message().startswith("Activated"))
+        # The console's changes are the audited API's: who made them is the signed-in caller.
+        events = get(base, "/v1/auditEvents?pack_id=github&principal=alice", plan["admin"]).get("auditEvents", [])
+        report["audited"] = sorted({(e.get("actor"), e.get("rpc")) for e in events if e.get("rpc") in ("GrantSenseEnable", "ActivateSense")})
         c.type("principal-id", "alice")
         c.click("#principal-form button[type=submit]")
         c.wait(lambda: "github" in c.text("#principal-view") and "issue.opened" in c.text("#principal-view"))
