@@ -9,6 +9,9 @@ use crate::helpers::{spawn_app_with, StoreKind, TestApp};
 use crate::security::{bearer, secured_with, ADMIN, RUNTIME};
 use crate::support::http1::Req;
 
+/// A pack description that would run if a page wrote it as markup.
+const MARKUP: &str = "<img src=x onerror=alert(2)><script>alert(3)</script>";
+
 /// The reader token of `secured_with`: alice's.
 const ALICE: &str = crate::security::READER;
 
@@ -678,9 +681,11 @@ async fn the_console_drives_the_api_in_a_real_browser(kind: StoreKind) {
     })
     .await;
     let web = app.web_addr.expect("the JSON door is configured");
-    // github registered (opened for bob), and a Binding of alice's: the console grants and
-    // activates her.
-    crate::identity::set_up(&app.channel, ADMIN, &["bob"]).await;
+    // github registered (opened for bob), its first trigger described in markup, and a
+    // Binding of alice's: the console grants and activates her.
+    let mut github = crate::helpers::example("github.pack.json");
+    github["stimulusTriggers"][0]["description"] = json!(MARKUP);
+    crate::identity::set_up_pack(&app.channel, ADMIN, &github, &["bob"]).await;
     pb::policy_service_client::PolicyServiceClient::new(bearer(&app.channel, ADMIN))
         .put_binding(pb::PutBindingRequest {
             principal: "alice".into(),
@@ -712,6 +717,10 @@ async fn the_console_drives_the_api_in_a_real_browser(kind: StoreKind) {
         "{report}"
     );
     assert_eq!(report["granted"], true, "{report}");
+    assert_eq!(
+        report["description_as_text"], true,
+        "a pack's description is text: {report}"
+    );
     assert_eq!(
         report["audited"],
         json!([["ops", "ActivateSense"], ["ops", "GrantSenseEnable"]]),

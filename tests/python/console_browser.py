@@ -81,6 +81,7 @@ class Console:
 
     def shot(self, name):
         if self.shots:
+            self.d.execute_script("window.scrollTo(0, 0)")
             self.d.save_screenshot(os.path.join(self.shots, name + ".png"))
 
     def sign_in(self, token):
@@ -113,8 +114,11 @@ def main():
         c.wait(lambda: "github" in c.text("#packs-table tbody"))
         c.click("#packs-table tbody button")
         c.wait(lambda: "issue.opened" in c.text("#catalog"))
-        for summary in d.find_elements(By.CSS_SELECTOR, "#catalog summary")[:1]:
+        for summary in d.find_elements(By.CSS_SELECTOR, "#catalog summary"):
             summary.click()
+        report["description_as_text"] = (
+            "<img src=x onerror=alert(2)><script>alert(3)</script>" in c.text("#catalog")
+            and not d.find_elements(By.CSS_SELECTOR, "#catalog img, #catalog script"))
         c.shot("packs")
 
         c.page("principal")
