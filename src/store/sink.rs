@@ -68,7 +68,13 @@ const COLUMNS: &str = "record_id, principal, binding_id, land, pack_id, ref, pay
 /// connection and one round trip. A record with a trigger id first claims it in the ledger
 /// (`record_triggers`, whose primary key is the idempotency that the partitioned table cannot
 /// hold), and is inserted only when the claim is its own: new, or taking over a ledger row
-/// below the floor, whose record's partition retention has dropped or is dropping.
+/// below the floor, whose record's partition retention has dropped or is dropping. A trigger
+/// id the ledger already holds above the floor (a retry) is not claimed at all: the claim's
+/// ON CONFLICT DO UPDATE would lock its row even when it updates nothing, giving the batch a
+/// transaction id (holding back every watch until it commits) and a durable commit for
+/// nothing. The look-up is a correlated subquery, one primary-key probe per row whatever the
+/// generic plan guesses of the batch's size. Its first record is looked up after, as for any
+/// trigger id; one removed meanwhile is UNAVAILABLE, and its retry records anew.
 /// `stored_time` is the database's clock (every replica the same partition); `commit_txid`
 /// the writing transaction's id, taken once; `seq` comes from the sequence's default.
 const INSERT_POSTGRES: &str = "WITH x AS ( \
@@ -78,6 +84,8 @@ const INSERT_POSTGRES: &str = "WITH x AS ( \
      claimed AS ( \
        INSERT INTO record_triggers AS k (pack_id, producer_trigger_id, record_id, stored_time) \
        SELECT pack_id, producer_trigger_id, record_id, stored_time FROM x WHERE producer_trigger_id IS NOT NULL \
+         AND NOT COALESCE((SELECT h.stored_time >= (SELECT floor_time FROM record_floor) FROM record_triggers h \
+                           WHERE h.pack_id = x.pack_id AND h.producer_trigger_id = x.producer_trigger_id), false) \
        ON CONFLICT (pack_id, producer_trigger_id) DO UPDATE \
          SET record_id = excluded.record_id, stored_time = excluded.stored_time \
          WHERE k.stored_time < (SELECT floor_time FROM record_floor) \
@@ -99,6 +107,8 @@ const INSERT_POSTGRES_LOGGED: &str = "WITH x AS ( \
      claimed AS ( \
        INSERT INTO record_triggers AS k (pack_id, producer_trigger_id, record_id, stored_time) \
        SELECT pack_id, producer_trigger_id, record_id, stored_time FROM x WHERE producer_trigger_id IS NOT NULL \
+         AND NOT COALESCE((SELECT h.stored_time >= (SELECT floor_time FROM record_floor) FROM record_triggers h \
+                           WHERE h.pack_id = x.pack_id AND h.producer_trigger_id = x.producer_trigger_id), false) \
        ON CONFLICT (pack_id, producer_trigger_id) DO UPDATE \
          SET record_id = excluded.record_id, stored_time = excluded.stored_time \
          WHERE k.stored_time < (SELECT floor_time FROM record_floor) \

@@ -2,6 +2,7 @@
 //! them, drives them over a sweep of concurrency and reports every phase against a no-op baseline
 //! measured in the same run.
 mod console;
+mod cost;
 mod cpu;
 mod decisions;
 mod filter;
@@ -135,6 +136,14 @@ struct Options {
     /// phase, on each store); 0 skips it.
     #[arg(long, default_value_t = 0)]
     console_records: usize,
+    /// Measure CPU per call at a steady offered rate (the cost phase, on each store): Health,
+    /// recorded without and with trigger ids, duplicates, drops; and on PostgreSQL a prepared
+    /// insert and primary-key select of its own.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    cost: bool,
+    /// Calls a second the cost phase offers.
+    #[arg(long, default_value_t = 1000.0)]
+    cost_rate: f64,
     /// Messages drained from NATS JetStream into records, against DeliverTriggers streams on
     /// the same server (0 skips).
     #[arg(long, default_value_t = 20_000)]
@@ -284,6 +293,11 @@ async fn run(o: &Options) -> anyhow::Result<()> {
     if o.mcp {
         for kind in &o.stores {
             mcp::mcp_phase(o, kind).await?;
+        }
+    }
+    if o.cost {
+        for kind in &o.stores {
+            cost::cost_phase(o, kind).await?;
         }
     }
     if o.console_records > 0 {
