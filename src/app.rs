@@ -132,26 +132,11 @@ impl App {
             Some(a) => Some(bind(a).await?),
             None => None,
         };
-        let web_listener = match config.http_listen {
-            // Without authentication the door is every role's: loopback only.
-            Some(a) if !auth.is_enabled() && !a.ip().is_loopback() && !config.insecure_no_auth => {
-                anyhow::bail!(
-                    "refusing to serve the JSON door on {a} without authentication: configure [auth] in the config file, or pass --insecure-no-auth"
-                )
-            }
-            Some(a) => Some(bind(a).await?),
-            None => None,
-        };
-        let mcp_listener = match config.mcp_listen {
-            // Without authentication the door reads every principal's records: loopback only.
-            Some(a) if !auth.is_enabled() && !a.ip().is_loopback() && !config.insecure_no_auth => {
-                anyhow::bail!(
-                    "refusing to serve the MCP door on {a} without authentication: configure [auth] in the config file, or pass --insecure-no-auth"
-                )
-            }
-            Some(a) => Some(bind(a).await?),
-            None => None,
-        };
+        // Without authentication a door is every role's (every principal's records, every
+        // change): loopback only.
+        let open = !auth.is_enabled() && !config.insecure_no_auth;
+        let web_listener = door_listener(config.http_listen, "the JSON door", open).await?;
+        let mcp_listener = door_listener(config.mcp_listen, "the MCP door", open).await?;
         let metrics = Arc::new(Metrics::new(config.metrics_max_packs));
         let hub = Hub::start(store.clone(), service_limits(&config), metrics).await?;
         let end_on_drop = hub.lifecycle().ends_on_drop();
@@ -905,6 +890,22 @@ fn tls_config(
             .client_auth_optional(true);
     }
     Ok(c)
+}
+
+/// A door's listener on `addr`, if one is asked for; refused off loopback when the door would
+/// be `open` (no authentication, and no --insecure-no-auth).
+async fn door_listener(
+    addr: Option<SocketAddr>,
+    door: &str,
+    open: bool,
+) -> anyhow::Result<Option<TcpListener>> {
+    match addr {
+        Some(a) if open && !a.ip().is_loopback() => anyhow::bail!(
+            "refusing to serve {door} on {a} without authentication: configure [auth] in the config file, or pass --insecure-no-auth"
+        ),
+        Some(a) => Ok(Some(bind(a).await?)),
+        None => Ok(None),
+    }
 }
 
 async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {

@@ -829,3 +829,26 @@ async fn event_streams_are_capped_per_caller_and_in_all() {
     let (refused, _) = open(ADMIN).await;
     assert_eq!(refused.status, 429, "the peer's third stream: {refused:?}");
 }
+
+/// Without authentication the door is every role's: it is not served off loopback unless
+/// --insecure-no-auth says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_authentication_the_door_is_served_on_loopback_only() {
+    let db = crate::helpers::TestDb::create(StoreKind::Sqlite).await;
+    let mut c = hcp_sense::config::Config::for_database(db.url.clone());
+    c.http_listen = Some("0.0.0.0:0".parse().expect("addr"));
+    let e = hcp_sense::app::App::build(c.clone())
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        e.to_string()
+            .contains("refusing to serve the JSON door on 0.0.0.0:0"),
+        "{e}"
+    );
+    c.insecure_no_auth = true;
+    let app = hcp_sense::app::App::build(c)
+        .await
+        .expect("served when told");
+    assert!(app.web_addr().is_some());
+}
