@@ -282,17 +282,18 @@ impl App {
             metrics.clone(),
             crate::grpc::streams::Streams::new(l.streams),
         );
+        // The doors' calls, in process through those same layers.
+        let api = crate::mcp::call::in_process(
+            tower::ServiceBuilder::new()
+                .layer(calls.clone())
+                .layer(rpc.clone())
+                .layer(guard.clone())
+                .service(routes.clone()),
+        );
         if let Some(listener) = web_listener {
-            let api = crate::mcp::call::in_process(
-                tower::ServiceBuilder::new()
-                    .layer(calls.clone())
-                    .layer(rpc.clone())
-                    .layer(guard.clone())
-                    .service(routes.clone()),
-            );
             let life = hub.lifecycle();
             let door = crate::web::Door::new(
-                api,
+                api.clone(),
                 auth.clone(),
                 crate::web::Options {
                     console,
@@ -317,13 +318,6 @@ impl App {
             ));
         }
         if let Some(door) = mcp_listener {
-            let api = crate::mcp::call::in_process(
-                tower::ServiceBuilder::new()
-                    .layer(calls.clone())
-                    .layer(rpc.clone())
-                    .layer(guard.clone())
-                    .service(routes.clone()),
-            );
             spawn_mcp(
                 &hub,
                 &auth,

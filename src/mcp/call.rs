@@ -76,6 +76,14 @@ struct DynamicCodec {
     output: MessageDescriptor,
 }
 
+impl DynamicCodec {
+    fn of(method: &MethodDescriptor) -> DynamicCodec {
+        DynamicCodec {
+            output: method.output(),
+        }
+    }
+}
+
 impl Codec for DynamicCodec {
     type Encode = DynamicMessage;
     type Decode = DynamicMessage;
@@ -130,18 +138,14 @@ pub async fn server_stream(
     request: serde_json::Value,
     authorization: Option<AsciiMetadataValue>,
 ) -> Result<Messages, Status> {
-    let (mut grpc, call, path) = prepare(api, method, request, authorization).await?;
-    let stream = grpc
-        .server_streaming(
-            call,
-            path,
-            DynamicCodec {
-                output: method.output(),
-            },
-        )
-        .await?
-        .into_inner();
-    Ok(Messages(stream))
+    let input = message_of(&method.input(), request, Some("arguments"))?;
+    let from = Origin {
+        authorization,
+        peer: None,
+    };
+    Ok(Messages(
+        server_stream_messages(api, method, input, &from).await?,
+    ))
 }
 
 /// The messages of a server stream, as protobuf JSON.
@@ -210,25 +214,6 @@ impl Origin {
     }
 }
 
-/// The request of a call of `method`, and the client and path to make it with.
-async fn prepare(
-    api: &Api,
-    method: &MethodDescriptor,
-    request: serde_json::Value,
-    authorization: Option<AsciiMetadataValue>,
-) -> Result<
-    (
-        tonic::client::Grpc<Api>,
-        tonic::Request<DynamicMessage>,
-        PathAndQuery,
-    ),
-    Status,
-> {
-    let input = message_of(&method.input(), request, Some("arguments"))?;
-    let (grpc, path) = client(api, method).await?;
-    Ok((grpc, with_authorization(input, authorization), path))
-}
-
 /// `json` read as a `input` (protobuf JSON: lowerCamelCase or proto names). What does not
 /// fit is INVALID_ARGUMENT naming the field, under `named` (`arguments.page_size`) or alone.
 pub fn message_of(
@@ -251,13 +236,7 @@ pub async fn unary_message(
 ) -> Result<DynamicMessage, Status> {
     let (mut grpc, path) = client(api, method).await?;
     let answer = grpc
-        .unary(
-            from.request(input),
-            path,
-            DynamicCodec {
-                output: method.output(),
-            },
-        )
+        .unary(from.request(input), path, DynamicCodec::of(method))
         .await?;
     Ok(answer.into_inner())
 }
@@ -271,13 +250,7 @@ pub async fn server_stream_messages(
 ) -> Result<tonic::Streaming<DynamicMessage>, Status> {
     let (mut grpc, path) = client(api, method).await?;
     let answer = grpc
-        .server_streaming(
-            from.request(input),
-            path,
-            DynamicCodec {
-                output: method.output(),
-            },
-        )
+        .server_streaming(from.request(input), path, DynamicCodec::of(method))
         .await?;
     Ok(answer.into_inner())
 }
@@ -295,9 +268,7 @@ pub async fn streaming_messages(
         .streaming(
             from.request(tokio_stream::iter(inputs)),
             path,
-            DynamicCodec {
-                output: method.output(),
-            },
+            DynamicCodec::of(method),
         )
         .await?;
     Ok(answer.into_inner())
