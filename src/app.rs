@@ -92,6 +92,7 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<App> {
         crate::grpc::codec::install();
         let store = connect_waiting(&config.database, config.db_startup_wait).await?;
+        store.warm();
         schema_ready(&store, config.migrate).await?;
         // Partitions for now and ahead before the first write (retention's passes keep them
         // coming; a write that finds none has its own made).

@@ -301,7 +301,8 @@ pub struct Config {
     pub request_timeout: Duration,
 
     /// Sink writers committing record batches concurrently, each on a database connection of
-    /// its own, 1 to 64; PostgreSQL only, SQLite always has one.
+    /// its own, 1 to 64; PostgreSQL only (with one express writer besides, for quiet packs
+    /// beside a backlog), SQLite always has one.
     #[arg(long, env = "HCP_SENSE_SINK_WRITERS", value_name = "N", default_value_t = DEFAULT_SINK_WRITERS)]
     pub sink_writers: usize,
 

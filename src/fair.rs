@@ -156,6 +156,8 @@ struct Queued<T> {
 pub struct FairQueue<T> {
     inner: Mutex<Inner<T>>,
     ready: Notify,
+    /// Told when a record leaves a sparse pack queued beside a backlog (see `express`).
+    express: Notify,
     total: Arc<Semaphore>,
     closed: AtomicBool,
     lane_bound: usize,
@@ -195,6 +197,7 @@ impl<T> FairQueue<T> {
                 sparse_last: false,
             }),
             ready: Notify::new(),
+            express: Notify::new(),
             total: Arc::new(Semaphore::new(total_bound)),
             closed: AtomicBool::new(false),
             lane_bound,
@@ -249,18 +252,72 @@ impl<T> FairQueue<T> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(Closed);
         }
-        self.lock().rounds.push(
-            pack,
-            principal,
-            Queued {
-                item,
-                since,
-                _lane: lane,
-                _total: total,
-            },
-        );
+        let beside_backlog = {
+            let mut inner = self.lock();
+            inner.rounds.push(
+                pack,
+                principal,
+                Queued {
+                    item,
+                    since,
+                    _lane: lane,
+                    _total: total,
+                },
+            );
+            inner.rounds.sparse_beside_backlog()
+        };
+        if beside_backlog {
+            self.express.notify_one();
+        }
         self.ready.notify_one();
         Ok(())
+    }
+
+    /// Waits until a record is queued in a sparse pack beside a backlog (true; see `express`),
+    /// or the queue is closed (false). Takes nothing.
+    pub async fn sparse_beside_backlog(&self) -> bool {
+        loop {
+            if self.closed.load(Ordering::SeqCst) {
+                return false;
+            }
+            let told = self.express.notified();
+            tokio::pin!(told);
+            told.as_mut().enable();
+            if self.lock().rounds.sparse_beside_backlog() {
+                return true;
+            }
+            if self.closed.load(Ordering::SeqCst) {
+                return false;
+            }
+            told.await;
+        }
+    }
+
+    /// The express taker's turn: the sparse packs' next records (up to `max - out.len()`), when
+    /// they are queued beside a backlog; whether it took any. A taker of its own (the sink's
+    /// express writer, with its own connection) commits them while the backlog's batches
+    /// commit, so unlike `try_take_sparse` it takes no turn from the backlog's takers.
+    pub fn try_take_express(
+        &self,
+        out: &mut Vec<(String, T, std::time::Duration)>,
+        max: usize,
+    ) -> bool {
+        let mut taken = Vec::new();
+        {
+            let mut inner = self.lock();
+            if !inner.rounds.sparse_beside_backlog() {
+                return false;
+            }
+            inner
+                .rounds
+                .take_sparse(&mut taken, max.saturating_sub(out.len()));
+        }
+        out.extend(
+            taken
+                .into_iter()
+                .map(|(pack, q)| (pack, q.item, q.since.elapsed())),
+        );
+        true
     }
 
     /// Moves up to `max - out.len()` queued records into `out` with the time each waited
@@ -378,6 +435,7 @@ impl<T> FairQueue<T> {
         }
         self.ready.notify_waiters();
         self.ready.notify_one();
+        self.express.notify_waiters();
     }
 }
 
@@ -601,5 +659,72 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         q.push("p", "a", 1).await.expect("queued");
         assert_eq!(taker.await.expect("join"), (true, 1));
+    }
+
+    #[tokio::test]
+    async fn the_express_taker_takes_a_sparse_packs_record_beside_a_backlog_and_nothing_else() {
+        let q = FairQueue::<u32>::new(64, 256);
+        let ids = |out: &[(String, u32, std::time::Duration)]| -> Vec<u32> {
+            out.iter().map(|(_, n, _)| *n).collect()
+        };
+        let mut out = Vec::new();
+        // A pack alone is no backlog: its records are the writers'.
+        q.push("quiet", "b", 100).await.expect("queued");
+        assert!(!q.try_take_express(&mut out, 64));
+        q.try_take(&mut out, 64);
+        for n in 0..10 {
+            q.push("flood", "a", n).await.expect("queued");
+        }
+        let mut out = Vec::new();
+        q.try_take(&mut out, 1);
+        assert!(!q.try_take_express(&mut out, 64), "a backlog alone: nothing express");
+        q.push("quiet", "b", 101).await.expect("queued");
+        q.push("calm", "c", 200).await.expect("queued");
+        q.push("quiet", "b", 102).await.expect("queued");
+        let mut out = Vec::new();
+        assert!(q.try_take_express(&mut out, 64));
+        assert_eq!(ids(&out), vec![101, 200], "each sparse pack's next record, no flood");
+        // Taking express takes no turn from the backlog's takers: a sparse batch may follow.
+        q.push("other", "d", 300).await.expect("queued");
+        let mut out = Vec::new();
+        assert!(q.try_take_sparse(&mut out, 64));
+        assert_eq!(ids(&out), vec![300]);
+        let mut out = Vec::new();
+        q.try_take(&mut out, 3);
+        assert_eq!(ids(&out), vec![1, 102, 2]);
+    }
+
+    #[tokio::test]
+    async fn the_express_taker_wakes_for_a_sparse_record_beside_a_backlog_and_at_close() {
+        let q = Arc::new(FairQueue::<u32>::new(64, 256));
+        for n in 0..4 {
+            q.push("flood", "a", n).await.expect("queued");
+        }
+        let mut out = Vec::new();
+        q.try_take(&mut out, 1);
+        let waiting = {
+            let q = q.clone();
+            tokio::spawn(async move { q.sparse_beside_backlog().await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "the flood's own records wake no express taker");
+        q.push("flood", "a", 9).await.expect("queued");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished());
+        q.push("quiet", "b", 100).await.expect("queued");
+        let woken = tokio::time::timeout(std::time::Duration::from_secs(5), waiting).await;
+        assert!(matches!(woken, Ok(Ok(true))), "{woken:?}");
+        let waiting = {
+            let q = q.clone();
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                q.try_take_express(&mut out, 64);
+                q.sparse_beside_backlog().await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        q.close();
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(5), waiting).await;
+        assert!(matches!(closed, Ok(Ok(false))), "{closed:?}");
     }
 }

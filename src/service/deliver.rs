@@ -212,6 +212,8 @@ pub struct Delivery {
     pub(super) quotas: Arc<super::quota::Quotas>,
     pub(super) limits: Arc<Limits>,
     pub(super) checks: Arc<Checks>,
+    /// Trigger ids recorded or answered lately: which deliveries to look up before the sink.
+    pub(super) recent: Arc<super::recent::Recent>,
     pub metrics: Arc<Metrics>,
     /// What a door starts for a delivery (an ingress decision run to its end) is started here.
     pub(super) life: crate::lifecycle::Lifecycle,
@@ -460,10 +462,16 @@ impl Delivery {
         let decided = validated + started.elapsed();
         // Idempotency comes before policy: a retry of a trigger that was recorded is answered
         // with its record, even if policy has changed since (a grant revoked meanwhile must
-        // not turn an acknowledged record into a drop). Recorded triggers meet their first
-        // record in the sink; dropped ones look it up here.
+        // not turn an acknowledged record into a drop). A dropped trigger with an id looks its
+        // first record up here. So does one to record whose id this replica recorded or
+        // answered lately (see `recent`): a retry is answered from that read, without the
+        // writer's transaction; any other meets its first record in the sink, which decides.
         let mut first = None;
-        if let (Decision::Drop(_), Some(id)) = (&decision, &t.trigger_id) {
+        let look = |id: &str| match decision {
+            Decision::Drop(_) => true,
+            Decision::Record { .. } => self.recent.seen(&t.pack_id, id),
+        };
+        if let Some(id) = t.trigger_id.as_deref().filter(|id| look(id)) {
             if let Some(r) = self.store.record_for_trigger(&t.pack_id, id).await? {
                 if !r.same_trigger(t.identity()) {
                     return Err(conflict(id));
@@ -480,6 +488,9 @@ impl Delivery {
             let outcome = match decision {
                 Decision::Record { route, .. } if first.is_some() => {
                     let first = first.map(|r| r.record_id).unwrap_or_default();
+                    if let Some(id) = &t.trigger_id {
+                        self.recent.note(&t.pack_id, id);
+                    }
                     self.log_duplicate(&t, source, &first);
                     Outcome::recorded(route, first, true)
                 }
@@ -494,6 +505,9 @@ impl Delivery {
                         trace_id: current_trace_id(),
                     });
                     let outcome = self.record(new_record(&t, route, binding_id), note).await?;
+                    if let Some(id) = &t.trigger_id {
+                        self.recent.note(&t.pack_id, id);
+                    }
                     if outcome.duplicate {
                         self.log_duplicate(
                             &t,

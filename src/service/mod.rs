@@ -6,6 +6,7 @@ mod drops;
 mod packs;
 mod policy;
 mod quota;
+mod recent;
 mod records;
 mod replicas;
 pub mod retention;
@@ -197,6 +198,7 @@ impl Hub {
             sink,
             quotas: Arc::new(quota::Quotas::new(store.engine())),
             limits: limits.clone(),
+            recent: Arc::default(),
             metrics: metrics.clone(),
             life: life.clone(),
         };

@@ -436,39 +436,12 @@ fn row(e: &Entry) -> Row<'_> {
 
 /// SQLite: in the caller's transaction, `decided_time` from the entry (the service's clock).
 pub(crate) async fn insert_sqlite(txn: &impl ConnectionTrait, entries: &[Entry]) -> Result<()> {
-    static INSERTS: std::sync::OnceLock<super::SqliteInserts> = std::sync::OnceLock::new();
-    let inserts = INSERTS.get_or_init(|| {
-        let head = format!(
-            "INSERT INTO decisions (decided_time, {})",
-            COLUMNS.join(", ")
-        );
-        super::SqliteInserts::new(&head, COLUMNS.len() + 1, "", SQLITE_CHUNK)
-    });
+    let inserts = sqlite_inserts();
     let mut rest = entries;
     while !rest.is_empty() {
         let (chunk, tail) = rest.split_at(inserts.chunk(rest.len()));
         rest = tail;
-        let mut values: Vec<sea_orm::Value> = Vec::with_capacity(chunk.len() * 16);
-        for e in chunk {
-            values.extend([
-                e.decided_time.into(),
-                e.pack_id.as_str().into(),
-                e.r#ref.as_str().into(),
-                e.principal.as_str().into(),
-                e.land.as_str().into(),
-                e.project.clone().into(),
-                e.binding_id.as_str().into(),
-                e.trigger_id.clone().into(),
-                e.source.as_str().into(),
-                e.outcome.as_str().into(),
-                e.drop_reason.map(|r| r.as_str().to_owned()).into(),
-                e.check.as_str().into(),
-                e.detail.as_str().into(),
-                e.record_id.clone().into(),
-                e.trace_id.clone().into(),
-                e.folded.into(),
-            ]);
-        }
+        let values = sqlite_values(chunk);
         txn.execute_raw(Statement::from_sql_and_values(
             DbBackend::Sqlite,
             inserts.statement(chunk.len()),
@@ -478,6 +451,44 @@ pub(crate) async fn insert_sqlite(txn: &impl ConnectionTrait, entries: &[Entry])
         .map_err(classify)?;
     }
     Ok(())
+}
+
+/// SQLite's inserts of entries, built once.
+pub(super) fn sqlite_inserts() -> &'static super::SqliteInserts {
+    static INSERTS: std::sync::OnceLock<super::SqliteInserts> = std::sync::OnceLock::new();
+    INSERTS.get_or_init(|| {
+        let head = format!(
+            "INSERT INTO decisions (decided_time, {})",
+            COLUMNS.join(", ")
+        );
+        super::SqliteInserts::new(&head, COLUMNS.len() + 1, "", SQLITE_CHUNK)
+    })
+}
+
+/// The values of SQLite's insert of `chunk` (see `sqlite_inserts`).
+pub(super) fn sqlite_values(chunk: &[Entry]) -> Vec<sea_orm::Value> {
+    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(chunk.len() * 16);
+    for e in chunk {
+        values.extend([
+            e.decided_time.into(),
+            e.pack_id.as_str().into(),
+            e.r#ref.as_str().into(),
+            e.principal.as_str().into(),
+            e.land.as_str().into(),
+            e.project.clone().into(),
+            e.binding_id.as_str().into(),
+            e.trigger_id.clone().into(),
+            e.source.as_str().into(),
+            e.outcome.as_str().into(),
+            e.drop_reason.map(|r| r.as_str().to_owned()).into(),
+            e.check.as_str().into(),
+            e.detail.as_str().into(),
+            e.record_id.clone().into(),
+            e.trace_id.clone().into(),
+            e.folded.into(),
+        ]);
+    }
+    values
 }
 
 fn entry(r: &QueryResult) -> Result<Entry> {

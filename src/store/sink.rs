@@ -6,6 +6,9 @@ use sea_orm::{ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect,
 use tokio::sync::{oneshot, Mutex};
 
 use super::entity::records;
+use secrecy::ExposeSecret;
+
+use super::sqlite_writer::SqliteWriter;
 use super::{classify, DeliveryTables, Engine, Store};
 use crate::domain::decision_log::Note;
 use crate::domain::model::Record;
@@ -161,28 +164,22 @@ impl Sink {
                 metrics.clone(),
                 committing.clone(),
             );
-            let spawned = life.thread(format!("hcp-sense-sink-{n}"), move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        tracing::error!(error = %e, "sink runtime did not start");
-                        return;
-                    }
-                };
-                rt.block_on(write_batches(
+            on_thread(life, format!("hcp-sense-sink-{n}"), move || async move {
+                write_batches(
                     &store,
                     (&queue, &turn),
                     (&committing, shared_batch),
                     metrics,
                     batch_timeout,
-                ));
+                )
+                .await
             });
-            if let Err(e) = spawned {
-                tracing::error!(error = %e, "sink thread did not start");
-            }
+        }
+        if store.engine() == Engine::Postgres {
+            let (store, queue) = (store.clone(), queue.clone());
+            on_thread(life, "hcp-sense-sink-express".into(), move || async move {
+                write_express(&store, &queue, metrics, batch_timeout).await
+            });
         }
         let closed = queue.clone();
         life.on_close(move || closed.close());
@@ -202,6 +199,28 @@ impl Sink {
         answer.await.map_err(|_| {
             Error::Unavailable("the sink stopped before the record was written".into())
         })?
+    }
+}
+
+/// Runs `writer` on a thread of `life` with a runtime of its own, so a busy gRPC runtime never
+/// delays a commit that a whole batch waits for.
+fn on_thread<F: std::future::Future<Output = ()>>(
+    life: &Lifecycle,
+    name: String,
+    writer: impl FnOnce() -> F + Send + 'static,
+) {
+    let spawned = life.thread(
+        name,
+        move || match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(writer()),
+            Err(e) => tracing::error!(error = %e, "sink runtime did not start"),
+        },
+    );
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "sink thread did not start");
     }
 }
 
@@ -303,8 +322,7 @@ async fn write_batches(
     metrics: Arc<Metrics>,
     batch_timeout: std::time::Duration,
 ) {
-    // Connected ahead of the first record when the store answers; otherwise on first use.
-    let mut writer: Option<DeliveryTables> = parent.dedicated().await.ok().map(DeliveryTables);
+    let mut writer = Writer::open(parent, metrics, batch_timeout).await;
     loop {
         let mut batch = Vec::new();
         {
@@ -317,6 +335,98 @@ async fn write_batches(
                 .batches
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
+        writer.commit(batch, queue).await;
+        committing
+            .batches
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        committing.done.notify_waiters();
+    }
+    writer.close().await;
+}
+
+/// The express writer (PostgreSQL): with a connection of its own, it commits the records of
+/// sparse packs queued beside a backlog (see `FairQueue::try_take_express`) while the other
+/// writers commit the backlog's batches, so a quiet pack's record waits for its own short
+/// commit, not for a flood's batch to end first. It takes nothing while no pack is backlogged:
+/// then the writers are free, and one more thread woken per record would only cost CPU.
+async fn write_express(
+    parent: &Store,
+    queue: &FairQueue<Job>,
+    metrics: Arc<Metrics>,
+    batch_timeout: std::time::Duration,
+) {
+    let mut writer = Writer::open(parent, metrics, batch_timeout).await;
+    while queue.sparse_beside_backlog().await {
+        let mut batch = Vec::new();
+        if queue.try_take_express(&mut batch, SHARED_BATCH) && !batch.is_empty() {
+            writer.commit(batch, queue).await;
+        }
+    }
+    writer.close().await;
+}
+
+/// A writer's connection and what it reports to: opened ahead of the first batch when the
+/// store answers, otherwise on first use. On SQLite (a file) the writer's own connection on its
+/// own thread (see `sqlite_writer`).
+struct Writer<'a> {
+    parent: &'a Store,
+    conn: Option<DeliveryTables>,
+    sqlite: Option<SqliteWriter>,
+    metrics: Arc<Metrics>,
+    batch_timeout: std::time::Duration,
+}
+
+impl<'a> Writer<'a> {
+    async fn open(
+        parent: &'a Store,
+        metrics: Arc<Metrics>,
+        batch_timeout: std::time::Duration,
+    ) -> Writer<'a> {
+        let sqlite = match parent.engine() {
+            Engine::Sqlite => SqliteWriter::open(parent.config.url.expose_secret())
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "the sink writer's SQLite connection did not open; it writes through the pool");
+                    None
+                }),
+            Engine::Postgres => None,
+        };
+        let conn = match sqlite {
+            Some(_) => None,
+            None => parent.dedicated().await.ok().map(DeliveryTables),
+        };
+        Writer {
+            parent,
+            conn,
+            sqlite,
+            metrics,
+            batch_timeout,
+        }
+    }
+
+    /// Writes a batch: on the writer's own SQLite connection, in this thread, under the
+    /// store's write turn; else through its pool connection, made anew after a failure.
+    async fn insert(
+        &mut self,
+        records: &mut [Record],
+        notes: &[Option<Note>],
+    ) -> Result<Vec<Stored>> {
+        if let Some(w) = &mut self.sqlite {
+            let _turn = self.parent.write_turn.clone().lock_owned().await;
+            return w.write(records, notes);
+        }
+        let (parent, conn) = (self.parent, &mut self.conn);
+        if conn.is_none() {
+            *conn = Some(DeliveryTables(parent.dedicated().await?));
+        }
+        match conn {
+            Some(w) => w.insert_batch(records, notes).await,
+            None => Err(Error::Unavailable("the store is unavailable; retry".into())),
+        }
+    }
+
+    /// Writes a batch taken from `queue` and answers each of its callers.
+    async fn commit(&mut self, batch: Vec<Taken<Job>>, queue: &FairQueue<Job>) {
+        let metrics = self.metrics.clone();
         let mut records = Vec::with_capacity(batch.len());
         let mut notes = Vec::with_capacity(batch.len());
         let mut answers = Vec::with_capacity(batch.len());
@@ -332,32 +442,21 @@ async fn write_batches(
             metrics.queue_depth(pack, queue.queued(pack));
         }
         let started = std::time::Instant::now();
-        let result = tokio::time::timeout(batch_timeout, async {
-            if writer.is_none() {
-                writer = Some(DeliveryTables(parent.dedicated().await?));
-            }
-            match &writer {
-                Some(w) => w.insert_batch(&mut records, &notes).await,
-                None => Err(Error::Unavailable("the store is unavailable; retry".into())),
-            }
-        })
-        .await
-        .unwrap_or_else(|_| {
-            Err(Error::Unavailable(
-                "the store did not answer in time; retry".into(),
-            ))
-        });
+        let batch_timeout = self.batch_timeout;
+        let result = tokio::time::timeout(batch_timeout, self.insert(&mut records, &notes))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Unavailable(
+                    "the store did not answer in time; retry".into(),
+                ))
+            });
         if matches!(result, Err(Error::Unavailable(_))) {
-            if let Some(stuck) = writer.take() {
+            if let Some(stuck) = self.conn.take() {
                 // Closing may wait on a silent connection too; it must not hold the writer.
                 // A task of the writer's own runtime, which ends with the writer's thread.
                 tokio::spawn(stuck.0.close());
             }
         }
-        committing
-            .batches
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        committing.done.notify_waiters();
         let took = started.elapsed();
         metrics.batch(records.len(), took, result.is_ok());
         tracing::debug!(
@@ -368,7 +467,7 @@ async fn write_batches(
         );
         match result {
             Ok(stored) => {
-                parent.commits().local.notify_one();
+                self.parent.commits().local.notify_one();
                 for ((answer, waited), stored) in answers.into_iter().zip(stored) {
                     let _ = answer.send(Ok(Written { stored, waited }));
                 }
@@ -384,8 +483,11 @@ async fn write_batches(
             }
         }
     }
-    if let Some(w) = writer {
-        w.0.close().await;
+
+    async fn close(self) {
+        if let Some(w) = self.conn {
+            w.0.close().await;
+        }
     }
 }
 
@@ -462,7 +564,7 @@ pub(crate) async fn write_records(
 
 /// What became of each record of a batch, from the first records of the trigger ids the
 /// insert skipped (`None`: it skipped none).
-fn stored_as(rs: &[Record], firsts: Option<&[FirstRecord]>) -> Result<Vec<Stored>> {
+pub(super) fn stored_as(rs: &[Record], firsts: Option<&[FirstRecord]>) -> Result<Vec<Stored>> {
     rs.iter()
         .map(|r| {
             let inserted = Stored::Inserted {
@@ -617,24 +719,7 @@ async fn insert_sqlite(txn: &impl ConnectionTrait, rs: &[Record]) -> Result<u64>
         let take = inserts.chunk(rest.len());
         let (chunk, tail) = rest.split_at(take);
         rest = tail;
-        let mut values = Vec::with_capacity(chunk.len() * 12);
-        for r in chunk {
-            values.extend([
-                r.record_id.as_str().into(),
-                r.principal.as_str().into(),
-                r.binding_id.as_str().into(),
-                r.land.as_str().into(),
-                r.pack_id.as_str().into(),
-                r.r#ref.as_str().into(),
-                payload_text(r).into(),
-                r.route.as_str().into(),
-                r.project.clone().into(),
-                r.trigger_id.clone().into(),
-                r.received_time.into(),
-                seq.into(),
-            ]);
-            seq += 1;
-        }
+        let values = sqlite_values(chunk, &mut seq);
         let done = txn
             .execute_raw(Statement::from_sql_and_values(
                 DbBackend::Sqlite,
@@ -648,6 +733,29 @@ async fn insert_sqlite(txn: &impl ConnectionTrait, rs: &[Record]) -> Result<u64>
     Ok(inserted)
 }
 
+/// The values of SQLite's insert of `chunk` (see `sqlite_inserts`), numbered from `seq` on.
+pub(super) fn sqlite_values(chunk: &[Record], seq: &mut i64) -> Vec<sea_orm::Value> {
+    let mut values = Vec::with_capacity(chunk.len() * 12);
+    for r in chunk {
+        values.extend([
+            r.record_id.as_str().into(),
+            r.principal.as_str().into(),
+            r.binding_id.as_str().into(),
+            r.land.as_str().into(),
+            r.pack_id.as_str().into(),
+            r.r#ref.as_str().into(),
+            payload_text(r).into(),
+            r.route.as_str().into(),
+            r.project.clone().into(),
+            r.trigger_id.clone().into(),
+            r.received_time.into(),
+            (*seq).into(),
+        ]);
+        *seq += 1;
+    }
+    values
+}
+
 /// The payload as stored: JSON text.
 fn payload_text(r: &Record) -> String {
     // A map of JSON values always serializes.
@@ -658,7 +766,7 @@ fn payload_text(r: &Record) -> String {
 const SQLITE_CHUNK: usize = 256;
 
 /// The SQLite inserts of records, built once.
-fn sqlite_inserts() -> &'static super::SqliteInserts {
+pub(super) fn sqlite_inserts() -> &'static super::SqliteInserts {
     static INSERTS: std::sync::OnceLock<super::SqliteInserts> = std::sync::OnceLock::new();
     INSERTS.get_or_init(|| {
         super::SqliteInserts::new(
@@ -673,16 +781,16 @@ fn sqlite_inserts() -> &'static super::SqliteInserts {
 /// The first record stored under a (pack, trigger id): what a later record with the same id
 /// is answered with, or refused against.
 #[derive(Debug, sea_orm::FromQueryResult)]
-struct FirstRecord {
-    pack_id: String,
-    producer_trigger_id: String,
-    record_id: String,
-    route: String,
-    principal: String,
-    r#ref: String,
-    land: String,
+pub(super) struct FirstRecord {
+    pub(super) pack_id: String,
+    pub(super) producer_trigger_id: String,
+    pub(super) record_id: String,
+    pub(super) route: String,
+    pub(super) principal: String,
+    pub(super) r#ref: String,
+    pub(super) land: String,
     /// As stored: JSON text, read only when a batch meets an id already used.
-    payload: String,
+    pub(super) payload: String,
 }
 
 impl FirstRecord {

@@ -850,6 +850,40 @@ both_stores! {
         assert_eq!(app.count("records").await, 4);
     }
 
+    async fn a_retry_is_answered_with_its_first_record_until_that_record_is_erased(app) {
+        let mut app = app;
+        ready(&mut app, "alice").await;
+        let mut t = opened("alice");
+        t.trigger_id = "gh-erased".into();
+        let first = deliver(&mut app, t.clone()).await;
+        assert!(!first.duplicate);
+        // Retries of an id this replica recorded are answered from a read of the first record.
+        for _ in 0..3 {
+            let again = deliver(&mut app, t.clone()).await;
+            assert!(again.duplicate);
+            assert_eq!(again.record_id, first.record_id);
+            assert_eq!(again.disposition, Disposition::RecordedInbox as i32);
+        }
+        // Other content under the id is still refused, not answered with the first record.
+        let other = with_payload(t.clone(), json!({ "issue": 43 }));
+        let err = app.ingest.deliver_trigger(other).await.expect_err("other content");
+        assert_eq!(err.code(), Code::AlreadyExists);
+        assert_eq!(app.count("records").await, 1);
+        // Erased, the first record is gone: the read finds nothing and the retry records anew.
+        app.records
+            .erase_records(pb::EraseRecordsRequest { principal: "alice".into(), pack_id: "github".into() })
+            .await
+            .expect("erase");
+        assert_eq!(app.count("records").await, 0);
+        let anew = deliver(&mut app, t.clone()).await;
+        assert!(!anew.duplicate, "an erased record is not an answer");
+        assert_ne!(anew.record_id, first.record_id);
+        let again = deliver(&mut app, t).await;
+        assert!(again.duplicate);
+        assert_eq!(again.record_id, anew.record_id);
+        assert_eq!(app.count("records").await, 1);
+    }
+
     async fn a_failed_batch_answers_unavailable_and_records_nothing(app) {
         let mut app = app;
         ready(&mut app, "alice").await;

@@ -1,0 +1,225 @@
+//! SQLite: the sink writer's own connection, used on the writer's thread, so a batch's statements run where the batch is instead of one hand-off each to a driver's worker thread.
+//!
+//! The store's pool (sqlx) runs each SQLite connection on a thread of its own and every
+//! statement is a message to it and an answer back: a batch of one record (BEGIN, the sequence,
+//! the insert, the decision log's entry, COMMIT) cost five round trips between threads, two
+//! wake-ups each. This connection is opened by the writer, on the same file with the same
+//! settings (WAL, full sync, the busy timeout), keeps its statements prepared, and runs the
+//! whole batch in one transaction on the thread that took it. It writes only while holding the
+//! store's write turn, like every other writer of this process; readers see its commits as
+//! any WAL reader does. An in-memory database has no file to share: it keeps the pool's path.
+use std::time::Duration;
+
+use rusqlite::types::Value as Sql;
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+
+use super::sink::{self, FirstRecord, Stored};
+use crate::domain::decision_log::Note;
+use crate::domain::model::Record;
+use crate::error::{Error, Result};
+
+/// How long a write waits for another process's lock on the file (the pool's is the same).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Prepared statements kept: the inserts of each power-of-two size, records' and the decision
+/// log's, the sequence and the look-ups.
+const STATEMENTS: usize = 64;
+
+pub struct SqliteWriter {
+    conn: Connection,
+}
+
+impl std::fmt::Debug for SqliteWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SqliteWriter")
+    }
+}
+
+/// The file a sqlx SQLite URL names; None for an in-memory database.
+fn file_of(url: &str) -> Option<std::path::PathBuf> {
+    use std::str::FromStr;
+    let opts = sea_orm::sqlx::sqlite::SqliteConnectOptions::from_str(url).ok()?;
+    let path = opts.get_filename();
+    let name = path.to_string_lossy();
+    if name.is_empty()
+        || name == ":memory:"
+        || name.starts_with("file:")
+        || url.contains("mode=memory")
+    {
+        return None;
+    }
+    Some(path.to_path_buf())
+}
+
+impl SqliteWriter {
+    /// Opens the writer's connection to the file `url` names (which the pool has made);
+    /// None for an in-memory database, whose writes stay on the pool.
+    pub fn open(url: &str) -> Result<Option<SqliteWriter>> {
+        let Some(path) = file_of(url) else {
+            return Ok(None);
+        };
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(unavailable)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(unavailable)?;
+        // The pool set WAL on the file; synchronous is a setting of each connection.
+        conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+            .map_err(unavailable)?;
+        conn.set_prepared_statement_cache_capacity(STATEMENTS);
+        Ok(Some(SqliteWriter { conn }))
+    }
+
+    /// Writes a batch in one transaction, as `sink::write_records` does on SQLite: the
+    /// records' sequence numbers, the rows (a trigger id already stored, or earlier in the
+    /// batch, is skipped and answered with its first record), and each inserted record's
+    /// decision log entry when its note is given. The caller holds the store's write turn.
+    pub fn write(&mut self, rs: &mut [Record], notes: &[Option<Note>]) -> Result<Vec<Stored>> {
+        if rs.is_empty() {
+            return Ok(Vec::new());
+        }
+        for r in rs.iter_mut() {
+            super::stamp(r);
+        }
+        let txn = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(unavailable)?;
+        let n = rs.len() as i64;
+        let next: i64 = txn
+            .prepare_cached(
+                "UPDATE record_sequence SET next = next + ?1 WHERE name = 'records' RETURNING next",
+            )
+            .and_then(|mut s| s.query_row([n], |row| row.get(0)))
+            .map_err(unavailable)?;
+        let mut seq = next - n;
+        let inserts = sink::sqlite_inserts();
+        let mut inserted = 0usize;
+        let mut rest: &[Record] = rs;
+        while !rest.is_empty() {
+            let (chunk, tail) = rest.split_at(inserts.chunk(rest.len()));
+            rest = tail;
+            let values = sink::sqlite_values(chunk, &mut seq);
+            inserted += execute(&txn, inserts.statement(chunk.len()), values)?;
+        }
+        let firsts = if inserted == rs.len() {
+            None
+        } else {
+            Some(firsts(&txn, rs)?)
+        };
+        let stored = sink::stored_as(rs, firsts.as_deref())?;
+        let entries: Vec<_> = rs
+            .iter()
+            .zip(notes)
+            .zip(&stored)
+            .filter_map(|((r, note), s)| match (note, s) {
+                (Some(n), Stored::Inserted { .. }) => Some(n.entry(r, r.received_time)),
+                _ => None,
+            })
+            .collect();
+        let decisions = super::decisions::sqlite_inserts();
+        let mut rest = entries.as_slice();
+        while !rest.is_empty() {
+            let (chunk, tail) = rest.split_at(decisions.chunk(rest.len()));
+            rest = tail;
+            execute(
+                &txn,
+                decisions.statement(chunk.len()),
+                super::decisions::sqlite_values(chunk),
+            )?;
+        }
+        txn.commit().map_err(unavailable)?;
+        Ok(stored)
+    }
+}
+
+/// Runs a prepared statement with `values`; the rows it changed.
+fn execute(
+    txn: &rusqlite::Transaction<'_>,
+    sql: &str,
+    values: Vec<sea_orm::Value>,
+) -> Result<usize> {
+    let values = values
+        .into_iter()
+        .map(sql_value)
+        .collect::<Result<Vec<_>>>()?;
+    txn.prepare_cached(sql)
+        .and_then(|mut s| s.execute(rusqlite::params_from_iter(values)))
+        .map_err(unavailable)
+}
+
+/// The first records of the batch's trigger ids (the records stored under them).
+fn firsts(txn: &rusqlite::Transaction<'_>, rs: &[Record]) -> Result<Vec<FirstRecord>> {
+    let keys: Vec<(&str, &str)> = rs
+        .iter()
+        .filter_map(|r| Some((r.pack_id.as_str(), r.trigger_id.as_deref()?)))
+        .collect();
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT pack_id, producer_trigger_id, record_id, route, principal, ref, land, payload \
+         FROM records WHERE (pack_id, producer_trigger_id) IN (VALUES {})",
+        vec!["(?, ?)"; keys.len()].join(", ")
+    );
+    let values = keys.iter().flat_map(|(p, t)| [*p, *t]);
+    let mut statement = txn.prepare(&sql).map_err(unavailable)?;
+    let rows = statement
+        .query_map(rusqlite::params_from_iter(values), |row| {
+            Ok(FirstRecord {
+                pack_id: row.get(0)?,
+                producer_trigger_id: row.get(1)?,
+                record_id: row.get(2)?,
+                route: row.get(3)?,
+                principal: row.get(4)?,
+                r#ref: row.get(5)?,
+                land: row.get(6)?,
+                payload: row.get(7)?,
+            })
+        })
+        .map_err(unavailable)?;
+    rows.collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(unavailable)
+}
+
+/// A value of the pool's statements, as this connection binds it.
+fn sql_value(v: sea_orm::Value) -> Result<Sql> {
+    use sea_orm::Value as V;
+    Ok(match v {
+        V::String(Some(s)) => Sql::Text(s),
+        V::BigInt(Some(n)) => Sql::Integer(n),
+        V::Int(Some(n)) => Sql::Integer(n.into()),
+        V::String(None) | V::BigInt(None) | V::Int(None) => Sql::Null,
+        other => {
+            return Err(Error::internal(format!(
+                "a value of a kind the SQLite writer does not bind: {other:?}"
+            )))
+        }
+    })
+}
+
+/// A failed write: the batch is not committed (the transaction rolls back as it is dropped),
+/// and every caller in it is told to retry.
+fn unavailable(e: rusqlite::Error) -> Error {
+    Error::Unavailable(format!("the record batch was not written: {e}; retry"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_url_names_its_file_and_memory_has_none() {
+        assert_eq!(
+            file_of("sqlite:///var/lib/hcp/sense.db?mode=rwc"),
+            Some(std::path::PathBuf::from("/var/lib/hcp/sense.db"))
+        );
+        assert_eq!(
+            file_of("sqlite://sense.db"),
+            Some(std::path::PathBuf::from("sense.db"))
+        );
+        assert_eq!(file_of("sqlite::memory:"), None);
+        assert_eq!(file_of("sqlite://x.db?mode=memory"), None);
+    }
+}
