@@ -11,17 +11,23 @@ use tonic_types::StatusExt;
 
 use crate::load::{trigger, Load, Population};
 use crate::pb::ingest_service_client::IngestServiceClient;
+use crate::probe::{self, Probed};
 use crate::report::result;
 use crate::seed::prepare;
 use crate::server::Server;
-use crate::{bin, cpu, pb, Options};
+use crate::{bin, cpu, h2load, pb, Options};
 
 /// One paced series: `Phase`'s latencies (sorted, µs) and errors; its `pct` reads them.
 pub use crate::load::Phase as Paced;
 
 /// The `n`th trigger of `pack` (principal `pack + packs·k` is on pack `pack`), with an id of
 /// its own so every one is a new record.
-fn of_pack(pack: usize, n: usize, pop: Population, tag: &str) -> crate::pb::DeliverTriggerRequest {
+pub fn of_pack(
+    pack: usize,
+    n: usize,
+    pop: Population,
+    tag: &str,
+) -> crate::pb::DeliverTriggerRequest {
     let per_pack = (pop.principals / pop.packs.max(1)).max(1);
     let i = pack + pop.packs * (n % per_pack);
     let mut t = trigger(i, pop, Load::Recorded);
@@ -471,8 +477,9 @@ pub async fn flood_replicas_phase(o: &Options) -> anyhow::Result<()> {
 }
 
 /// Fairness on one store: pack 1 delivering every 20 ms beside Health/Check, with no flood and
-/// while pack 0 floods; pack 0's rate alone and beside it; up to ten packs flooding at once,
-/// with as many callers each. Then quotas (`quota_phase`).
+/// while pack 0 floods, from this process and then from a probe process (`probed_flood`);
+/// pack 0's rate alone and beside it; up to ten packs flooding at once, with as many callers
+/// each. Then quotas (`quota_phase`).
 pub async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     let pop = o.population(o.principals);
     let (db, server) = prepare(o, kind, "flood", pop, &[]).await?;
@@ -489,14 +496,14 @@ pub async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     let rate = |m: &Measured| m.rates.get(&0).copied().unwrap_or(0.0);
     let (q, h) = (&during.quiet, &during.health);
     println!(
-        "{kind:<9} flood: quiet pack alone p50 {:.1} / p99 {:.1} ms; Health alone {:.1} / {:.1} ms",
+        "{kind:<9} flood, measured in this process: quiet pack alone p50 {:.1} / p99 {:.1} ms; Health alone {:.1} / {:.1} ms",
         calm.quiet.pct(0.5),
         calm.quiet.pct(0.99),
         calm.health.pct(0.5),
         calm.health.pct(0.99)
     );
     println!(
-        "{kind:<9} flood: {c} callers on one pack: quiet pack p50 {:.1} / p99 {:.1} ms, Health {:.1} / {:.1} ms: {:.2}x / {:.2}x Health's ({} quiet errors)",
+        "{kind:<9} flood, measured in this process beside its own {c} callers on one pack: quiet pack p50 {:.1} / p99 {:.1} ms, Health {:.1} / {:.1} ms: {:.2}x / {:.2}x Health's ({} quiet errors)",
         q.pct(0.5), q.pct(0.99), h.pct(0.5), h.pct(0.99),
         q.pct(0.5) / h.pct(0.5), q.pct(0.99) / h.pct(0.99), q.errors
     );
@@ -521,6 +528,8 @@ pub async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         "{kind:<9} flood: {spread} packs flooding ({} callers each): {total:.0}/s in all, each pack's rate over an even share {lo:.2}x to {hi:.2}x; {} errors",
         c / spread, ten.errors
     );
+    let probed = probed_flood(o, &server, &chs, pop).await?;
+    print_probed(kind, c, &probed);
     let flooding = Flooding {
         server: &server,
         chs: &chs,
@@ -552,6 +561,9 @@ pub async fn flood_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         ("commit_ms_mean", sink.commit_ms),
     ] {
         flooded[k] = json!(v);
+    }
+    for (k, v) in probed_json(&probed).as_object().into_iter().flatten() {
+        flooded[k] = v.clone();
     }
     flooded["quiet_errors"] = json!(q.errors);
     flooded["spread_packs"] = json!(spread);
@@ -692,17 +704,7 @@ pub async fn quota_held(f: &Flooding<'_>, alone: f64) -> anyhow::Result<serde_js
         })
         .await?;
     // What the server counted for pack 0 meanwhile: decided as recorded or dropped.
-    let counted = |disposition: &str| -> f64 {
-        after
-            .iter()
-            .filter(|(k, _)| {
-                k.starts_with("hcp_sense_deliveries_total{")
-                    && k.contains(r#"pack="pack-0""#)
-                    && k.contains(&format!(r#"disposition="{disposition}"#))
-            })
-            .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
-            .sum()
-    };
+    let counted = |disposition: &str| deliveries(&before, &after, "pack-0", disposition);
     let held_rate = held.rates.get(&0).copied().unwrap_or(0.0);
     println!(
         "{kind:<9} flood: quota {limit:.0}/s on the flooding pack: recorded {held_rate:.0}/s ({:.3}x the quota), refused {:.0}/s with RetryInfo; server counted {:.0} recorded (of {} answered), {:.0} dropped; quiet pack p50 {:.1} / p99 {:.1} ms",
@@ -721,4 +723,184 @@ pub async fn quota_held(f: &Flooding<'_>, alone: f64) -> anyhow::Result<serde_js
         "quota_counted_dropped": counted("dropped"),
         "quota_quiet_p50_ms": held.quiet.pct(0.5), "quota_quiet_p99_ms": held.quiet.pct(0.99),
     }))
+}
+
+/// Triggers of `pack` the server counted as decided `disposition` (or any disposition it
+/// begins: `recorded`) between two scrapes.
+pub fn deliveries(
+    before: &HashMap<String, f64>,
+    after: &HashMap<String, f64>,
+    pack: &str,
+    disposition: &str,
+) -> f64 {
+    let (pack, disposition) = (
+        format!(r#"pack="{pack}""#),
+        // A prefix: "recorded" counts both routes (`recorded_inbox`, `recorded_silent`).
+        format!(r#"disposition="{disposition}"#),
+    );
+    after
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("hcp_sense_deliveries_total{")
+                && k.contains(&pack)
+                && k.contains(&disposition)
+        })
+        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+        .sum()
+}
+
+/// Seconds the flood runs before the probe starts, so that the probe meets it at full rate; and
+/// h2load, told its span up front, as long again after the probe's, so that the probe's span ends
+/// inside the flood whatever the probe process takes to start (the tonic callers stop when the
+/// probe is done).
+const RAMP_SECS: u64 = 1;
+
+/// The client that flooded beside the probe, and what it counted.
+pub struct Flooder {
+    /// "h2load", or "tonic": this process's callers.
+    pub client: &'static str,
+    pub connections: usize,
+    /// Callers on each connection (tonic: rounded up).
+    pub streams: usize,
+    /// Answers a second as the client counts them. h2load: every HTTP 200 over its measured
+    /// span, a gRPC error in the trailers included (it reads no trailers); tonic: every
+    /// recorded trigger over the whole flood.
+    pub per_sec: f64,
+    /// h2load: failed, errored, timed out or not 2xx; tonic: errors.
+    pub errors: u64,
+}
+
+/// Health/Check and the quiet pack measured by the probe process, idle and beside a flood of
+/// pack 0.
+pub struct ProbedFlood {
+    pub idle: Probed,
+    pub during: Probed,
+    pub flooder: Flooder,
+    /// Pack 0's triggers the server counted as recorded, a second of the whole flood.
+    pub counted_per_sec: f64,
+}
+
+/// The quiet pack (pack 1) and Health/Check, each every 20 ms, measured by a probe process of
+/// its own: for `--duration-secs` alone, then as long while `--flood-callers` flood pack 0 —
+/// from h2load when it is on PATH (and `--flood-h2load`), else from this process's tonic
+/// callers on `chs`. Health beside the flood over Health alone is what the flood, and the
+/// client driving it on the same cores, costs the floor.
+pub async fn probed_flood(
+    o: &Options,
+    server: &Server,
+    chs: &[Channel],
+    pop: Population,
+) -> anyhow::Result<ProbedFlood> {
+    let (secs, callers, addr) = (o.duration_secs, o.flood_callers, server.addr.as_str());
+    let idle = probe::spawn(addr, pop, 1, (secs, 20), "probe-idle").await?;
+    let before = server.scrape().await;
+    let started = Instant::now();
+    let (during, flooder) = match o.flood_h2load.then(h2load::find).flatten() {
+        Some(exe) => {
+            let mut req = of_pack(0, 0, pop, "");
+            // No trigger id: every call a new record (a repeated id is answered as a duplicate).
+            req.trigger_id.clear();
+            let flood = h2load::Flood::start(
+                &exe,
+                addr,
+                &req,
+                (callers, o.channels),
+                (RAMP_SECS, secs + RAMP_SECS),
+            )?;
+            let (connections, streams) = (flood.connections, flood.streams);
+            tokio::time::sleep(Duration::from_secs(RAMP_SECS)).await;
+            let during = probe::spawn(addr, pop, 1, (secs, 20), "probe-during").await;
+            let s = flood.finish().await?;
+            let flooder = Flooder {
+                client: "h2load",
+                connections,
+                streams,
+                per_sec: s.per_sec,
+                errors: s.failed + s.not_2xx,
+            };
+            (during, flooder)
+        }
+        None => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let f = {
+                let (chs, stop) = (chs.to_vec(), stop.clone());
+                tokio::spawn(async move { flood(&chs, callers, 1, pop, stop, "probed").await })
+            };
+            tokio::time::sleep(Duration::from_secs(RAMP_SECS)).await;
+            let during = probe::spawn(addr, pop, 1, (secs, 20), "probe-during").await;
+            stop.store(true, Ordering::Relaxed);
+            let (per, errors, _) = f.await.unwrap_or_default();
+            let flooder = Flooder {
+                client: "tonic",
+                connections: chs.len(),
+                streams: callers.div_ceil(chs.len().max(1)),
+                per_sec: per.get(&0).copied().unwrap_or(0) as f64 / started.elapsed().as_secs_f64(),
+                errors: errors as u64,
+            };
+            (during, flooder)
+        }
+    };
+    // The server's own count cross-checks the client's: h2load counts a gRPC error as an
+    // answer. Over the whole flood, ramps included, as the counter cannot tell them apart.
+    let counted = deliveries(&before, &server.scrape().await, "pack-0", "recorded");
+    Ok(ProbedFlood {
+        idle,
+        during: during?,
+        flooder,
+        counted_per_sec: counted / started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Prints what the probe process measured on `kind`, against the goals: the quiet pack within
+/// 3× (p50) and 2× (p99) of Health/Check's during the same flood, Health near its idle value.
+fn print_probed(kind: &str, callers: usize, p: &ProbedFlood) {
+    let (hi, hf, qi, qf) = (
+        &p.idle.health,
+        &p.during.health,
+        &p.idle.quiet,
+        &p.during.quiet,
+    );
+    println!(
+        "{kind:<9} flood, measured by a probe process of its own (each every 20 ms): Health idle p50 {:.1} / p99 {:.1} ms, during the flood {:.1} / {:.1} ms: {:.2}x / {:.2}x idle (the floor under the flood)",
+        hi.p50, hi.p99, hf.p50, hf.p99, hf.p50 / hi.p50, hf.p99 / hi.p99
+    );
+    println!(
+        "{kind:<9} flood, measured by the probe: quiet pack idle p50 {:.1} / p99 {:.1} ms, during the flood {:.1} / {:.1} ms: {:.2}x / {:.2}x Health's during the flood (goals 3x / 2x); {} probe errors",
+        qi.p50, qi.p99, qf.p50, qf.p99, qf.p50 / hf.p50, qf.p99 / hf.p99,
+        hi.errors + hf.errors + qi.errors + qf.errors
+    );
+    let f = &p.flooder;
+    match f.client {
+        "h2load" => println!(
+            "{kind:<9} flood beside the probe: h2load, {} connections x {} streams on pack 0: {:.0} answers/s as h2load counts them (every HTTP 200, a gRPC error in the trailers included), {:.0} recorded/s as the server counted them; {} h2load failures",
+            f.connections, f.streams, f.per_sec, p.counted_per_sec, f.errors
+        ),
+        _ => println!(
+            "{kind:<9} flood beside the probe: this process's {callers} tonic callers on pack 0 (no h2load): {:.0} recorded/s, {:.0}/s as the server counted them; {} errors",
+            f.per_sec, p.counted_per_sec, f.errors
+        ),
+    }
+}
+
+/// What the probe process measured, for `--json`: the ratios against the goals flat, both
+/// series of each run in full.
+fn probed_json(p: &ProbedFlood) -> serde_json::Value {
+    let (hi, hf, qf) = (&p.idle.health, &p.during.health, &p.during.quiet);
+    json!({
+        "probe_idle_health_p50_ms": hi.p50, "probe_idle_health_p99_ms": hi.p99,
+        "probe_flood_health_p50_ms": hf.p50, "probe_flood_health_p99_ms": hf.p99,
+        "probe_idle_quiet_p50_ms": p.idle.quiet.p50, "probe_idle_quiet_p99_ms": p.idle.quiet.p99,
+        "probe_flood_quiet_p50_ms": qf.p50, "probe_flood_quiet_p99_ms": qf.p99,
+        "probe_quiet_over_health_p50": qf.p50 / hf.p50,
+        "probe_quiet_over_health_p99": qf.p99 / hf.p99,
+        "probe_health_flood_over_idle_p50": hf.p50 / hi.p50,
+        "probe_health_flood_over_idle_p99": hf.p99 / hi.p99,
+        "probe_flood_client": p.flooder.client,
+        "probe_flood_connections": p.flooder.connections,
+        "probe_flood_streams": p.flooder.streams,
+        "probe_flood_per_sec": p.flooder.per_sec,
+        "probe_flood_counted_per_sec": p.counted_per_sec,
+        "probe_flood_errors": p.flooder.errors,
+        "probe": { "idle": p.idle.to_json(), "flood": p.during.to_json() },
+    })
 }

@@ -7,6 +7,7 @@ mod cpu;
 mod decisions;
 mod filter;
 mod flood;
+mod h2load;
 mod hostile;
 mod load;
 mod mcp;
@@ -17,6 +18,7 @@ mod nats;
 // copied: the file uses nothing of the server's, only std, rustix and tracing.
 #[path = "../../store/nodelay.rs"]
 mod nodelay;
+mod probe;
 mod proxy;
 mod records;
 mod report;
@@ -185,6 +187,27 @@ struct Options {
     /// Closed-loop callers of the flood phase.
     #[arg(long, default_value_t = 1024)]
     flood_callers: usize,
+    /// Drive the flood that the flood phase's probe process measures beside from h2load
+    /// (Debian's nghttp2-client) when it is on PATH, rather than from this process's callers.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    flood_h2load: bool,
+    /// Run only the probe against this gRPC address (host:port), print its result as one JSON
+    /// line and exit: the flood phase starts this binary so, as a process of its own.
+    #[arg(long, hide = true)]
+    probe_addr: Option<String>,
+    /// The probe's quiet pack, whose DeliverTrigger it calls beside Health/Check.
+    #[arg(long, hide = true, default_value_t = 1)]
+    probe_pack: usize,
+    /// Milliseconds between the probe's calls of each series (open loop).
+    #[arg(long, hide = true, default_value_t = 20)]
+    probe_every_ms: u64,
+    /// Seconds the probe calls for.
+    #[arg(long, hide = true, default_value_t = 5)]
+    probe_secs: u64,
+    /// Prefix of the probe's trigger ids: one of its own per probe run on a server, so that
+    /// every trigger is a new record.
+    #[arg(long, hide = true, default_value = "probe")]
+    probe_tag: String,
     /// Also write every result to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -211,8 +234,7 @@ impl Options {
     }
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let mut o = Options::parse();
     if let Some(path) = &o.markdown {
         let parsed = std::fs::read_to_string(path)
@@ -227,11 +249,27 @@ async fn main() {
         }
         return;
     }
-    let outcome = async {
+    // The probe runs on one thread: it measures the server on cores it shares with a flood,
+    // and should add as little of its own to them as it can.
+    let mut builder = if o.probe_addr.is_some() {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("hcp-sense-bench: starting the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let outcome = runtime.block_on(async {
+        if let Some(addr) = o.probe_addr.clone() {
+            return probe::run(&o, &addr).await;
+        }
         o.server_bin = Some(server::find_binary(o.server_bin.as_deref())?);
         run(&o).await
-    }
-    .await;
+    });
     if let Err(e) = outcome {
         eprintln!("hcp-sense-bench: {e:#}");
         std::process::exit(1);
