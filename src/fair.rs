@@ -677,13 +677,20 @@ mod tests {
         }
         let mut out = Vec::new();
         q.try_take(&mut out, 1);
-        assert!(!q.try_take_express(&mut out, 64), "a backlog alone: nothing express");
+        assert!(
+            !q.try_take_express(&mut out, 64),
+            "a backlog alone: nothing express"
+        );
         q.push("quiet", "b", 101).await.expect("queued");
         q.push("calm", "c", 200).await.expect("queued");
         q.push("quiet", "b", 102).await.expect("queued");
         let mut out = Vec::new();
         assert!(q.try_take_express(&mut out, 64));
-        assert_eq!(ids(&out), vec![101, 200], "each sparse pack's next record, no flood");
+        assert_eq!(
+            ids(&out),
+            vec![101, 200],
+            "each sparse pack's next record, no flood"
+        );
         // Taking express takes no turn from the backlog's takers: a sparse batch may follow.
         q.push("other", "d", 300).await.expect("queued");
         let mut out = Vec::new();
@@ -707,7 +714,10 @@ mod tests {
             tokio::spawn(async move { q.sparse_beside_backlog().await })
         };
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        assert!(!waiting.is_finished(), "the flood's own records wake no express taker");
+        assert!(
+            !waiting.is_finished(),
+            "the flood's own records wake no express taker"
+        );
         q.push("flood", "a", 9).await.expect("queued");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         assert!(!waiting.is_finished());

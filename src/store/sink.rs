@@ -548,18 +548,26 @@ pub(crate) async fn write_records(
     }
     let stored = stored_as(rs, firsts.as_deref())?;
     if engine == Engine::Sqlite && notes.iter().any(Option::is_some) {
-        let entries: Vec<_> = rs
-            .iter()
-            .zip(notes)
-            .zip(&stored)
-            .filter_map(|((r, note), s)| match (note, s) {
-                (Some(n), Stored::Inserted { .. }) => Some(n.entry(r, r.received_time)),
-                _ => None,
-            })
-            .collect();
-        super::decisions::insert_sqlite(db, &entries).await?;
+        super::decisions::insert_sqlite(db, &logged(rs, notes, &stored)).await?;
     }
     Ok(stored)
+}
+
+/// The decision log's entries of the records of a batch that were inserted and carry a note
+/// (by index in `notes`), each at its record's receive time.
+pub(super) fn logged(
+    rs: &[Record],
+    notes: &[Option<Note>],
+    stored: &[Stored],
+) -> Vec<crate::domain::decision_log::Entry> {
+    rs.iter()
+        .zip(notes)
+        .zip(stored)
+        .filter_map(|((r, note), s)| match (note, s) {
+            (Some(n), Stored::Inserted { .. }) => Some(n.entry(r, r.received_time)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// What became of each record of a batch, from the first records of the trigger ids the

@@ -109,15 +109,7 @@ impl SqliteWriter {
             Some(firsts(&txn, rs)?)
         };
         let stored = sink::stored_as(rs, firsts.as_deref())?;
-        let entries: Vec<_> = rs
-            .iter()
-            .zip(notes)
-            .zip(&stored)
-            .filter_map(|((r, note), s)| match (note, s) {
-                (Some(n), Stored::Inserted { .. }) => Some(n.entry(r, r.received_time)),
-                _ => None,
-            })
-            .collect();
+        let entries = sink::logged(rs, notes, &stored);
         let decisions = super::decisions::sqlite_inserts();
         let mut rest = entries.as_slice();
         while !rest.is_empty() {
