@@ -214,4 +214,52 @@ mod tests {
         assert_eq!(file_of("sqlite::memory:"), None);
         assert_eq!(file_of("sqlite://x.db?mode=memory"), None);
     }
+
+    /// Runs a prepared look-up with a bound LIMIT (as the pool's `.one()` makes), a bound LIKE
+    /// pattern and a partial index's key ten times with new values; how often SQLite re-planned it.
+    fn re_plans(conn: &Connection) -> i32 {
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS records (pack_id TEXT NOT NULL, trigger_id TEXT, v TEXT);
+             CREATE UNIQUE INDEX IF NOT EXISTS records_trigger ON records (pack_id, trigger_id)
+               WHERE trigger_id IS NOT NULL;",
+        )
+        .expect("schema");
+        let mut s = conn
+            .prepare(
+                "SELECT v FROM records WHERE pack_id = ?1 AND trigger_id = ?2 \
+                 AND v LIKE ?3 LIMIT ?4",
+            )
+            .expect("prepared");
+        for i in 0..10 {
+            let found = s
+                .query_map(
+                    rusqlite::params!["pack", format!("t{i}"), format!("{i}%"), i + 1],
+                    |row| row.get::<_, String>(0),
+                )
+                .expect("ran")
+                .count();
+            assert_eq!(found, 0);
+        }
+        s.get_status(rusqlite::StatementStatus::RePrepare)
+    }
+
+    /// The build's SQLite keeps a statement's plan whatever is bound (`.cargo/config.toml`):
+    /// without the guarantee every run of such a look-up is a new parse and plan.
+    #[test]
+    fn a_prepared_statement_is_not_re_planned_for_new_values() {
+        use rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG as QPSG;
+        let conn = Connection::open_in_memory().expect("in-memory SQLite");
+        assert!(
+            conn.db_config(QPSG).expect("read"),
+            "the query planner stability guarantee is off: is SQLITE_ENABLE_QPSG in LIBSQLITE3_FLAGS?"
+        );
+        assert_eq!(re_plans(&conn), 0, "re-planned for new bound values");
+        // The check can see a re-plan: with the guarantee off for this connection, it does.
+        let off = Connection::open_in_memory().expect("in-memory SQLite");
+        off.set_db_config(QPSG, false).expect("set");
+        assert!(
+            re_plans(&off) >= 9,
+            "without the guarantee each new LIMIT re-plans"
+        );
+    }
 }

@@ -123,6 +123,33 @@ fn the_benchmark_runs_every_phase_as_a_client_and_writes_json() {
     // The cold check and the floor it is read against.
     assert!(check["cold_check_us"].as_f64() > Some(0.0), "{check}");
     assert!(check["cold_empty_check_us"].as_f64() > Some(0.0), "{check}");
+    // The cost phase: every kind of call answered, each beside its floors and the store's own.
+    let cost = |store: &str, call: &str| -> &Value {
+        results
+            .iter()
+            .find(|r| r["store"] == store && r["phase"] == "cost" && r["call"] == call)
+            .unwrap_or_else(|| panic!("no {store} cost of {call} in {report}"))
+    };
+    for store in ["sqlite", "postgres"] {
+        for call in [
+            "Health/Check (the transport's floor)",
+            "no-op DeliverTrigger (the message's floor)",
+            "recorded, no trigger id",
+            "recorded, a new trigger id each call",
+            "the same trigger id every call",
+            "dropped (undeclared ref)",
+        ] {
+            let row = cost(store, call);
+            assert_eq!(row["errors"], 0, "{row}");
+            assert!(row["server_us"].as_f64() > Some(0.0), "{row}");
+        }
+    }
+    let floor = cost("sqlite", "prepared single-row insert (SQLite alone)");
+    assert_eq!(floor["errors"], 0, "{floor}");
+    assert!(floor["client_us"].as_f64() > Some(0.0), "{floor}");
+    let floor = cost("postgres", "prepared single-row insert (PostgreSQL alone)");
+    assert_eq!(floor["errors"], 0, "{floor}");
+    assert!(floor["postgres_us"].as_f64() > Some(0.0), "{floor}");
     let lookup = find("postgres", "decisions-lookup");
     assert_eq!(lookup["errors"], 0, "{lookup}");
     assert!(lookup["get_p99_ms"].as_f64() > Some(0.0), "{lookup}");

@@ -1,4 +1,4 @@
-//! The cost phase: CPU per call at a steady offered rate (open loop, --cost-rate a second), read from /proc for the server and for PostgreSQL's processes: Health/Check (the transport's floor), recorded without and with trigger ids, the same trigger id every call (duplicates), and dropped (an undeclared ref); on PostgreSQL, beside a prepared single-row insert transaction and a primary-key select run by the benchmark on the same PostgreSQL in the same run.
+//! The cost phase: CPU per call at a steady offered rate (open loop, --cost-rate a second), read from /proc for the server and for PostgreSQL's processes: Health/Check (the transport's floor), the benchmark's no-op DeliverTrigger (the same request decoded and answered without a decision: the floor of this message), recorded without and with trigger ids, the same trigger id every call (duplicates), and dropped (an undeclared ref); beside the store's own floor in the same run: on PostgreSQL a prepared single-row insert transaction and a primary-key select run by the benchmark on the same PostgreSQL, on SQLite a prepared single-row insert, each its own durable transaction, on a file of its own.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,7 +7,8 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use tonic::transport::Channel;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 
-use crate::load::{trigger, Load, Population};
+use crate::load::{noop, trigger, Load, Population};
+use crate::pb::bench_service_client::BenchServiceClient;
 use crate::pb::ingest_service_client::IngestServiceClient;
 use crate::pb::DeliverTriggerRequest;
 use crate::report::result;
@@ -18,6 +19,7 @@ use crate::{cpu, Options};
 #[derive(Clone, Copy, PartialEq)]
 enum Call {
     Health,
+    Noop,
     Recorded,
     RecordedKeyed,
     Duplicate,
@@ -28,6 +30,7 @@ impl Call {
     fn name(self) -> &'static str {
         match self {
             Call::Health => "Health/Check (the transport's floor)",
+            Call::Noop => "no-op DeliverTrigger (the message's floor)",
             Call::Recorded => "recorded, no trigger id",
             Call::RecordedKeyed => "recorded, a new trigger id each call",
             Call::Duplicate => "the same trigger id every call",
@@ -37,7 +40,7 @@ impl Call {
 
     fn request(self, i: usize, pop: Population, run: u128) -> DeliverTriggerRequest {
         match self {
-            Call::Recorded | Call::Health => trigger(i, pop, Load::Recorded),
+            Call::Recorded | Call::Health | Call::Noop => trigger(i, pop, Load::Recorded),
             Call::RecordedKeyed => trigger(i, pop, Load::RecordedKeyed),
             Call::Duplicate => {
                 let mut t = trigger(0, pop, Load::Recorded);
@@ -110,10 +113,23 @@ where
     }
 }
 
-fn report(kind: &str, name: &str, m: &Measured, floor: Option<f64>, pg: bool) {
-    let ratio = floor.map_or(String::new(), |f| {
-        format!("  ({:.1}x Health)", m.cpu.server / f)
-    });
+/// The floors a call's server CPU is read against: Health/Check's and the no-op's.
+#[derive(Clone, Copy, Default)]
+struct Floors {
+    health: Option<f64>,
+    noop: Option<f64>,
+}
+
+fn report(kind: &str, name: &str, m: &Measured, floor: Floors, pg: bool) {
+    let ratio = match (floor.health, floor.noop) {
+        (Some(h), Some(n)) => format!(
+            "  ({:.1}x Health, {:.1}x no-op)",
+            m.cpu.server / h,
+            m.cpu.server / n
+        ),
+        (Some(h), None) => format!("  ({:.1}x Health)", m.cpu.server / h),
+        _ => String::new(),
+    };
     let pg_part = if pg {
         format!(", PostgreSQL {:>5.0} us", m.cpu.postgres)
     } else {
@@ -143,9 +159,10 @@ pub async fn cost_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros());
     let pg = kind == "postgres";
-    let mut floor = None;
+    let mut floor = Floors::default();
     for call in [
         Call::Health,
+        Call::Noop,
         Call::Recorded,
         Call::RecordedKeyed,
         Call::Duplicate,
@@ -161,6 +178,11 @@ pub async fn cost_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
                         .check(HealthCheckRequest::default())
                         .await
                         .is_ok()
+                } else if call == Call::Noop {
+                    BenchServiceClient::new(ch)
+                        .deliver_trigger_noop(noop(req))
+                        .await
+                        .is_ok()
                 } else {
                     IngestServiceClient::new(ch)
                         .deliver_trigger(req)
@@ -170,19 +192,25 @@ pub async fn cost_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
             }
         })
         .await;
-        if call == Call::Health {
-            floor = Some(m.cpu.server.max(f64::MIN_POSITIVE));
+        let shown = match call {
+            Call::Health => Floors::default(),
+            Call::Noop => Floors {
+                noop: None,
+                ..floor
+            },
+            _ => floor,
+        };
+        report(kind, call.name(), &m, shown, pg);
+        match call {
+            Call::Health => floor.health = Some(m.cpu.server.max(f64::MIN_POSITIVE)),
+            Call::Noop => floor.noop = Some(m.cpu.server.max(f64::MIN_POSITIVE)),
+            _ => {}
         }
-        report(
-            kind,
-            call.name(),
-            &m,
-            floor.filter(|_| call != Call::Health),
-            pg,
-        );
     }
     if pg {
         plain_postgres(&db.connect().await?, pid, rate, secs, kind).await?;
+    } else {
+        plain_sqlite(rate, secs, kind)?;
     }
     server.stop();
     db.drop_db().await;
@@ -224,7 +252,7 @@ async fn plain_postgres(
         kind,
         "prepared single-row insert (PostgreSQL alone)",
         &m,
-        None,
+        Floors::default(),
         true,
     );
     let inserted = m.calls.max(1) as i64;
@@ -245,8 +273,82 @@ async fn plain_postgres(
         kind,
         "prepared primary-key select (PostgreSQL alone)",
         &m,
-        None,
+        Floors::default(),
         true,
+    );
+    Ok(())
+}
+
+/// CPU seconds of the calling thread (utime + stime), from /proc/thread-self.
+fn thread_seconds() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/stat")
+        .ok()
+        .and_then(|s| cpu::seconds(&s))
+        .unwrap_or(0.0)
+}
+
+/// SQLite's own floor in the same run: a prepared single-row insert, each its own durable
+/// transaction with the server's settings (WAL, synchronous = FULL), at the same offered rate,
+/// on one thread of the benchmark whose CPU is the floor: what one commit costs the process
+/// that makes it, before any request, decision or answer.
+fn plain_sqlite(rate: f64, secs: f64, kind: &str) -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("hcp_sense_bench_{}_floor", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("floor.db");
+    let measured = std::thread::scope(|s| {
+        s.spawn(|| -> anyhow::Result<Measured> {
+            let conn = rusqlite::Connection::open(&path)?;
+            conn.execute_batch(
+                "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;
+                 CREATE TABLE bench_cost_probe (id INTEGER PRIMARY KEY, v TEXT NOT NULL);",
+            )?;
+            let total = (rate * secs) as usize;
+            let gap = Duration::from_secs_f64(1.0 / rate.max(1.0));
+            let mut took = Vec::with_capacity(total);
+            let mut errors = 0;
+            let before = thread_seconds();
+            let start = Instant::now();
+            for i in 0..total {
+                if let Some(wait) =
+                    (start + gap.mul_f64(i as f64)).checked_duration_since(Instant::now())
+                {
+                    std::thread::sleep(wait);
+                }
+                let t0 = Instant::now();
+                let done = conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| {
+                    conn.prepare_cached("INSERT INTO bench_cost_probe (id, v) VALUES (?1, ?2)")?
+                        .execute(rusqlite::params![i as i64, "benchmark"])?;
+                    conn.execute_batch("COMMIT")
+                });
+                if done.is_err() {
+                    errors += 1;
+                }
+                took.push(t0.elapsed());
+            }
+            let used = thread_seconds() - before;
+            took.sort();
+            Ok(Measured {
+                calls: total,
+                errors,
+                cpu: cpu::Cpu {
+                    server: 0.0,
+                    postgres: 0.0,
+                    client: used * 1e6 / total.max(1) as f64,
+                },
+                p50_ms: pct(&took, 0.5),
+                p99_ms: pct(&took, 0.99),
+            })
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the SQLite floor's thread panicked"))?
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    report(
+        kind,
+        "prepared single-row insert (SQLite alone)",
+        &measured?,
+        Floors::default(),
+        false,
     );
     Ok(())
 }

@@ -13,7 +13,7 @@ pub struct Cpu {
 }
 
 /// utime + stime of a process (all its threads), in seconds.
-fn seconds(stat: &str) -> Option<f64> {
+pub fn seconds(stat: &str) -> Option<f64> {
     // The command name may hold spaces and parentheses: fields count from the last ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
     let mut f = rest.split_whitespace();

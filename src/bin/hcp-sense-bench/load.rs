@@ -137,7 +137,7 @@ pub fn json_of_struct(s: Struct) -> serde_json::Value {
 }
 
 /// The same trigger in the no-op's message, so both calls weigh the same on the wire.
-fn noop(t: DeliverTriggerRequest) -> DeliverTriggerNoopRequest {
+pub fn noop(t: DeliverTriggerRequest) -> DeliverTriggerNoopRequest {
     DeliverTriggerNoopRequest {
         pack_id: t.pack_id,
         r#ref: t.r#ref,
