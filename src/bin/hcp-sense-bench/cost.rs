@@ -192,15 +192,9 @@ pub async fn cost_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
             }
         })
         .await;
-        let shown = match call {
-            Call::Health => Floors::default(),
-            Call::Noop => Floors {
-                noop: None,
-                ..floor
-            },
-            _ => floor,
-        };
-        report(kind, call.name(), &m, shown, pg);
+        // A floor is known once its own call has run: Health is read against none, the no-op
+        // against Health alone.
+        report(kind, call.name(), &m, floor, pg);
         match call {
             Call::Health => floor.health = Some(m.cpu.server.max(f64::MIN_POSITIVE)),
             Call::Noop => floor.noop = Some(m.cpu.server.max(f64::MIN_POSITIVE)),
@@ -210,7 +204,15 @@ pub async fn cost_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
     if pg {
         plain_postgres(&db.connect().await?, pid, rate, secs, kind).await?;
     } else {
-        plain_sqlite(rate, secs, kind)?;
+        // On a thread of its own, whose CPU is the floor.
+        let m = tokio::task::spawn_blocking(move || plain_sqlite(rate, secs)).await??;
+        report(
+            kind,
+            "prepared single-row insert (SQLite alone)",
+            &m,
+            Floors::default(),
+            false,
+        );
     }
     server.stop();
     db.drop_db().await;
@@ -289,66 +291,54 @@ fn thread_seconds() -> f64 {
 
 /// SQLite's own floor in the same run: a prepared single-row insert, each its own durable
 /// transaction with the server's settings (WAL, synchronous = FULL), at the same offered rate,
-/// on one thread of the benchmark whose CPU is the floor: what one commit costs the process
-/// that makes it, before any request, decision or answer.
-fn plain_sqlite(rate: f64, secs: f64, kind: &str) -> anyhow::Result<()> {
+/// on the calling thread, whose CPU is the floor: what one commit costs the process that makes
+/// it, before any request, decision or answer.
+fn plain_sqlite(rate: f64, secs: f64) -> anyhow::Result<Measured> {
     let dir = std::env::temp_dir().join(format!("hcp_sense_bench_{}_floor", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let path = dir.join("floor.db");
-    let measured = std::thread::scope(|s| {
-        s.spawn(|| -> anyhow::Result<Measured> {
-            let conn = rusqlite::Connection::open(&path)?;
-            conn.execute_batch(
-                "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;
-                 CREATE TABLE bench_cost_probe (id INTEGER PRIMARY KEY, v TEXT NOT NULL);",
-            )?;
-            let total = (rate * secs) as usize;
-            let gap = Duration::from_secs_f64(1.0 / rate.max(1.0));
-            let mut took = Vec::with_capacity(total);
-            let mut errors = 0;
-            let before = thread_seconds();
-            let start = Instant::now();
-            for i in 0..total {
-                if let Some(wait) =
-                    (start + gap.mul_f64(i as f64)).checked_duration_since(Instant::now())
-                {
-                    std::thread::sleep(wait);
-                }
-                let t0 = Instant::now();
-                let done = conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| {
-                    conn.prepare_cached("INSERT INTO bench_cost_probe (id, v) VALUES (?1, ?2)")?
-                        .execute(rusqlite::params![i as i64, "benchmark"])?;
-                    conn.execute_batch("COMMIT")
-                });
-                if done.is_err() {
-                    errors += 1;
-                }
-                took.push(t0.elapsed());
-            }
-            let used = thread_seconds() - before;
-            took.sort();
-            Ok(Measured {
-                calls: total,
-                errors,
-                cpu: cpu::Cpu {
-                    server: 0.0,
-                    postgres: 0.0,
-                    client: used * 1e6 / total.max(1) as f64,
-                },
-                p50_ms: pct(&took, 0.5),
-                p99_ms: pct(&took, 0.99),
-            })
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("the SQLite floor's thread panicked"))?
-    });
+    let measured = sqlite_inserts(&dir.join("floor.db"), rate, secs);
     let _ = std::fs::remove_dir_all(&dir);
-    report(
-        kind,
-        "prepared single-row insert (SQLite alone)",
-        &measured?,
-        Floors::default(),
-        false,
-    );
-    Ok(())
+    measured
+}
+
+fn sqlite_inserts(path: &std::path::Path, rate: f64, secs: f64) -> anyhow::Result<Measured> {
+    let conn = rusqlite::Connection::open(path)?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;
+         CREATE TABLE bench_cost_probe (id INTEGER PRIMARY KEY, v TEXT NOT NULL);",
+    )?;
+    let total = (rate * secs) as usize;
+    let gap = Duration::from_secs_f64(1.0 / rate.max(1.0));
+    let mut took = Vec::with_capacity(total);
+    let mut errors = 0;
+    let before = thread_seconds();
+    let start = Instant::now();
+    for i in 0..total {
+        if let Some(wait) = (start + gap.mul_f64(i as f64)).checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let t0 = Instant::now();
+        let done = conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| {
+            conn.prepare_cached("INSERT INTO bench_cost_probe (id, v) VALUES (?1, ?2)")?
+                .execute(rusqlite::params![i as i64, "benchmark"])?;
+            conn.execute_batch("COMMIT")
+        });
+        if done.is_err() {
+            errors += 1;
+        }
+        took.push(t0.elapsed());
+    }
+    let used = thread_seconds() - before;
+    took.sort();
+    Ok(Measured {
+        calls: total,
+        errors,
+        cpu: cpu::Cpu {
+            server: 0.0,
+            postgres: 0.0,
+            client: used * 1e6 / total.max(1) as f64,
+        },
+        p50_ms: pct(&took, 0.5),
+        p99_ms: pct(&took, 0.99),
+    })
 }
