@@ -2,7 +2,9 @@
 use std::sync::Arc;
 
 use sea_orm::sea_query::{Expr, ExprTrait};
-use sea_orm::{ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement};
+use sea_orm::{
+    ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, QueryTrait, Statement,
+};
 use tokio::sync::{oneshot, Mutex};
 
 use super::entity::records;
@@ -868,20 +870,18 @@ async fn firsts(
     engine: Engine,
     rs: &[Record],
 ) -> Result<Vec<FirstRecord>> {
-    use records::Column as C;
     use sea_orm::FromQueryResult;
-    let keys: Vec<(String, String)> = rs
-        .iter()
-        .filter_map(|r| r.trigger_id.clone().map(|t| (r.pack_id.clone(), t)))
-        .collect();
-    if keys.is_empty() {
-        return Ok(Vec::new());
-    }
     if engine == Engine::Postgres {
-        let keys: Vec<serde_json::Value> = keys
-            .into_iter()
-            .map(|(p, t)| serde_json::json!({ "pack_id": p, "producer_trigger_id": t }))
+        let keys: Vec<serde_json::Value> = rs
+            .iter()
+            .filter_map(|r| {
+                let t = r.trigger_id.as_deref()?;
+                Some(serde_json::json!({ "pack_id": r.pack_id, "producer_trigger_id": t }))
+            })
             .collect();
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
         return FirstRecord::find_by_statement(Statement::from_sql_and_values(
             DbBackend::Postgres,
             "SELECT q.pack_id, q.producer_trigger_id, r.record_id, r.route, r.principal, r.ref, r.land, r.payload \
@@ -894,25 +894,45 @@ async fn firsts(
         .await
         .map_err(classify);
     }
-    records::Entity::find()
-        .select_only()
-        .columns([
-            C::PackId,
-            C::ProducerTriggerId,
-            C::RecordId,
-            C::Route,
-            C::Principal,
-            C::Ref,
-            C::Land,
-            C::Payload,
-        ])
-        .filter(
-            Expr::tuple([Expr::col(C::PackId), Expr::col(C::ProducerTriggerId)]).in_tuples(keys),
-        )
-        .into_model::<FirstRecord>()
+    let Some(statement) = sqlite_firsts(rs) else {
+        return Ok(Vec::new());
+    };
+    FirstRecord::find_by_statement(statement)
         .all(txn)
         .await
         .map_err(classify)
+}
+
+/// SQLite: the look-up of the first records of a batch's trigger ids (columns in
+/// `FirstRecord`'s order), as both SQLite paths run it; None when no record carries an id.
+pub(super) fn sqlite_firsts(rs: &[Record]) -> Option<Statement> {
+    use records::Column as C;
+    let keys: Vec<(String, String)> = rs
+        .iter()
+        .filter_map(|r| r.trigger_id.clone().map(|t| (r.pack_id.clone(), t)))
+        .collect();
+    if keys.is_empty() {
+        return None;
+    }
+    Some(
+        records::Entity::find()
+            .select_only()
+            .columns([
+                C::PackId,
+                C::ProducerTriggerId,
+                C::RecordId,
+                C::Route,
+                C::Principal,
+                C::Ref,
+                C::Land,
+                C::Payload,
+            ])
+            .filter(
+                Expr::tuple([Expr::col(C::PackId), Expr::col(C::ProducerTriggerId)])
+                    .in_tuples(keys),
+            )
+            .build(DbBackend::Sqlite),
+    )
 }
 
 #[cfg(test)]

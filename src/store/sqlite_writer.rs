@@ -141,23 +141,21 @@ fn execute(
         .map_err(unavailable)
 }
 
-/// The first records of the batch's trigger ids (the records stored under them).
+/// The first records of the batch's trigger ids (the records stored under them), by the
+/// look-up the pool's path runs too (`sink::sqlite_firsts`).
 fn firsts(txn: &rusqlite::Transaction<'_>, rs: &[Record]) -> Result<Vec<FirstRecord>> {
-    let keys: Vec<(&str, &str)> = rs
-        .iter()
-        .filter_map(|r| Some((r.pack_id.as_str(), r.trigger_id.as_deref()?)))
-        .collect();
-    if keys.is_empty() {
+    let Some(statement) = sink::sqlite_firsts(rs) else {
         return Ok(Vec::new());
-    }
-    let sql = format!(
-        "SELECT pack_id, producer_trigger_id, record_id, route, principal, ref, land, payload \
-         FROM records WHERE (pack_id, producer_trigger_id) IN (VALUES {})",
-        vec!["(?, ?)"; keys.len()].join(", ")
-    );
-    let values = keys.iter().flat_map(|(p, t)| [*p, *t]);
-    let mut statement = txn.prepare(&sql).map_err(unavailable)?;
-    let rows = statement
+    };
+    let values = statement
+        .values
+        .map(|v| v.0)
+        .unwrap_or_default()
+        .into_iter()
+        .map(sql_value)
+        .collect::<Result<Vec<_>>>()?;
+    let mut prepared = txn.prepare(&statement.sql).map_err(unavailable)?;
+    let rows = prepared
         .query_map(rusqlite::params_from_iter(values), |row| {
             Ok(FirstRecord {
                 pack_id: row.get(0)?,
