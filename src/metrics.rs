@@ -78,6 +78,7 @@ struct Otel {
     ingress_refused: opentelemetry::metrics::Counter<u64>,
     ingress_replayed: opentelemetry::metrics::Counter<u64>,
     queue_wait_seconds: opentelemetry::metrics::Histogram<f64>,
+    resume_wait_seconds: opentelemetry::metrics::Histogram<f64>,
     sockets_shed: opentelemetry::metrics::Counter<u64>,
     records_deleted: opentelemetry::metrics::Counter<u64>,
     signature_checks: opentelemetry::metrics::Counter<u64>,
@@ -113,6 +114,10 @@ impl Otel {
                 .f64_histogram("hcp_sense.sink.queue.wait")
                 .with_unit("s")
                 .build(),
+            resume_wait_seconds: m
+                .f64_histogram("hcp_sense.sink.resume.wait")
+                .with_unit("s")
+                .build(),
             sockets_shed: m.u64_counter("hcp_sense.sockets.shed").build(),
             records_deleted: m.u64_counter("hcp_sense.records.deleted").build(),
             signature_checks: m.u64_counter("hcp_sense.auth.signature_checks").build(),
@@ -141,6 +146,7 @@ pub struct Metrics {
     ingress_refused: Family<IngressLabels, Counter>,
     ingress_replayed: Family<IngressLabels, Counter>,
     queue_wait_seconds: Family<PackLabels, Histogram, fn() -> Histogram>,
+    resume_wait_seconds: Family<PackLabels, Histogram, fn() -> Histogram>,
     queued_records: Family<PackLabels, Gauge>,
     quota_admitted: Family<PackLabels, Counter>,
     quota_throttled: Family<PackLabels, Counter>,
@@ -159,7 +165,7 @@ pub struct Metrics {
 }
 
 /// Every metric's name (under the `hcp_sense` prefix) and help text.
-const HELP: [(&str, &str); 22] = [
+const HELP: [(&str, &str); 23] = [
     ("deliveries", "Triggers decided, by disposition, drop reason and pack"),
     ("decision_duration_seconds", "Time to validate and decide one trigger, recording excluded"),
     ("rpc_duration_seconds", "gRPC call latency, by method"),
@@ -170,6 +176,7 @@ const HELP: [(&str, &str); 22] = [
     ("ingress_refused", "Ingress requests and messages refused before any trigger was decided (a bad signature, a malformed or unmappable message, an HTTP head or body past its limits or deadline)"),
     ("ingress_replayed", "Signed ingress requests whose delivery was decided before, answered with the first outcome and not decided again"),
     ("sink_queue_wait_seconds", "Time a record waited in the sink's queue for a writer, by pack: its lane's backlog, and its turn among the packs"),
+    ("sink_resume_wait_seconds", "Time from a record's commit until its caller ran again on the server's runtime, by pack: the runtime's backlog of ready calls that a recorded call waits behind before it is answered"),
     ("sink_queued_records", "Records of a pack waiting in the sink's queue, as the last batch taken from it left them"),
     ("quota_admitted", "Triggers of packs with a quota (the pack's or a principal's) that the quota admitted to the decision"),
     ("quota_throttled", "Triggers refused over a quota: answered RESOURCE_EXHAUSTED (HTTP 429, NATS redelivered later), neither recorded nor dropped"),
@@ -239,6 +246,7 @@ impl Metrics {
             ingress_refused: registered(&mut r, "ingress_refused", Family::default()),
             ingress_replayed: registered(&mut r, "ingress_replayed", Family::default()),
             queue_wait_seconds: registered(&mut r, "sink_queue_wait_seconds", per_pack(seconds)),
+            resume_wait_seconds: registered(&mut r, "sink_resume_wait_seconds", per_pack(seconds)),
             queued_records: registered(&mut r, "sink_queued_records", Family::default()),
             quota_admitted: registered(&mut r, "quota_admitted", Family::default()),
             quota_throttled: registered(&mut r, "quota_throttled", Family::default()),
@@ -408,6 +416,17 @@ impl Metrics {
             .queue_wait_seconds
             .record(waited.as_secs_f64(), &[KeyValue::new("pack", pack.clone())]);
         self.queue_wait_seconds
+            .get_or_create(&PackLabels { pack })
+            .observe(waited.as_secs_f64());
+    }
+
+    /// A record of `pack_id` whose caller ran again `waited` after its batch committed.
+    pub fn resumed(&self, pack_id: &str, waited: Duration) {
+        let pack = self.pack_label(pack_id, true);
+        self.otel
+            .resume_wait_seconds
+            .record(waited.as_secs_f64(), &[KeyValue::new("pack", pack.clone())]);
+        self.resume_wait_seconds
             .get_or_create(&PackLabels { pack })
             .observe(waited.as_secs_f64());
     }

@@ -613,7 +613,9 @@ impl Delivery {
     async fn record(&self, r: Record, note: Option<Note>) -> Result<Outcome> {
         let route = r.route;
         let trigger_id = r.trigger_id.clone().unwrap_or_default();
+        let pack = r.pack_id.clone();
         let written = self.sink.write(r, note).await?;
+        self.metrics.resumed(&pack, written.answered.elapsed());
         // The time this record waited for a writer behind others (its lane's, or its turn).
         Span::current().record(
             "hcp.queue_wait_us",

@@ -11,6 +11,7 @@ pub mod partitions;
 mod policy;
 pub(crate) mod quota;
 mod records;
+mod resume;
 mod sink;
 mod sqlite_writer;
 

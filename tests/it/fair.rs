@@ -78,6 +78,9 @@ async fn a_flood_and_a_quiet_pack_are_recorded_once_with_waits_per_pack(kind: St
         format!(r#"hcp_sense_sink_queue_wait_seconds_count{{pack="{quiet}"}} 20"#),
         format!(r#"hcp_sense_sink_queue_wait_seconds_count{{pack="{flood}"}} 2560"#),
         format!(r#"hcp_sense_sink_queued_records{{pack="{flood}"}} 0"#),
+        // Every caller answered once, through the window of answers handed out at a time.
+        format!(r#"hcp_sense_sink_resume_wait_seconds_count{{pack="{quiet}"}} 20"#),
+        format!(r#"hcp_sense_sink_resume_wait_seconds_count{{pack="{flood}"}} 2560"#),
     ] {
         assert!(metrics.contains(&line), "{line} in:\n{metrics}");
     }

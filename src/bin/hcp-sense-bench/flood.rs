@@ -409,6 +409,8 @@ pub fn of_pack_0(
 /// and the batches committed meanwhile.
 pub struct SinkDuring {
     pub quiet_wait_ms: f64,
+    /// From the quiet record's commit until its call ran again on the server's runtime.
+    pub quiet_resume_ms: f64,
     pub batch_records: f64,
     pub commit_ms: f64,
 }
@@ -426,6 +428,12 @@ impl SinkDuring {
             |suffix: &str| format!("hcp_sense_sink_queue_wait_seconds_{suffix}{{pack=\"{pack}\"}}");
         SinkDuring {
             quiet_wait_ms: 1e3 * mean(&waited("sum"), &waited("count")),
+            quiet_resume_ms: {
+                let resumed = |suffix: &str| {
+                    format!("hcp_sense_sink_resume_wait_seconds_{suffix}{{pack=\"{pack}\"}}")
+                };
+                1e3 * mean(&resumed("sum"), &resumed("count"))
+            },
             batch_records: mean(
                 "hcp_sense_sink_batch_records_sum",
                 "hcp_sense_sink_batch_records_count",
@@ -778,6 +786,8 @@ pub struct ProbedFlood {
     pub flooder: Flooder,
     /// Pack 0's triggers the server counted as recorded, a second of the whole flood.
     pub counted_per_sec: f64,
+    /// The server's own account of the quiet pack's records and the batches beside them.
+    pub sink: SinkDuring,
 }
 
 /// The quiet pack (pack 1) and Health/Check, each every 20 ms, measured by a probe process of
@@ -842,8 +852,10 @@ pub async fn probed_flood(
     };
     // The server's own count cross-checks the client's: h2load counts a gRPC error as an
     // answer. Over the whole flood, ramps included, as the counter cannot tell them apart.
-    let counted = deliveries(&before, &server.scrape().await, "pack-0", "recorded");
+    let after = server.scrape().await;
+    let counted = deliveries(&before, &after, "pack-0", "recorded");
     Ok(ProbedFlood {
+        sink: SinkDuring::between(&before, &after, "pack-1"),
         idle,
         during: during?,
         flooder,
@@ -868,6 +880,11 @@ fn print_probed(kind: &str, callers: usize, p: &ProbedFlood) {
         "{kind:<9} flood, measured by the probe: quiet pack idle p50 {:.1} / p99 {:.1} ms, during the flood {:.1} / {:.1} ms: {:.2}x / {:.2}x Health's during the flood (goals 3x / 2x); {} probe errors",
         qi.p50, qi.p99, qf.p50, qf.p99, qf.p50 / hf.p50, qf.p99 / hf.p99,
         hi.errors + hf.errors + qi.errors + qf.errors
+    );
+    let s = &p.sink;
+    println!(
+        "{kind:<9} flood, where the probe's quiet records went (the server's metrics, means): {:.2} ms in the sink's queue, {:.2} ms from their commit until their calls ran again; the flood's batches {:.0} records committing in {:.2} ms",
+        s.quiet_wait_ms, s.quiet_resume_ms, s.batch_records, s.commit_ms
     );
     let f = &p.flooder;
     match f.client {
@@ -901,6 +918,10 @@ fn probed_json(p: &ProbedFlood) -> serde_json::Value {
         "probe_flood_per_sec": p.flooder.per_sec,
         "probe_flood_counted_per_sec": p.counted_per_sec,
         "probe_flood_errors": p.flooder.errors,
+        "probe_quiet_queue_wait_ms": p.sink.quiet_wait_ms,
+        "probe_quiet_resume_wait_ms": p.sink.quiet_resume_ms,
+        "probe_batch_records_mean": p.sink.batch_records,
+        "probe_commit_ms_mean": p.sink.commit_ms,
         "probe": { "idle": p.idle.to_json(), "flood": p.during.to_json() },
     })
 }
