@@ -411,24 +411,28 @@ impl Metrics {
 
     /// A record of `pack_id` taken from the sink's queue after waiting `waited`.
     pub fn queue_waited(&self, pack_id: &str, waited: Duration) {
-        let pack = self.pack_label(pack_id, true);
-        self.otel
-            .queue_wait_seconds
-            .record(waited.as_secs_f64(), &[KeyValue::new("pack", pack.clone())]);
-        self.queue_wait_seconds
-            .get_or_create(&PackLabels { pack })
-            .observe(waited.as_secs_f64());
+        let (otel, prom) = (&self.otel.queue_wait_seconds, &self.queue_wait_seconds);
+        self.per_pack_seconds(otel, prom, pack_id, waited);
     }
 
     /// A record of `pack_id` whose caller ran again `waited` after its batch committed.
     pub fn resumed(&self, pack_id: &str, waited: Duration) {
+        let (otel, prom) = (&self.otel.resume_wait_seconds, &self.resume_wait_seconds);
+        self.per_pack_seconds(otel, prom, pack_id, waited);
+    }
+
+    /// One observation of a histogram of seconds by pack, in both exports.
+    fn per_pack_seconds(
+        &self,
+        otel: &opentelemetry::metrics::Histogram<f64>,
+        prom: &Family<PackLabels, Histogram, fn() -> Histogram>,
+        pack_id: &str,
+        took: Duration,
+    ) {
         let pack = self.pack_label(pack_id, true);
-        self.otel
-            .resume_wait_seconds
-            .record(waited.as_secs_f64(), &[KeyValue::new("pack", pack.clone())]);
-        self.resume_wait_seconds
-            .get_or_create(&PackLabels { pack })
-            .observe(waited.as_secs_f64());
+        otel.record(took.as_secs_f64(), &[KeyValue::new("pack", pack.clone())]);
+        prom.get_or_create(&PackLabels { pack })
+            .observe(took.as_secs_f64());
     }
 
     /// Records of `pack_id` left in the sink's queue. Packs past the label cap share `other`,
