@@ -84,15 +84,48 @@ impl<T> Resume<T> {
         self.lock().held.len()
     }
 
-    /// Queues a batch's answers in turns by pack and hands out what the window allows.
-    pub fn answer(self: &Arc<Self>, answers: Vec<Answer<T>>) {
-        {
+    /// Queues a batch's answers in turns by pack and hands out what the window allows. While
+    /// nothing is held and the whole batch fits the window (a hub below saturation), the
+    /// answers go out as they are, with no turns to take.
+    pub fn answer(self: &Arc<Self>, mut answers: Vec<Answer<T>>) {
+        let direct = {
             let mut h = self.lock();
-            for (pack, to, what) in answers {
-                h.held.push(&pack, "", (to, what));
+            if h.held.is_empty() && h.out + answers.len() <= self.window {
+                h.out += answers.len();
+                true
+            } else {
+                for (pack, to, what) in answers.drain(..) {
+                    h.held.push(&pack, "", (to, what));
+                }
+                false
+            }
+        };
+        let mut freed = 0;
+        if direct {
+            for (_, to, what) in answers {
+                if !self.deliver(to, what) {
+                    freed += 1;
+                }
             }
         }
-        self.hand_on(0);
+        if !direct || freed > 0 {
+            self.hand_on(freed);
+        }
+    }
+
+    /// Hands one answer out with its ticket; false when its caller is gone (its place is then
+    /// the caller's of this function to free).
+    fn deliver(self: &Arc<Self>, to: oneshot::Sender<Reply<T>>, what: T) -> bool {
+        let ticket = Ticket {
+            resume: Some(self.clone()),
+        };
+        match to.send((what, ticket)) {
+            Ok(()) => true,
+            Err((_, mut ticket)) => {
+                ticket.resume = None;
+                false
+            }
+        }
     }
 
     /// Frees `freed` places of the window and fills the window from the held answers. The
@@ -114,11 +147,7 @@ impl<T> Resume<T> {
             };
             freed = 0;
             for (_, (to, what)) in next {
-                let ticket = Ticket {
-                    resume: Some(self.clone()),
-                };
-                if let Err((_, mut ticket)) = to.send((what, ticket)) {
-                    ticket.resume = None;
+                if !self.deliver(to, what) {
                     freed += 1;
                 }
             }
@@ -176,6 +205,23 @@ mod tests {
         // Every place free again: a window's worth goes out at once.
         let mut rxs = answers(&r, "flood", 10, 5);
         assert_eq!(taken(&mut rxs, &mut tickets), vec![10, 11, 12, 13]);
+    }
+
+    #[test]
+    fn a_batch_that_fits_the_window_goes_out_whole_and_one_that_does_not_takes_turns() {
+        let r = Resume::new(4);
+        let mut tickets = Vec::new();
+        let mut first = answers(&r, "a", 0, 3);
+        assert_eq!(taken(&mut first, &mut tickets), vec![0, 1, 2]);
+        // One place left: one of the next two goes out, the other waits its turn.
+        let mut next = answers(&r, "b", 10, 2);
+        assert_eq!(taken(&mut next, &mut tickets), vec![10]);
+        assert_eq!(r.held(), 1);
+        // The callers run again: the one held goes out, and the window has room again.
+        tickets.clear();
+        let mut later = answers(&r, "c", 20, 1);
+        assert_eq!(taken(&mut next, &mut tickets), vec![11]);
+        assert_eq!(taken(&mut later, &mut tickets), vec![20]);
     }
 
     #[test]
