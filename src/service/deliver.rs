@@ -737,3 +737,48 @@ pub(super) enum BindingChange<'a> {
         pack_id: &'a str,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Most bytes a delivery's future may take. Every move of it is a copy (into its task, into
+    /// the box of the service's future); a store future on its path (a sea-orm query, a quota
+    /// lease: thousands of bytes each) makes every delivery pay for it, taken or not. Such
+    /// paths are boxed where they are awaited.
+    const DELIVERY_FUTURE_BYTES: usize = 8 * 1024;
+
+    #[tokio::test]
+    async fn a_deliverys_future_stays_small_whatever_rare_paths_it_may_take() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        let config = crate::config::Config::for_database(url);
+        let store = crate::store::Store::connect(&config.database)
+            .await
+            .expect("a store");
+        store.migrate_up().await.expect("the schema");
+        let hub = super::super::Hub::start(
+            store,
+            super::super::Limits::default(),
+            Arc::new(Metrics::new(16)),
+        )
+        .await
+        .expect("a hub");
+        let raw = RawTrigger {
+            pack_id: "p".into(),
+            r#ref: "r".into(),
+            principal: "u".into(),
+            land: "l".into(),
+            ..Default::default()
+        };
+        let future = hub.delivery.deliver(raw);
+        let bytes = std::mem::size_of_val(&future);
+        assert!(
+            bytes <= DELIVERY_FUTURE_BYTES,
+            "a delivery's future takes {bytes} bytes, over {DELIVERY_FUTURE_BYTES}"
+        );
+        drop(future);
+        hub.close(tokio::time::Instant::now() + std::time::Duration::from_secs(5))
+            .await;
+    }
+}

@@ -251,17 +251,17 @@ impl Delivery {
         // burst would be lost to the quota. Tokens only ever come from the bucket, so taking
         // more never admits more than it allows; one left unspent goes back to it.
         let asked = Instant::now();
-        let leased = match self
-            .lease(pack_id, principal, returned, want.max(rule.burst))
-            .await
-        {
-            Ok(l) => l,
-            Err(e) => {
-                // Not given back: still owed.
-                allowance.state().returning += returned;
-                return Err(e);
-            }
-        };
+        // Boxed: the store's futures are large, and this one is on the path of every delivery's
+        // future (whose every move copies it) though only a fleet quota's lease reaches it.
+        let leased =
+            match Box::pin(self.lease(pack_id, principal, returned, want.max(rule.burst))).await {
+                Ok(l) => l,
+                Err(e) => {
+                    // Not given back: still owed.
+                    allowance.state().returning += returned;
+                    return Err(e);
+                }
+            };
         let Some(lease) = leased else {
             // The quota was deleted; this replica's view follows shortly.
             return Ok(());
@@ -325,7 +325,8 @@ impl Delivery {
         if let Some(until) = short_until.filter(|u| *u > now && owed == 0) {
             return Ok(until - now);
         }
-        let Some(mut b) = self.store.get_quota_bucket(pack_id, principal).await? else {
+        // Boxed, as the lease in `take`: off the size of every delivery's future.
+        let Some(mut b) = Box::pin(self.store.get_quota_bucket(pack_id, principal)).await? else {
             return Ok(Duration::ZERO);
         };
         let at = now_micros();
