@@ -139,6 +139,38 @@ pub(super) fn run(
     }
 }
 
+/// The check that decides a drop of `t`, with its account: the first that fails, else the
+/// first that could not be made — the check `explain` would name, without an account of every
+/// other. Each check is judged without an account until one fails, and that one again with it;
+/// the last (the filter, which runs a program) is judged once, with it. Judges read only the
+/// trigger and the view, so a check judged again judges the same. None when every check passes.
+pub(super) fn deciding(view: &PolicyView, t: &Trigger) -> Option<(&'static CheckDef, Account)> {
+    let r = Reading::new(view, t);
+    let mut found = Found::default();
+    let mut not_reached = None;
+    let told = |def: &'static CheckDef| {
+        let mut account = Account::default();
+        (def.judge)(&r, &mut Found::default(), Some(&mut account));
+        (def, account)
+    };
+    for (i, def) in CHECKS.iter().enumerate() {
+        if i + 1 == CHECKS.len() {
+            let mut account = Account::default();
+            match (def.judge)(&r, &mut found, Some(&mut account)) {
+                Judged::Fail(_) => return Some((def, account)),
+                Judged::NotReached if not_reached.is_none() => return Some((def, account)),
+                _ => break,
+            }
+        }
+        match (def.judge)(&r, &mut found, None) {
+            Judged::Fail(_) => return Some(told(def)),
+            Judged::NotReached if not_reached.is_none() => not_reached = Some(def),
+            _ => {}
+        }
+    }
+    not_reached.map(told)
+}
+
 /// Whether the principal checks (grant, Binding, activation) pass for `t`'s principal;
 /// without the pack none is reached, so none passes.
 pub(super) fn principal_admitted(view: &PolicyView, t: &Trigger) -> bool {

@@ -346,6 +346,15 @@ mod tests {
                     .find(|c| c.verdict == crate::domain::explain::Verdict::Fail)
                     .map(|c| c.reason);
                 assert_eq!(first, want, "mask {mask:06b} filter {filter}: {e:?}");
+                // A drop's decision log entry names the check explain names first, with the
+                // same account, though only that check is accounted for.
+                if want.is_some() {
+                    assert_eq!(
+                        crate::domain::decision_log::drop_deciding_check(&view, &t),
+                        crate::domain::decision_log::deciding_check(&e),
+                        "mask {mask:06b} filter {filter}"
+                    );
+                }
                 // Every condition that fails is shown failing, not only the first.
                 let failing = e
                     .checks

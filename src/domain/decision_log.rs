@@ -2,8 +2,9 @@
 use std::collections::HashMap;
 
 use super::explain::{Explanation, Verdict};
-use super::trigger::DropReason;
+use super::policy::PolicyView;
 use super::trigger::Route;
+use super::trigger::{DropReason, Trigger};
 
 /// How a decision came out, as the log keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -140,17 +141,29 @@ pub fn deciding_check(e: &Explanation) -> (String, String) {
         .find(|c| c.verdict == Verdict::Fail)
         .or_else(|| e.checks.iter().find(|c| c.verdict == Verdict::NotReached));
     match failed {
-        Some(c) => {
-            let read: Vec<String> = c.facts.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            let detail = if read.is_empty() {
-                c.detail.clone()
-            } else {
-                format!("{} ({})", c.detail, read.join(", "))
-            };
-            (c.name.to_owned(), detail)
-        }
+        Some(c) => told(c.name, &c.facts, &c.detail),
         None => (String::new(), String::new()),
     }
+}
+
+/// `deciding_check(&explain(view, t))` for a dropped `t`, with an account of the deciding
+/// check alone: a kept drop's entry is written on the delivery's path.
+pub fn drop_deciding_check(view: &PolicyView, t: &Trigger) -> (String, String) {
+    match super::checks::deciding(view, t) {
+        Some((def, account)) => told(def.name, &account.facts, &account.detail),
+        None => (String::new(), String::new()),
+    }
+}
+
+/// A check's name, and its detail followed by what it read.
+fn told(name: &str, facts: &[(&'static str, String)], detail: &str) -> (String, String) {
+    let detail = if facts.is_empty() {
+        detail.to_owned()
+    } else {
+        let read: Vec<String> = facts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!("{detail} ({})", read.join(", "))
+    };
+    (name.to_owned(), detail)
 }
 
 /// The check a recorded decision's entry names: every check passed, and the route was taken.

@@ -12,7 +12,7 @@ use super::decisions::{current_trace_id, DecisionLog};
 use super::drops::DropLog;
 use super::{Limits, PolicyState};
 use crate::domain::decide::{binding_degraded, decide, validate};
-use crate::domain::decision_log::{deciding_check, Entry, Logged, Note};
+use crate::domain::decision_log::{drop_deciding_check, Entry, Logged, Note};
 use crate::domain::explain::{explain, Explanation};
 use crate::domain::model::{Binding, Record};
 use crate::domain::pack::schema::{PayloadSchema, PayloadViolation};
@@ -540,7 +540,7 @@ impl Delivery {
         e.drop_reason = Some(reason);
         e.trace_id = current_trace_id();
         self.log.take_with(e, |e| {
-            let (check, detail) = deciding_check(&explain(view, t));
+            let (check, detail) = drop_deciding_check(view, t);
             e.check = check;
             e.detail = detail;
         });
