@@ -90,6 +90,13 @@ async fn partitions(
     sweep_due: &mut bool,
 ) -> crate::error::Result<i64> {
     store.make_partitions_ahead().await?;
+    // Before the trims, which find the rows below their cutoffs by the summaries. A partition
+    // under vacuum is summarized by it instead; the next pass tries again either way.
+    match store.summarize_stored_time().await {
+        Ok(0) => {}
+        Ok(ranges) => tracing::debug!(ranges, "summarized records' stored-time ranges"),
+        Err(e) => tracing::debug!(error = %e, "records' stored-time ranges not summarized now"),
+    }
     let now = store.db_now().await?;
     if let Some(age) = retention.longest() {
         let cutoff = now.saturating_sub(i64::try_from(age.as_micros()).unwrap_or(i64::MAX));

@@ -15,6 +15,11 @@ pub const AHEAD: i64 = 2;
 /// queues behind a long listing, and every write would queue behind it.
 const DDL_LOCK_TIMEOUT: &str = "2s";
 
+/// Longest the summary of the stored-time index waits for a partition's lock: vacuum holds
+/// it while it runs (and summarizes as well), and is cancelled by a waiter held past
+/// `deadlock_timeout` (1 s by default).
+const SUMMARY_LOCK_TIMEOUT: &str = "200ms";
+
 /// The database's clock, in microseconds: the one `stored_time` is written in.
 const DB_NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now";
 
@@ -158,14 +163,24 @@ impl Store {
         let table = of.table();
         let made = async {
             let txn = self.db.begin().await?;
-            for sql in [
+            let mut ddl = vec![
                 format!("SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'"),
                 format!("CREATE TABLE IF NOT EXISTS {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"),
-                format!(
-                    "ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ({}) TO ({})",
-                    p.lower, p.upper
-                ),
-            ] {
+            ];
+            if of == Parted::Records {
+                // Attaching adopts this index as the partition's own of `idx_records_stored`;
+                // left to the attach, it would take the parent's `autosummarize = on`
+                // (migration m20261207_000001 says why it is off).
+                ddl.push(format!(
+                    "CREATE INDEX IF NOT EXISTS {name}_stored_time_idx ON {name} \
+                     USING brin (stored_time) WITH (autosummarize = off)"
+                ));
+            }
+            ddl.push(format!(
+                "ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ({}) TO ({})",
+                p.lower, p.upper
+            ));
+            for sql in ddl {
                 txn.execute_unprepared(&sql).await?;
             }
             txn.commit().await
@@ -200,6 +215,36 @@ impl Store {
             }
         }
         Ok(made)
+    }
+
+    /// Summarizes the stored-time index's new full ranges of pages in every records partition,
+    /// so that retention's trim reads a few pages, not every page written since the last
+    /// vacuum. Returns the ranges summarized. Gives way at once to a vacuum of a partition
+    /// (which summarizes them too), rather than waiting for it or having it cancelled.
+    pub async fn summarize_stored_time(&self) -> Result<u64> {
+        if !self.partitioned() {
+            return Ok(0);
+        }
+        let txn = self.db.begin().await.map_err(classify)?;
+        txn.execute_unprepared(&format!(
+            "SET LOCAL lock_timeout = '{SUMMARY_LOCK_TIMEOUT}'"
+        ))
+        .await
+        .map_err(classify)?;
+        let n = txn
+            .query_one_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "SELECT coalesce(sum(brin_summarize_new_values(inhrelid)), 0)::bigint AS n \
+                 FROM pg_inherits WHERE inhparent = 'idx_records_stored'::regclass",
+            ))
+            .await
+            .map_err(classify)?
+            .map(|r| r.try_get::<i64>("", "n"))
+            .transpose()
+            .map_err(classify)?
+            .unwrap_or(0);
+        txn.commit().await.map_err(classify)?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// After a write found no partition for its row: makes the one for the database's clock

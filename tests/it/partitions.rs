@@ -462,26 +462,40 @@ async fn a_trim_reads_a_few_pages_of_a_large_partition_postgres() {
     let (lower, upper) = (86_400_000_000i64, 2 * 86_400_000_000i64);
     let name = format!("records_{lower}_{upper}");
     for sql in [
-        format!("CREATE TABLE {name} PARTITION OF records FOR VALUES FROM ({lower}) TO ({upper})"),
+        // Made as the store makes a partition: its stored-time index is summarized by passes.
+        format!("CREATE TABLE {name} (LIKE records INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"),
+        format!("CREATE INDEX {name}_stored_time_idx ON {name} USING brin (stored_time) WITH (autosummarize = off)"),
         // Autovacuum's reads would count in the partition's statistics.
         format!("ALTER TABLE {name} SET (autovacuum_enabled = false)"),
+        format!("ALTER TABLE records ATTACH PARTITION {name} FOR VALUES FROM ({lower}) TO ({upper})"),
         format!(
             "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, received_time, commit_txid, seq, stored_time) \
              SELECT 'r-' || g, 'alice', 'b-alice', 'user', 'weather', 'storm.warning', '{{\"n\": ' || g || '}}', 'inbox', {lower} + g::bigint * 500000, 0, g, {lower} + g::bigint * 500000 \
              FROM generate_series(1, 100000) AS g"
         ),
-        // Full ranges are summarized by autovacuum; here at once.
-        format!("VACUUM ANALYZE {name}"),
+        format!("ANALYZE {name}"),
     ] {
         filler.execute_unprepared(&sql).await.expect(&sql);
     }
     let _ = filler.close().await;
+    // Nothing has summarized the index's ranges: retention's pass does, through a store of its
+    // own (closed after, so its reads are reported with the filling's).
+    let summarizer = db.store(1).await;
+    let ranges = summarizer.summarize_stored_time().await.expect("summarize");
+    summarizer.close().await;
     let pages = scalar(
         &conn,
         &format!("SELECT relpages::bigint FROM pg_class WHERE relname = '{name}'"),
     )
     .await;
     assert!(pages > 1000, "{pages} pages");
+    // A summary for every 128 pages, the last partial range too (the first range may have
+    // been summarized as it was written).
+    let all = u64::try_from((pages + 127) / 128).expect("pages");
+    assert!(
+        (all - 1..=all).contains(&ranges),
+        "{ranges} ranges summarized of {pages} pages"
+    );
     // Heap blocks of the partition read so far (each fetch counts), once the store's backend
     // has reported them (it does within a second or so of going idle). Reading the partition
     // in position order to find nothing fetches the heap once per record (100,000 here); the
@@ -511,9 +525,9 @@ async fn a_trim_reads_a_few_pages_of_a_large_partition_postgres() {
             .await
         }
     };
-    // The filling and VACUUM's own reads are reported first (the same flush as their counts).
+    // The filling's, ANALYZE's and the summary's reads are reported first (the same flush as their counts).
     let reported = format!(
-        "SELECT (n_tup_ins = 100000 AND vacuum_count > 0)::int::bigint FROM pg_stat_user_tables WHERE relname = '{name}'"
+        "SELECT (n_tup_ins = 100000 AND analyze_count > 0)::int::bigint FROM pg_stat_user_tables WHERE relname = '{name}'"
     );
     let deadline = Instant::now() + Duration::from_secs(10);
     while scalar(&conn, &reported).await == 0 {
@@ -561,6 +575,131 @@ async fn a_trim_reads_a_few_pages_of_a_large_partition_postgres() {
         "two trims fetched {read} heap blocks of a partition of {pages} pages"
     );
     store.close().await;
+}
+
+/// The stored-time index of every records partition, those the migrations found and those
+/// the store makes later, queues no autovacuum work item per full range (`autosummarize` is
+/// off): a flood fills more ranges than autovacuum's queue holds, and PostgreSQL logs a line
+/// for each it drops. A partition made as PostgreSQL makes one by default (the option taken
+/// from the parent) is set off by the migration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_records_partition_s_stored_time_index_leaves_summaries_to_passes_postgres() {
+    use hcp_sense_migration::{Migrator, MigratorTrait};
+    let db = TestDb::create(StoreKind::Postgres).await;
+    let store = db.store(1).await;
+    let before = Migrator::migrations()
+        .iter()
+        .position(|m| m.name() == "m20261207_000001_stored_time_summarized_by_passes")
+        .expect("the migration") as u32;
+    Migrator::up(store.connection(), Some(before))
+        .await
+        .expect("the migrations before");
+    let conn = db.connect().await;
+    conn.execute_unprepared(
+        "CREATE TABLE records_0_1000000 PARTITION OF records FOR VALUES FROM (0) TO (1000000)",
+    )
+    .await
+    .expect("a partition made by default");
+    let leaves = |option: &'static str| {
+        let conn = &conn;
+        async move {
+            scalar(
+                conn,
+                &format!(
+                    "SELECT count(*)::bigint FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                     WHERE i.inhparent = 'idx_records_stored'::regclass \
+                       AND coalesce('{option}' = ANY (c.reloptions), false)"
+                ),
+            )
+            .await
+        }
+    };
+    assert_eq!(leaves("autosummarize=on").await, 1);
+    store.migrate_up().await.expect("migrate");
+    assert_eq!(leaves("autosummarize=on").await, 0);
+    assert_eq!(leaves("autosummarize=off").await, 1);
+    // Now's and two ahead, of records and of the decision log.
+    let made = store.make_partitions_ahead().await.expect("partitions");
+    assert_eq!(made, 6);
+    let partitions = attached(&conn).await;
+    assert_eq!(partitions, 4);
+    assert_eq!(leaves("autosummarize=off").await, partitions);
+    // Down sets them back as they were.
+    Migrator::down(store.connection(), Some(1))
+        .await
+        .expect("down");
+    assert_eq!(leaves("autosummarize=on").await, partitions);
+    store.close().await;
+}
+
+/// Retention's pass summarizes the stored-time ranges of pages records filled, within a pass
+/// or two: a trim's index scan then skips their pages, where every page of a range not
+/// summarized is read. (A partition's first range is summarized as it is written; those
+/// after it are not.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retention_pass_summarizes_the_pages_records_filled_postgres() {
+    let app = one_second_partitions(|_| {}).await;
+    let conn = app.db.clone();
+    // 20,000 records in a partition of long ago, made as the store makes one, which no
+    // vacuum visits.
+    let (lower, upper) = (86_400_000_000i64, 2 * 86_400_000_000i64);
+    let leaf = format!("records_{lower}_{upper}");
+    for sql in [
+        format!("CREATE TABLE {leaf} (LIKE records INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"),
+        format!("CREATE INDEX {leaf}_stored_time_idx ON {leaf} USING brin (stored_time) WITH (autosummarize = off)"),
+        format!("ALTER TABLE {leaf} SET (autovacuum_enabled = false)"),
+        format!("ALTER TABLE records ATTACH PARTITION {leaf} FOR VALUES FROM ({lower}) TO ({upper})"),
+        format!(
+            "INSERT INTO records (record_id, principal, binding_id, land, pack_id, ref, payload, route, received_time, commit_txid, seq, stored_time) \
+             SELECT 'r-' || g, 'alice', 'b-alice', 'user', 'weather', 'storm.warning', '{{\"n\": ' || g || '}}', 'inbox', {lower} + g::bigint * 500000, 0, g, {lower} + g::bigint * 500000 \
+             FROM generate_series(1, 20000) AS g"
+        ),
+    ] {
+        conn.execute_unprepared(&sql).await.expect(&sql);
+    }
+    let pages = scalar(
+        &conn,
+        &format!("SELECT (pg_relation_size('{leaf}') / 8192)::bigint"),
+    )
+    .await;
+    assert!(pages > 256, "{pages} pages");
+    // A plan by the index alone, for rows below every one: pages of a range not summarized
+    // are read (lossy); a summarized range is skipped.
+    let lossy = || {
+        let (conn, leaf) = (&conn, &leaf);
+        async move {
+            use sea_orm::TransactionTrait;
+            let txn = conn.begin().await.expect("begin");
+            txn.execute_unprepared("SET LOCAL enable_seqscan = off")
+                .await
+                .expect("set");
+            let plan = txn
+                .query_all_raw(Statement::from_string(
+                    txn.get_database_backend(),
+                    format!(
+                        "EXPLAIN (ANALYZE, COSTS OFF) SELECT count(*) FROM {leaf} WHERE stored_time < {}",
+                        lower + 1
+                    ),
+                ))
+                .await
+                .expect("explain")
+                .iter()
+                .map(|r| r.try_get_by_index::<String>(0).expect("a line"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            txn.commit().await.expect("commit");
+            assert!(plan.contains("Bitmap Index Scan"), "{plan}");
+            plan.contains("lossy=")
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lossy().await {
+        assert!(
+            Instant::now() < deadline,
+            "the ranges the records filled were never summarized"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Ledger rows a drop left (a process stopped between its drop and its sweep): the next
