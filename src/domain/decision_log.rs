@@ -262,7 +262,8 @@ impl Folder {
             e.outcome,
             e.drop_reason,
         );
-        if !self.keys.contains_key(&key) && self.keys.len() >= self.rule.keys {
+        // Looked up only when the keys are full: the common case hashes the key once.
+        if self.keys.len() >= self.rule.keys && !self.keys.contains_key(&key) {
             // Make room from keys whose second is over and that hold nothing.
             if self.swept != second {
                 self.swept = second;

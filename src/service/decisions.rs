@@ -131,10 +131,11 @@ impl DecisionLog {
             if batch.is_empty() {
                 return Ok(());
             }
+            let batch = Arc::new(batch);
             if let Err(e) = self.store.insert_decisions(&batch).await {
                 if let Ok(mut t) = self.taken.lock() {
                     let rest = std::mem::take(&mut t.pending);
-                    t.pending = batch;
+                    t.pending = Arc::try_unwrap(batch).unwrap_or_else(|b| b.to_vec());
                     t.pending.extend(rest);
                     let over = t.pending.len().saturating_sub(MAX_PENDING);
                     if over > 0 {

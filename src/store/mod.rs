@@ -56,6 +56,9 @@ pub struct Store {
     /// Each pack's trigger types compiled from its manifest, by the manifest's digest: a pack's
     /// payload schemas are compiled once per version, however often its policy is reloaded.
     trigger_types: Arc<std::sync::Mutex<TriggerTypesByPack>>,
+    /// SQLite (a file): the decision log's own connection, opened at its first write, which
+    /// writes each flush in one transaction on a blocking thread (see `sqlite_writer`).
+    decision_writer: Arc<std::sync::Mutex<Option<sqlite_writer::SqliteWriter>>>,
 }
 
 /// By pack: the digest of the manifest its trigger types were compiled from, and them.
@@ -239,6 +242,7 @@ impl Store {
             config: cfg.clone(),
             commits: Arc::default(),
             trigger_types: Arc::default(),
+            decision_writer: Arc::default(),
         })
     }
 

@@ -14,7 +14,7 @@ use rusqlite::types::Value as Sql;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use super::sink::{self, FirstRecord, Stored};
-use crate::domain::decision_log::Note;
+use crate::domain::decision_log::{Entry, Note};
 use crate::domain::model::Record;
 use crate::error::{Error, Result};
 
@@ -110,20 +110,46 @@ impl SqliteWriter {
         };
         let stored = sink::stored_as(rs, firsts.as_deref())?;
         let entries = sink::logged(rs, notes, &stored);
-        let decisions = super::decisions::sqlite_inserts();
-        let mut rest = entries.as_slice();
-        while !rest.is_empty() {
-            let (chunk, tail) = rest.split_at(decisions.chunk(rest.len()));
-            rest = tail;
-            execute(
-                &txn,
-                decisions.statement(chunk.len()),
-                super::decisions::sqlite_values(chunk),
-            )?;
-        }
+        insert_entries(&txn, &entries)?;
         txn.commit().map_err(unavailable)?;
         Ok(stored)
     }
+
+    /// Writes decision log entries that are not records' (the log's flush) in one
+    /// transaction. The caller holds the store's write turn.
+    pub fn write_decisions(&mut self, entries: &[Entry]) -> Result<()> {
+        let not_written = |e: Error| match e {
+            Error::Unavailable(m) => Error::Unavailable(m.replace(
+                "the record batch was not written",
+                "the decision log's entries were not written",
+            )),
+            other => other,
+        };
+        let txn = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(unavailable)
+            .map_err(not_written)?;
+        insert_entries(&txn, entries).map_err(not_written)?;
+        txn.commit().map_err(unavailable).map_err(not_written)
+    }
+}
+
+/// Inserts decision log entries in the transaction, by the prepared inserts of
+/// `decisions::sqlite_inserts`.
+fn insert_entries(txn: &rusqlite::Transaction<'_>, entries: &[Entry]) -> Result<()> {
+    let decisions = super::decisions::sqlite_inserts();
+    let mut rest = entries;
+    while !rest.is_empty() {
+        let (chunk, tail) = rest.split_at(decisions.chunk(rest.len()));
+        rest = tail;
+        execute(
+            txn,
+            decisions.statement(chunk.len()),
+            super::decisions::sqlite_values(chunk),
+        )?;
+    }
+    Ok(())
 }
 
 /// Runs a prepared statement with `values`; the rows it changed.

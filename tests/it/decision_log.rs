@@ -518,6 +518,58 @@ async fn a_drop_flood_folds_and_every_answer_is_counted(kind: StoreKind) {
 }
 on_both_stores!(a_drop_flood_folds_and_every_answer_is_counted => a_drop_flood_folds_and_every_answer_is_counted);
 
+/// A store that refuses the log's writes costs no delivery its answer, and the entries taken
+/// meanwhile are written, each once, when it takes writes again (on SQLite, by the log's own
+/// connection, opened again after the failure).
+async fn entries_a_store_refused_are_written_when_it_takes_them_again(kind: StoreKind) {
+    let mut app = spawn_app_with(kind, |_| {}).await;
+    ready(&mut app, "alice").await;
+    let sqlite = kind == StoreKind::Sqlite;
+    let refuse = if sqlite {
+        vec!["CREATE TRIGGER refuse BEFORE INSERT ON decisions BEGIN SELECT RAISE(ABORT, 'injected'); END"]
+    } else {
+        vec![
+            "CREATE FUNCTION refuse() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'injected'; END $$ LANGUAGE plpgsql",
+            "CREATE TRIGGER refuse BEFORE INSERT ON decisions FOR EACH ROW EXECUTE FUNCTION refuse()",
+        ]
+    };
+    for sql in refuse {
+        app.db.execute_unprepared(sql).await.expect(sql);
+    }
+    // Principals p0..p4 hold no grant: every one is dropped, and answered so.
+    let n = 30;
+    for i in 0..n {
+        let t = with_id(opened(&format!("p{}", i % 5)), &format!("r-{i}"));
+        let answer = deliver(&mut app, t).await;
+        assert_eq!(answer.disposition, Disposition::Dropped as i32);
+    }
+    // Several flushes are refused; nothing is half-written.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(app.count("decisions").await, 0);
+    let mend = if sqlite {
+        "DROP TRIGGER refuse"
+    } else {
+        "DROP TRIGGER refuse ON decisions"
+    };
+    app.db.execute_unprepared(mend).await.expect(mend);
+    let every = all(
+        &app.channel,
+        ListDecisionsRequest {
+            pack_id: "github".into(),
+            outcome: DecisionOutcome::Dropped as i32,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut ids: Vec<String> = every.iter().map(|d| d.trigger_id.clone()).collect();
+    ids.sort();
+    let mut want: Vec<String> = (0..n).map(|i| format!("r-{i}")).collect();
+    want.sort();
+    assert_eq!(ids, want, "each entry written once");
+    app.stop().await;
+}
+on_both_stores!(entries_a_store_refused_are_written_when_it_takes_them_again => entries_a_store_refused_are_written_when_it_takes_them_again);
+
 async fn entries_past_retention_are_pruned_and_the_log_can_be_off(kind: StoreKind) {
     let mut app = spawn_app_with(kind, |c| {
         c.decision_retention = Duration::from_secs(1);
