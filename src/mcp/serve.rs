@@ -331,13 +331,21 @@ impl NotOne {
             "jsonrpc": "2.0", "id": self.id,
             "error": { "code": self.code, "message": self.message },
         });
-        (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+        // A request whose params are wrong is still a request, answered as rmcp answers
+        // one (a client's SDK reads a JSON-RPC error in a 200, and fails a 400 as HTTP's).
+        let status = if self.code == -32602 {
+            StatusCode::OK
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        (status, axum::Json(body)).into_response()
     }
 }
 
 /// Refuses a body that is not one JSON-RPC message: not JSON (-32700), or not a request,
 /// notification or response of JSON-RPC 2.0 (-32600: a batch, a `method` that is not a
-/// string, an `id` that is neither a string nor an integer).
+/// string, an `id` that is neither a string nor an integer); and a request to a method this
+/// server serves whose params are not the method's (-32602).
 fn one_message(body: &[u8]) -> Result<(), NotOne> {
     use serde_json::Value;
     let not_one = |id: &Value, code: i64, message: String| NotOne {
@@ -369,11 +377,52 @@ fn one_message(body: &[u8]) -> Result<(), NotOne> {
         return Err(invalid("`id` must be a string or an integer"));
     }
     match m.get("method") {
-        Some(Value::String(_)) => Ok(()),
+        Some(Value::String(method)) => match params_refused(method, m.get("params")) {
+            // rmcp reads a request whose params do not parse as a method of its own it does
+            // not know, and would answer -32601 (method not found).
+            Some(why) => Err(not_one(id, -32602, format!("invalid params: {why}"))),
+            None => Ok(()),
+        },
         Some(_) => Err(invalid("`method` must be a string")),
         // A client's answer to the server's own request (a ping).
         None if m.contains_key("result") || m.contains_key("error") => Ok(()),
         None => Err(invalid("`method` is missing")),
+    }
+}
+
+/// Why the `params` of a request to a method this server serves are not the method's: a
+/// field missing, or of the wrong type, as serde names it. None for params that parse, and
+/// for any other method (rmcp answers those).
+fn params_refused(method: &str, params: Option<&serde_json::Value>) -> Option<String> {
+    use rmcp::model::{
+        CallToolRequestParams, InitializeRequestParams, PaginatedRequestParams,
+        ReadResourceRequestParams, SubscribeRequestParams, UnsubscribeRequestParams,
+    };
+    use serde::de::DeserializeOwned;
+    fn parse<P: DeserializeOwned>(
+        method: &str,
+        params: Option<&serde_json::Value>,
+    ) -> Option<String> {
+        let Some(params) = params else {
+            return Some(format!(
+                "`{method}` takes `params` (an object); there are none"
+            ));
+        };
+        serde_json::from_value::<P>(params.clone())
+            .err()
+            .map(|e| format!("`params` of `{method}`: {e}"))
+    }
+    match method {
+        "initialize" => parse::<InitializeRequestParams>(method, params),
+        "tools/call" => parse::<CallToolRequestParams>(method, params),
+        "resources/read" => parse::<ReadResourceRequestParams>(method, params),
+        "resources/subscribe" => parse::<SubscribeRequestParams>(method, params),
+        "resources/unsubscribe" => parse::<UnsubscribeRequestParams>(method, params),
+        // Optional params: checked when given (null is none).
+        "tools/list" | "resources/list" | "resources/templates/list" => params
+            .filter(|p| !p.is_null())
+            .and_then(|p| parse::<PaginatedRequestParams>(method, Some(p))),
+        _ => None,
     }
 }
 
@@ -487,6 +536,52 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1}"#,
         ] {
             assert_eq!(code(bad), Some(400), "{bad}");
+        }
+        // The params of a method served, as its schema has them; any other method's are
+        // rmcp's to answer.
+        let params = |body: &str| match one_message(body.as_bytes()) {
+            Ok(()) => None,
+            Err(not_one) => Some((not_one.code, not_one.message)),
+        };
+        for ok in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"list_records","arguments":{}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":null}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"resources/list","params":{"cursor":"x"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"hcp://inbox"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":5}"#,
+        ] {
+            assert_eq!(params(ok), None, "{ok}");
+        }
+        for (bad, names) in [
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#,
+                "tools/call",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#,
+                "there are none",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}"#,
+                "name",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":[]}}"#,
+                "resources/read",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"resources/subscribe","params":"x"}"#,
+                "resources/subscribe",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"cursor":7}}"#,
+                "tools/list",
+            ),
+        ] {
+            let (code, message) = params(bad).unwrap_or_else(|| panic!("{bad} was taken"));
+            assert_eq!(code, -32602, "{bad}");
+            assert!(message.contains(names), "{bad}: {message}");
         }
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
         assert_eq!(code(&deep), Some(400));

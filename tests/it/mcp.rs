@@ -698,6 +698,9 @@ async fn sessions_are_capped_per_caller_and_in_all_and_idle_ones_close() {
             { "headers": { "Authorization": format!("Bearer    {ALICE}") }, "body": initialize(ALICE)["body"] },
             // Not one JSON-RPC message: refused 400 with the reason.
             { "headers": as_bob, "body": "[{\"jsonrpc\": \"2.0\", \"id\": 5, \"method\": \"ping\"}]" },
+            // A method served, with params not its own: -32602 naming the method and the
+            // field, in a JSON-RPC error a client's SDK reads (not -32601, method not found).
+            { "headers": as_bob, "body": { "jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": { "name": 5 } } },
         ],
     }))
     .await;
@@ -749,6 +752,13 @@ async fn sessions_are_capped_per_caller_and_in_all_and_idle_ones_close() {
     assert_eq!(status[18], 400, "a batch: {report}");
     assert!(
         body(18).contains("-32600") && body(18).contains("batch"),
+        "{report}"
+    );
+    assert_eq!(status[19], 200, "{report}");
+    assert!(
+        body(19).contains("-32602")
+            && body(19).contains("tools/call")
+            && body(19).contains("invalid type"),
         "{report}"
     );
     app.stop().await;
