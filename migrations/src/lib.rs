@@ -12,7 +12,6 @@ mod m20261203_000001_partitioned_records;
 mod m20261204_000001_ingress_ledger;
 mod m20261205_000001_decision_log;
 mod m20261206_000001_decision_log_indexes;
-mod m20261207_000001_stored_time_summarized_by_passes;
 
 /// The decision log's recorded entries, in the words its partial indexes use: a query names
 /// them so for SQLite to use those indexes.
@@ -36,7 +35,6 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000001_ingress_ledger::Migration),
             Box::new(m20261205_000001_decision_log::Migration),
             Box::new(m20261206_000001_decision_log_indexes::Migration),
-            Box::new(m20261207_000001_stored_time_summarized_by_passes::Migration),
         ]
     }
 }

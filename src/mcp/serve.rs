@@ -377,6 +377,8 @@ fn one_message(body: &[u8]) -> Result<(), NotOne> {
         return Err(invalid("`id` must be a string or an integer"));
     }
     match m.get("method") {
+        // A notification is never answered, not even to say its params are wrong.
+        Some(Value::String(_)) if !m.contains_key("id") => Ok(()),
         Some(Value::String(method)) => match params_refused(method, m.get("params")) {
             // rmcp reads a request whose params do not parse as a method of its own it does
             // not know, and would answer -32601 (method not found).
@@ -550,6 +552,7 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"method":"resources/list","params":{"cursor":"x"}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"hcp://inbox"}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":5}"#,
+            r#"{"jsonrpc":"2.0","method":"tools/call","params":5}"#,
         ] {
             assert_eq!(params(ok), None, "{ok}");
         }

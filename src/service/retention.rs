@@ -93,9 +93,20 @@ async fn partitions(
     // Before the trims, which find the rows below their cutoffs by the summaries. A partition
     // under vacuum is summarized by it instead; the next pass tries again either way.
     match store.summarize_stored_time().await {
-        Ok(0) => {}
-        Ok(ranges) => tracing::debug!(ranges, "summarized records' stored-time ranges"),
-        Err(e) => tracing::debug!(error = %e, "records' stored-time ranges not summarized now"),
+        Ok(done) => {
+            if done.set_off > 0 {
+                tracing::info!(
+                    partitions = done.set_off,
+                    "records partitions' stored-time index set to leave its summaries to passes"
+                );
+            }
+            tracing::debug!(
+                ranges = done.ranges,
+                deferred = done.deferred,
+                "records' stored-time ranges summarized"
+            );
+        }
+        Err(e) => tracing::warn!(error = %e, "records' stored-time index not read; next pass"),
     }
     let now = store.db_now().await?;
     if let Some(age) = retention.longest() {

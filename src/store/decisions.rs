@@ -137,8 +137,11 @@ impl DecisionTables {
     /// when the connection does not open (the pool writes instead). After a failure the
     /// connection is closed; the next flush opens another.
     async fn insert_on_own_connection(&self, entries: &Arc<Vec<Entry>>) -> Option<Result<()>> {
-        let slot = self.decision_writer.clone();
         let url = self.config.url.clone();
+        if !SqliteWriter::has_file(url.expose_secret()) {
+            return None;
+        }
+        let slot = self.decision_writer.clone();
         let turn = self.write_turn.clone().lock_owned().await;
         let entries = entries.clone();
         let written = tokio::task::spawn_blocking(move || {

@@ -20,6 +20,34 @@ const DDL_LOCK_TIMEOUT: &str = "2s";
 /// `deadlock_timeout` (1 s by default).
 const SUMMARY_LOCK_TIMEOUT: &str = "200ms";
 
+/// What a pass did to the records' stored-time index (see `Store::summarize_stored_time`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Summarized {
+    /// Ranges of pages summarized.
+    pub ranges: u64,
+    /// Partitions whose index had `autosummarize` on and now has it off.
+    pub set_off: u64,
+    /// Steps that gave way to a lock held, left to the next pass.
+    pub deferred: u64,
+}
+
+/// A step of the pass that did not run now: giving way to a lock is the design (debug); any
+/// other failure is worth an operator's eye.
+fn gave_way(leaf: &str, e: &sea_orm::DbErr) {
+    if super::sqlstate(e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
+        tracing::debug!(index = %leaf, "a stored-time index step gave way to a lock; next pass");
+    } else {
+        tracing::warn!(index = %leaf, error = %e, "a stored-time index step failed; next pass");
+    }
+}
+
+/// SQLSTATE of a lock not taken within `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// Longest setting an index's option waits for its lock, which excludes every write to the
+/// partition while it waits: a moment, once per partition made before this release.
+const ALTER_LOCK_TIMEOUT: &str = "100ms";
+
 /// The database's clock, in microseconds: the one `stored_time` is written in.
 const DB_NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now";
 
@@ -170,7 +198,7 @@ impl Store {
             if of == Parted::Records {
                 // Attaching adopts this index as the partition's own of `idx_records_stored`;
                 // left to the attach, it would take the parent's `autosummarize = on`
-                // (migration m20261207_000001 says why it is off).
+                // (`Store::summarize_stored_time` says why it is off).
                 ddl.push(format!(
                     "CREATE INDEX IF NOT EXISTS {name}_stored_time_idx ON {name} \
                      USING brin (stored_time) WITH (autosummarize = off)"
@@ -217,34 +245,94 @@ impl Store {
         Ok(made)
     }
 
-    /// Summarizes the stored-time index's new full ranges of pages in every records partition,
-    /// so that retention's trim reads a few pages, not every page written since the last
-    /// vacuum. Returns the ranges summarized. Gives way at once to a vacuum of a partition
-    /// (which summarizes them too), rather than waiting for it or having it cancelled.
-    pub async fn summarize_stored_time(&self) -> Result<u64> {
+    /// The stored-time index of every records partition, one partition at a time: sets
+    /// `autosummarize` off where it is on (a partition made before this release, or by an
+    /// older replica, which takes the parent's option), then summarizes its new ranges of
+    /// pages, so that retention's trim reads a few pages, not every page written since the
+    /// last vacuum. Each step is a short transaction of its own that waits briefly for its
+    /// lock and gives way (to a vacuum, which summarizes too, or to a long read): what it
+    /// could not reach now is counted in `deferred` and tried again by the next pass.
+    ///
+    /// Why off: with it on, each filled range queues an autovacuum work item; the queue holds
+    /// 256 and is taken once per `autovacuum_naptime`, and PostgreSQL logs a line for every
+    /// request it cannot queue, which a flood makes by the hundred.
+    pub async fn summarize_stored_time(&self) -> Result<Summarized> {
+        let mut done = Summarized::default();
         if !self.partitioned() {
-            return Ok(0);
+            return Ok(done);
         }
-        let txn = self.db.begin().await.map_err(classify)?;
-        txn.execute_unprepared(&format!(
-            "SET LOCAL lock_timeout = '{SUMMARY_LOCK_TIMEOUT}'"
-        ))
-        .await
-        .map_err(classify)?;
-        let n = txn
-            .query_one_raw(Statement::from_string(
+        let leaves = self
+            .db
+            .query_all_raw(Statement::from_string(
                 DbBackend::Postgres,
-                "SELECT coalesce(sum(brin_summarize_new_values(inhrelid)), 0)::bigint AS n \
-                 FROM pg_inherits WHERE inhparent = 'idx_records_stored'::regclass",
+                "SELECT i.inhrelid::regclass::text AS leaf, \
+                        coalesce('autosummarize=off' = ANY (c.reloptions), false) AS off \
+                 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                 WHERE i.inhparent = 'idx_records_stored'::regclass",
             ))
             .await
-            .map_err(classify)?
-            .map(|r| r.try_get::<i64>("", "n"))
-            .transpose()
-            .map_err(classify)?
-            .unwrap_or(0);
-        txn.commit().await.map_err(classify)?;
-        Ok(u64::try_from(n).unwrap_or(0))
+            .map_err(classify)?;
+        for row in leaves {
+            let leaf: String = row.try_get("", "leaf").map_err(classify)?;
+            let off: bool = row.try_get("", "off").map_err(classify)?;
+            // Apart from the summary: the option's lock keeps writes out of the partition
+            // while it is held, the summary's does not.
+            if !off {
+                // `leaf` is regclass's own text, quoted as an identifier where it needs it.
+                let alter = format!("ALTER INDEX {leaf} SET (autosummarize = off)");
+                match self.briefly(ALTER_LOCK_TIMEOUT, &alter, None).await {
+                    Ok(_) => done.set_off += 1,
+                    Err(e) => {
+                        done.deferred += 1;
+                        gave_way(&leaf, &e);
+                        continue;
+                    }
+                }
+            }
+            let summarize = "SELECT brin_summarize_new_values($1::regclass)::bigint AS n";
+            match self
+                .briefly(SUMMARY_LOCK_TIMEOUT, summarize, Some(leaf.clone()))
+                .await
+            {
+                Ok(n) => done.ranges += u64::try_from(n).unwrap_or(0),
+                Err(e) => {
+                    done.deferred += 1;
+                    gave_way(&leaf, &e);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Runs `sql` (with `leaf` as `$1` when given) in a transaction of its own that waits at
+    /// most `timeout` for a lock; its `n` when it answers one.
+    async fn briefly(
+        &self,
+        timeout: &str,
+        sql: &str,
+        leaf: Option<String>,
+    ) -> std::result::Result<i64, sea_orm::DbErr> {
+        let txn = self.db.begin().await?;
+        txn.execute_unprepared(&format!("SET LOCAL lock_timeout = '{timeout}'"))
+            .await?;
+        let n = match leaf {
+            Some(leaf) => txn
+                .query_one_raw(Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    sql,
+                    [leaf.into()],
+                ))
+                .await?
+                .map(|r| r.try_get::<i64>("", "n"))
+                .transpose()?
+                .unwrap_or(0),
+            None => {
+                txn.execute_unprepared(sql).await?;
+                0
+            }
+        };
+        txn.commit().await?;
+        Ok(n)
     }
 
     /// After a write found no partition for its row: makes the one for the database's clock

@@ -52,6 +52,11 @@ fn file_of(url: &str) -> Option<std::path::PathBuf> {
 }
 
 impl SqliteWriter {
+    /// Whether `url` names a file this connection can share with the pool.
+    pub fn has_file(url: &str) -> bool {
+        file_of(url).is_some()
+    }
+
     /// Opens the writer's connection to the file `url` names (which the pool has made);
     /// None for an in-memory database, whose writes stay on the pool.
     pub fn open(url: &str) -> Result<Option<SqliteWriter>> {

@@ -481,7 +481,11 @@ async fn a_trim_reads_a_few_pages_of_a_large_partition_postgres() {
     // Nothing has summarized the index's ranges: retention's pass does, through a store of its
     // own (closed after, so its reads are reported with the filling's).
     let summarizer = db.store(1).await;
-    let ranges = summarizer.summarize_stored_time().await.expect("summarize");
+    let ranges = summarizer
+        .summarize_stored_time()
+        .await
+        .expect("summarize")
+        .ranges;
     summarizer.close().await;
     let pages = scalar(
         &conn,
@@ -577,23 +581,16 @@ async fn a_trim_reads_a_few_pages_of_a_large_partition_postgres() {
     store.close().await;
 }
 
-/// The stored-time index of every records partition, those the migrations found and those
-/// the store makes later, queues no autovacuum work item per full range (`autosummarize` is
-/// off): a flood fills more ranges than autovacuum's queue holds, and PostgreSQL logs a line
-/// for each it drops. A partition made as PostgreSQL makes one by default (the option taken
-/// from the parent) is set off by the migration.
+/// The stored-time index of every records partition queues no autovacuum work item per full
+/// range (`autosummarize` off): a flood fills more ranges than autovacuum's queue holds, and
+/// PostgreSQL logs a line for each it drops. The partitions the store makes have it off from
+/// the start; one made as PostgreSQL makes one by default (the option taken from the parent:
+/// before this release, or by an older replica) has it set off by the pass, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_records_partition_s_stored_time_index_leaves_summaries_to_passes_postgres() {
-    use hcp_sense_migration::{Migrator, MigratorTrait};
     let db = TestDb::create(StoreKind::Postgres).await;
     let store = db.store(1).await;
-    let before = Migrator::migrations()
-        .iter()
-        .position(|m| m.name() == "m20261207_000001_stored_time_summarized_by_passes")
-        .expect("the migration") as u32;
-    Migrator::up(store.connection(), Some(before))
-        .await
-        .expect("the migrations before");
+    store.migrate_up().await.expect("migrate");
     let conn = db.connect().await;
     conn.execute_unprepared(
         "CREATE TABLE records_0_1000000 PARTITION OF records FOR VALUES FROM (0) TO (1000000)",
@@ -615,20 +612,26 @@ async fn every_records_partition_s_stored_time_index_leaves_summaries_to_passes_
         }
     };
     assert_eq!(leaves("autosummarize=on").await, 1);
-    store.migrate_up().await.expect("migrate");
-    assert_eq!(leaves("autosummarize=on").await, 0);
-    assert_eq!(leaves("autosummarize=off").await, 1);
     // Now's and two ahead, of records and of the decision log.
     let made = store.make_partitions_ahead().await.expect("partitions");
     assert_eq!(made, 6);
     let partitions = attached(&conn).await;
     assert_eq!(partitions, 4);
+    assert_eq!(leaves("autosummarize=off").await, 3, "made with it off");
+    let first = store.summarize_stored_time().await.expect("pass");
+    assert_eq!((first.set_off, first.deferred), (1, 0), "{first:?}");
     assert_eq!(leaves("autosummarize=off").await, partitions);
-    // Down sets them back as they were.
-    Migrator::down(store.connection(), Some(1))
-        .await
-        .expect("down");
-    assert_eq!(leaves("autosummarize=on").await, partitions);
+    assert_eq!(leaves("autosummarize=on").await, 0);
+    let again = store.summarize_stored_time().await.expect("pass");
+    assert_eq!((again.set_off, again.deferred), (0, 0), "{again:?}");
+    assert_eq!(
+        scalar(
+            &conn,
+            "SELECT count(*)::bigint FROM pg_inherits WHERE inhparent = 'idx_records_stored'::regclass"
+        )
+        .await,
+        partitions
+    );
     store.close().await;
 }
 
