@@ -480,11 +480,21 @@ async fn a_drop_flood_folds_and_every_answer_is_counted(kind: StoreKind) {
         tasks.spawn(async move {
             // Principals p0..p9 hold no grant: every one is dropped.
             let t = with_id(opened(&format!("p{}", i % 10)), &format!("f-{i}"));
-            ingest
-                .deliver_trigger(t)
-                .await
-                .expect("acknowledged")
-                .into_inner()
+            // UNAVAILABLE is an answer to retry: on a loaded machine the policy view may be
+            // reloading (decisions fail closed meanwhile), and nothing was decided or logged.
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                match ingest.deliver_trigger(t.clone()).await {
+                    Ok(answer) => break answer.into_inner(),
+                    Err(s)
+                        if s.code() == Code::Unavailable
+                            && std::time::Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(s) => panic!("acknowledged: {s:?}"),
+                }
+            }
         });
     }
     let mut dropped = 0;
