@@ -109,10 +109,21 @@ impl DecisionLog {
 
     /// Writes what is pending (and what the fold rule holds past its second; all it holds
     /// when `all`). On failure the entries stay for the next try.
-    pub async fn flush(&self, all: bool) -> Result<()> {
+    ///
+    /// The write runs to its end in a task of its own: a batch is taken out of `pending`
+    /// before it is written, so a caller that goes away mid-write (a ListDecisions cancelled,
+    /// shutdown's deadline) must not take the batch with it.
+    pub async fn flush(self: &Arc<Self>, all: bool) -> Result<()> {
         if !self.on {
             return Ok(());
         }
+        let log = self.clone();
+        tokio::spawn(async move { log.write_pending(all).await })
+            .await
+            .map_err(|e| Error::internal_from("decision log write failed", e))?
+    }
+
+    async fn write_pending(&self, all: bool) -> Result<()> {
         let _one = self.writing.lock().await;
         loop {
             let batch = {
@@ -152,7 +163,7 @@ impl DecisionLog {
     /// Entries matching `f` (checked here) after the cursor, at most `limit`, newest first,
     /// as `caller` may read them: a reader reads its own principal's, as its own viewer.
     pub async fn list(
-        &self,
+        self: &Arc<Self>,
         caller: Option<&Caller>,
         mut f: DecisionFilter,
         after: Option<(i64, i64)>,
@@ -168,7 +179,7 @@ impl DecisionLog {
     }
 
     /// EraseRecords: the principal's entries go with its records.
-    pub async fn erase(&self, principal: &str, pack_id: Option<&str>) -> Result<u64> {
+    pub async fn erase(self: &Arc<Self>, principal: &str, pack_id: Option<&str>) -> Result<u64> {
         // Entries taken before the erasure are written first, so none outlives it.
         self.flush(true).await?;
         self.store.erase_decisions(principal, pack_id).await

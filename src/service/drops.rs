@@ -104,7 +104,18 @@ impl DropLog {
     }
 
     /// Adds pending counts to the store; on failure they stay pending.
-    pub async fn flush(&self) -> Result<()> {
+    ///
+    /// The write runs to its end in a task of its own: the counts are taken out of `pending`
+    /// before they are added, so a caller that goes away mid-write (a ListDropReports
+    /// cancelled, shutdown's deadline) must not take them with it.
+    pub async fn flush(self: &Arc<Self>) -> Result<()> {
+        let log = self.clone();
+        tokio::spawn(async move { log.write_pending().await })
+            .await
+            .map_err(|e| crate::error::Error::internal_from("drop counts write failed", e))?
+    }
+
+    async fn write_pending(&self) -> Result<()> {
         let _one = self.flushing.lock().await;
         let batch: Vec<(Key, (i64, i64, i64))> = match self.pending.lock() {
             Ok(mut p) if !p.counts.is_empty() => {

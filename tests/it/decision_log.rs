@@ -528,6 +528,34 @@ async fn a_drop_flood_folds_and_every_answer_is_counted(kind: StoreKind) {
 }
 on_both_stores!(a_drop_flood_folds_and_every_answer_is_counted => a_drop_flood_folds_and_every_answer_is_counted);
 
+/// Delivers `n` triggers with ids `{prefix}0..n` from principals p0..p4, who hold no grant:
+/// every one is dropped, and answered so.
+async fn drop_each(app: &mut TestApp, prefix: &str, n: usize) {
+    for i in 0..n {
+        let t = with_id(opened(&format!("p{}", i % 5)), &format!("{prefix}{i}"));
+        let answer = deliver(app, t).await;
+        assert_eq!(answer.disposition, Disposition::Dropped as i32);
+    }
+}
+
+/// The pack's dropped entries are exactly those `drop_each` made, each written once.
+async fn each_dropped_listed_once(app: &TestApp, prefix: &str, n: usize) {
+    let every = all(
+        &app.channel,
+        ListDecisionsRequest {
+            pack_id: "github".into(),
+            outcome: DecisionOutcome::Dropped as i32,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut ids: Vec<String> = every.iter().map(|d| d.trigger_id.clone()).collect();
+    ids.sort();
+    let mut want: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
+    want.sort();
+    assert_eq!(ids, want, "each entry written once");
+}
+
 /// A store that refuses the log's writes costs no delivery its answer, and the entries taken
 /// meanwhile are written, each once, when it takes writes again (on SQLite, by the log's own
 /// connection, opened again after the failure).
@@ -546,13 +574,8 @@ async fn entries_a_store_refused_are_written_when_it_takes_them_again(kind: Stor
     for sql in refuse {
         app.db.execute_unprepared(sql).await.expect(sql);
     }
-    // Principals p0..p4 hold no grant: every one is dropped, and answered so.
     let n = 30;
-    for i in 0..n {
-        let t = with_id(opened(&format!("p{}", i % 5)), &format!("r-{i}"));
-        let answer = deliver(&mut app, t).await;
-        assert_eq!(answer.disposition, Disposition::Dropped as i32);
-    }
+    drop_each(&mut app, "r-", n).await;
     // Several flushes are refused; nothing is half-written.
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(app.count("decisions").await, 0);
@@ -562,23 +585,63 @@ async fn entries_a_store_refused_are_written_when_it_takes_them_again(kind: Stor
         "DROP TRIGGER refuse ON decisions"
     };
     app.db.execute_unprepared(mend).await.expect(mend);
-    let every = all(
-        &app.channel,
-        ListDecisionsRequest {
-            pack_id: "github".into(),
-            outcome: DecisionOutcome::Dropped as i32,
-            ..Default::default()
-        },
-    )
-    .await;
-    let mut ids: Vec<String> = every.iter().map(|d| d.trigger_id.clone()).collect();
-    ids.sort();
-    let mut want: Vec<String> = (0..n).map(|i| format!("r-{i}")).collect();
-    want.sort();
-    assert_eq!(ids, want, "each entry written once");
+    each_dropped_listed_once(&app, "r-", n).await;
     app.stop().await;
 }
 on_both_stores!(entries_a_store_refused_are_written_when_it_takes_them_again => entries_a_store_refused_are_written_when_it_takes_them_again);
+
+/// A listing that goes away while its write of the log waits on the store takes no entry and
+/// no drop count with it: the write runs on, and every drop is listed and counted once.
+async fn a_listing_that_goes_away_mid_write_loses_no_entry_or_count(kind: StoreKind) {
+    use sea_orm::TransactionTrait;
+    let mut app = spawn_app_with(kind, |_| {}).await;
+    ready(&mut app, "alice").await;
+    let n = 20;
+    drop_each(&mut app, "g-", n).await;
+    // Another session takes the write lock of the log's tables, so the writes the listings
+    // start wait on it past their callers' deadlines.
+    let hold = app.db.begin().await.expect("begin");
+    let lock = if kind == StoreKind::Sqlite {
+        "DELETE FROM decisions WHERE 1 = 0"
+    } else {
+        "LOCK TABLE decisions, drop_reports IN EXCLUSIVE MODE"
+    };
+    hold.execute_unprepared(lock).await.expect(lock);
+    let mut listing = tonic::Request::new(ListDecisionsRequest {
+        pack_id: "github".into(),
+        ..Default::default()
+    });
+    listing.set_timeout(Duration::from_millis(200));
+    let gone = decisions(&app).list_decisions(listing).await;
+    let mut reports = tonic::Request::new(pb::ListDropReportsRequest {
+        pack_id: "github".into(),
+        ..Default::default()
+    });
+    reports.set_timeout(Duration::from_millis(200));
+    let gone_too = app.records.list_drop_reports(reports).await;
+    for (what, answer) in [("decisions", gone.err()), ("drop reports", gone_too.err())] {
+        let code = answer.map(|s| s.code());
+        // The server answers UNAVAILABLE at the caller's deadline; the client may give up first.
+        assert!(
+            matches!(
+                code,
+                Some(Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled)
+            ),
+            "the listing of {what} ended while its write waited for the held lock: {code:?}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    hold.rollback().await.expect("rollback");
+    each_dropped_listed_once(&app, "g-", n).await;
+    let counted: i64 = crate::sense::drop_reports(&mut app, "github")
+        .await
+        .iter()
+        .map(|r| r.count)
+        .sum();
+    assert_eq!(counted, n as i64, "each drop counted once");
+    app.stop().await;
+}
+on_both_stores!(a_listing_that_goes_away_mid_write_loses_no_entry_or_count => a_listing_that_goes_away_mid_write_loses_no_entry_or_count);
 
 async fn entries_past_retention_are_pruned_and_the_log_can_be_off(kind: StoreKind) {
     let mut app = spawn_app_with(kind, |c| {
