@@ -13,6 +13,7 @@ pub(crate) mod quota;
 mod records;
 mod resume;
 mod sink;
+mod sqlite_reader;
 mod sqlite_writer;
 
 pub use records::{Lands, Listed, RecordCursor};
@@ -59,6 +60,9 @@ pub struct Store {
     /// SQLite (a file): the decision log's own connection, opened at its first write, which
     /// writes each flush in one transaction on a blocking thread (see `sqlite_writer`).
     decision_writer: Arc<std::sync::Mutex<Option<sqlite_writer::SqliteWriter>>>,
+    /// SQLite (a file): connections that read a trigger id's first record on the caller's
+    /// thread (see `sqlite_reader`).
+    readers: Arc<sqlite_reader::SqliteReaders>,
 }
 
 /// By pack: the digest of the manifest its trigger types were compiled from, and them.
@@ -243,6 +247,10 @@ impl Store {
             commits: Arc::default(),
             trigger_types: Arc::default(),
             decision_writer: Arc::default(),
+            readers: Arc::new(match engine {
+                Engine::Sqlite => sqlite_reader::SqliteReaders::of_url(&url),
+                Engine::Postgres => sqlite_reader::SqliteReaders::default(),
+            }),
         })
     }
 
@@ -354,6 +362,7 @@ impl Store {
     }
 
     pub async fn close(self) {
+        self.readers.close();
         if let Some(listing) = self.listing {
             let _ = listing.close().await;
         }

@@ -751,6 +751,9 @@ impl DeliveryTables {
                 .map(record)
                 .transpose();
         }
+        if let Some(found) = self.readers.record_for_trigger(pack_id, trigger_id) {
+            return found.map(record).transpose();
+        }
         records::Entity::find()
             .filter(records::Column::PackId.eq(pack_id))
             .filter(records::Column::ProducerTriggerId.eq(trigger_id))

@@ -36,7 +36,7 @@ impl std::fmt::Debug for SqliteWriter {
 }
 
 /// The file a sqlx SQLite URL names; None for an in-memory database.
-fn file_of(url: &str) -> Option<std::path::PathBuf> {
+pub(super) fn file_of(url: &str) -> Option<std::path::PathBuf> {
     use std::str::FromStr;
     let opts = sea_orm::sqlx::sqlite::SqliteConnectOptions::from_str(url).ok()?;
     let path = opts.get_filename();

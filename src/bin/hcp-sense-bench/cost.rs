@@ -1,4 +1,4 @@
-//! The cost phase: CPU per call at a steady offered rate (open loop, --cost-rate a second), read from /proc for the server and for PostgreSQL's processes: Health/Check (the transport's floor), the benchmark's no-op DeliverTrigger (the same request decoded and answered without a decision: the floor of this message), recorded without and with trigger ids, the same trigger id every call (duplicates), and dropped (an undeclared ref); beside the store's own floor in the same run: on PostgreSQL a prepared single-row insert transaction and a primary-key select run by the benchmark on the same PostgreSQL, on SQLite a prepared single-row insert, each its own durable transaction, on a file of its own.
+//! The cost phase: CPU per call at a steady offered rate (open loop, --cost-rate a second), read from /proc for the server and for PostgreSQL's processes: Health/Check (the transport's floor), the benchmark's no-op DeliverTrigger (the same request decoded and answered without a decision: the floor of this message), recorded without and with trigger ids, the same trigger id every call (duplicates), dropped (an undeclared ref), and dropped with a new trigger id each call (a principal without a grant: idempotency comes first, so its id is looked up); beside the store's own floor in the same run: on PostgreSQL a prepared single-row insert transaction and a primary-key select run by the benchmark on the same PostgreSQL, on SQLite a prepared single-row insert, each its own durable transaction, on a file of its own.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +24,7 @@ enum Call {
     RecordedKeyed,
     Duplicate,
     DroppedUndeclared,
+    DroppedKeyed,
 }
 
 impl Call {
@@ -35,6 +36,9 @@ impl Call {
             Call::RecordedKeyed => "recorded, a new trigger id each call",
             Call::Duplicate => "the same trigger id every call",
             Call::DroppedUndeclared => "dropped (undeclared ref)",
+            Call::DroppedKeyed => {
+                "dropped, a new trigger id each call (no grant; its id looked up)"
+            }
         }
     }
 
@@ -52,6 +56,9 @@ impl Call {
                 t.r#ref = "undeclared.ref".into();
                 t
             }
+            // What a webhook or NATS message sends that policy drops: idempotency comes first,
+            // so its id is looked up before it is answered.
+            Call::DroppedKeyed => trigger(i, pop, Load::DroppedKeyed),
         }
     }
 }
@@ -167,6 +174,7 @@ pub async fn cost_phase(o: &Options, kind: &str) -> anyhow::Result<()> {
         Call::RecordedKeyed,
         Call::Duplicate,
         Call::DroppedUndeclared,
+        Call::DroppedKeyed,
     ] {
         let chs = chs.clone();
         let m = offered(pid, rate, secs, move |i| {
