@@ -928,6 +928,7 @@ fn service_limits(config: &Config) -> Limits {
         max_payload_bytes: config.max_payload_bytes,
         retention: config.retention(),
         prune_every: config.prune_interval,
+        log_flush_every: config.log_flush_interval,
         hash_principals: config.hash_principals,
         max_json_depth: config.max_json_depth,
         // A batch past the call's own deadline can no longer answer anyone.

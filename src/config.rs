@@ -112,6 +112,12 @@ pub struct Config {
     #[arg(long = "prune-interval-secs", env = "HCP_SENSE_PRUNE_INTERVAL_SECS", value_name = "SECS", value_parser = secs, default_value = "30")]
     pub prune_interval: Duration,
 
+    /// How often the decision log and the drop counts write what they have taken in the
+    /// background (a listing writes first anyway). Not an option: tests lengthen it so that
+    /// only their own listings write.
+    #[arg(skip = crate::service::LOG_FLUSH_EVERY)]
+    pub log_flush_interval: Duration,
+
     /// Serve hcp.sense.v1.BenchService, a no-op with DeliverTrigger's message shape, as a benchmark baseline.
     #[arg(long, env = "HCP_SENSE_BENCH_BASELINE", value_name = "BOOL", action = ArgAction::Set, default_value_t = false)]
     pub bench_baseline: bool,

@@ -13,8 +13,6 @@ use crate::metrics::Metrics;
 use crate::store::decisions::DecisionFilter;
 use crate::store::{now_micros, DecisionTables};
 
-/// How often entries taken are written.
-const FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// Most entries one statement writes.
 const MAX_WRITE: usize = 2_048;
 /// Entries kept for writing while the store does not take them; past it the oldest are
@@ -47,6 +45,7 @@ impl DecisionLog {
         metrics: Arc<Metrics>,
         on: bool,
         rule: FoldRule,
+        every: Duration,
         life: &Lifecycle,
     ) -> Arc<DecisionLog> {
         let log = Arc::new(DecisionLog {
@@ -64,7 +63,7 @@ impl DecisionLog {
             life.spawn_upkeep(async move {
                 loop {
                     tokio::select! {
-                        _ = tokio::time::sleep(FLUSH_EVERY) => {}
+                        _ = tokio::time::sleep(every) => {}
                         _ = closing.wait() => break,
                     }
                     if let Err(e) = written.flush(false).await {

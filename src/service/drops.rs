@@ -10,8 +10,6 @@ use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::store::{now_micros, DeliveryTables};
 
-/// How often pending counts are written.
-const FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// Distinct (pack, ref, reason) keys a drop log keeps, stored and pending together; beyond
 /// this, drops are counted under the pack and ref `*`, so producers inventing pack ids or
 /// refs grow neither memory nor the drop reports table, however many flushes go by.
@@ -48,6 +46,7 @@ impl DropLog {
         store: DeliveryTables,
         metrics: Arc<Metrics>,
         stored: Vec<Key>,
+        every: Duration,
         life: &Lifecycle,
     ) -> Arc<DropLog> {
         let log = Arc::new(DropLog {
@@ -63,7 +62,7 @@ impl DropLog {
         life.spawn_upkeep(async move {
             loop {
                 tokio::select! {
-                    _ = tokio::time::sleep(FLUSH_EVERY) => {}
+                    _ = tokio::time::sleep(every) => {}
                     _ = closing.wait() => break,
                 }
                 if let Err(e) = flushed.flush().await {

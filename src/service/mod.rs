@@ -34,6 +34,10 @@ use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::store::{Sink, Store};
 
+/// How often, by default, the decision log and the drop counts write what they have taken:
+/// what another replica's listing sees lags this replica's decisions by about this much.
+pub const LOG_FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Limits on what a caller may send.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -42,6 +46,8 @@ pub struct Limits {
     pub retention: Retention,
     /// How often the retention pruner runs.
     pub prune_every: std::time::Duration,
+    /// How often the decision log and the drop counts write what they have taken.
+    pub log_flush_every: std::time::Duration,
     /// Decision spans carry a hash of the principal instead of the principal.
     pub hash_principals: bool,
     /// Deepest JSON nesting accepted in a payload.
@@ -68,6 +74,7 @@ impl Default for Limits {
             max_payload_bytes: 64 * 1024,
             retention: Retention::default(),
             prune_every: std::time::Duration::from_secs(30),
+            log_flush_every: LOG_FLUSH_EVERY,
             hash_principals: false,
             max_json_depth: 32,
             batch_timeout: std::time::Duration::from_secs(30),
@@ -158,12 +165,19 @@ impl Hub {
             .delivery_tables()
             .drop_report_keys((drops::MAX_KEYS + DropReason::ALL.len()) as u64)
             .await?;
-        let drops = DropLog::start(store.delivery_tables(), metrics.clone(), stored_keys, &life);
+        let drops = DropLog::start(
+            store.delivery_tables(),
+            metrics.clone(),
+            stored_keys,
+            limits.log_flush_every,
+            &life,
+        );
         let decisions = DecisionLog::start(
             store.decision_tables(),
             metrics.clone(),
             limits.decision_log,
             limits.decision_fold,
+            limits.log_flush_every,
             &life,
         );
         let sink = Sink::start(

@@ -223,11 +223,11 @@ both_stores! {
 
     async fn the_drop_key_cap_holds_across_flushes_and_restarts(app) {
         use hcp_sense::domain::trigger::DropReason as Why;
-        use hcp_sense::service::DropLog;
+        use hcp_sense::service::{DropLog, LOG_FLUSH_EVERY};
         let metrics = Arc::new(hcp_sense::metrics::Metrics::new(100));
         let store = hcp_sense::store::Store::connect(&hcp_sense::config::StoreConfig::at(app.test_db.url.clone())).await.expect("store").delivery_tables();
         let life = hcp_sense::lifecycle::Lifecycle::new();
-        let log = DropLog::start(store.clone(), metrics.clone(), vec![], &life);
+        let log = DropLog::start(store.clone(), metrics.clone(), vec![], LOG_FLUSH_EVERY, &life);
         for i in 0..10_050 {
             log.count(&format!("invented-{i}"), "x.y", Why::UnknownPack);
         }
@@ -240,7 +240,7 @@ both_stores! {
         drop(log);
         // A restarted server knows the keys already stored.
         let keys = store.drop_report_keys(20_000).await.expect("keys");
-        let log = DropLog::start(store.clone(), metrics, keys, &life);
+        let log = DropLog::start(store.clone(), metrics, keys, LOG_FLUSH_EVERY, &life);
         for i in 0..100 {
             log.count(&format!("after-restart-{i}"), "x.y", Why::UnknownPack);
         }
