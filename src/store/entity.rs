@@ -219,6 +219,39 @@ pub mod records {
     pub enum Relation {}
 
     impl ActiveModelBehavior for ActiveModel {}
+
+    /// Every column of a record, in the order `from_row!` reads them: what a look-up that
+    /// reads through a driver directly (not sea-orm) selects.
+    macro_rules! columns {
+        () => {
+            "record_id, principal, binding_id, land, pack_id, \"ref\", payload, route, \
+             project, producer_trigger_id, received_time, commit_txid, seq"
+        };
+    }
+    pub(crate) use columns;
+
+    /// A `Model` from a driver's row of `columns!()`, each column read by `$row.$get(index)?`
+    /// (rusqlite's `get`, sqlx's `try_get`).
+    macro_rules! from_row {
+        ($row:ident . $get:ident) => {
+            $crate::store::entity::records::Model {
+                record_id: $row.$get(0)?,
+                principal: $row.$get(1)?,
+                binding_id: $row.$get(2)?,
+                land: $row.$get(3)?,
+                pack_id: $row.$get(4)?,
+                r#ref: $row.$get(5)?,
+                payload: $row.$get(6)?,
+                route: $row.$get(7)?,
+                project: $row.$get(8)?,
+                producer_trigger_id: $row.$get(9)?,
+                received_time: $row.$get(10)?,
+                commit_txid: $row.$get(11)?,
+                seq: $row.$get(12)?,
+            }
+        };
+    }
+    pub(crate) use from_row;
 }
 
 pub mod drop_reports {

@@ -771,11 +771,11 @@ impl DeliveryTables {
         };
         let record_id: String = claim.try_get(0).map_err(from_sqlx)?;
         let stored_time: i64 = claim.try_get(1).map_err(from_sqlx)?;
-        let row = sqlx::query(
-            "SELECT record_id, principal, binding_id, land, pack_id, \"ref\", payload, route, \
-             project, producer_trigger_id, received_time, commit_txid, seq \
-             FROM records WHERE record_id = $1 AND stored_time = $2",
-        )
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            records::columns!(),
+            " FROM records WHERE record_id = $1 AND stored_time = $2"
+        ))
         .bind(record_id)
         .bind(stored_time)
         .fetch_optional(pool)
@@ -784,24 +784,7 @@ impl DeliveryTables {
         let Some(r) = row else {
             return Ok(None);
         };
-        let m = (|| {
-            Ok::<_, sqlx::Error>(records::Model {
-                record_id: r.try_get(0)?,
-                principal: r.try_get(1)?,
-                binding_id: r.try_get(2)?,
-                land: r.try_get(3)?,
-                pack_id: r.try_get(4)?,
-                r#ref: r.try_get(5)?,
-                payload: r.try_get(6)?,
-                route: r.try_get(7)?,
-                project: r.try_get(8)?,
-                producer_trigger_id: r.try_get(9)?,
-                received_time: r.try_get(10)?,
-                commit_txid: r.try_get(11)?,
-                seq: r.try_get(12)?,
-            })
-        })()
-        .map_err(from_sqlx)?;
+        let m = (|| Ok::<_, sqlx::Error>(records::from_row!(r.try_get)))().map_err(from_sqlx)?;
         record(m).map(Some)
     }
 }

@@ -21,9 +21,11 @@ use super::entity::records;
 /// workers. More are opened when needed and closed after their read.
 const KEPT: usize = 8;
 
-const FIRST_RECORD: &str = "SELECT record_id, principal, binding_id, land, pack_id, \"ref\", \
-     payload, route, project, producer_trigger_id, received_time, commit_txid, seq \
-     FROM records WHERE pack_id = ?1 AND producer_trigger_id = ?2";
+const FIRST_RECORD: &str = concat!(
+    "SELECT ",
+    records::columns!(),
+    " FROM records WHERE pack_id = ?1 AND producer_trigger_id = ?2"
+);
 
 #[derive(Default)]
 pub struct SqliteReaders {
@@ -114,23 +116,7 @@ fn first_record(
     trigger_id: &str,
 ) -> rusqlite::Result<Option<records::Model>> {
     conn.prepare_cached(FIRST_RECORD)?
-        .query_row([pack_id, trigger_id], |r| {
-            Ok(records::Model {
-                record_id: r.get(0)?,
-                principal: r.get(1)?,
-                binding_id: r.get(2)?,
-                land: r.get(3)?,
-                pack_id: r.get(4)?,
-                r#ref: r.get(5)?,
-                payload: r.get(6)?,
-                route: r.get(7)?,
-                project: r.get(8)?,
-                producer_trigger_id: r.get(9)?,
-                received_time: r.get(10)?,
-                commit_txid: r.get(11)?,
-                seq: r.get(12)?,
-            })
-        })
+        .query_row([pack_id, trigger_id], |r| Ok(records::from_row!(r.get)))
         .optional()
 }
 
