@@ -790,7 +790,7 @@ impl DeliveryTables {
 }
 
 /// A driver error sorted as the store's errors are (`classify`).
-fn from_sqlx(e: sea_orm::sqlx::Error) -> Error {
+pub(super) fn from_sqlx(e: sea_orm::sqlx::Error) -> Error {
     classify(sea_orm::DbErr::Query(sea_orm::RuntimeErr::SqlxError(
         std::sync::Arc::new(e),
     )))

@@ -817,7 +817,7 @@ async fn insert_on_pool(
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
-/// SQLite: its one writer takes `seq` numbers/// SQLite: its one writer takes `seq` numbers from a counter inside the transaction, then
+/// SQLite: its one writer takes `seq` numbers from a counter inside the transaction, then
 /// inserts with bound values in chunks of power-of-two sizes, so a handful of prepared
 /// statements serve every batch size.
 async fn insert_sqlite(txn: &impl ConnectionTrait, rs: &[Record]) -> Result<u64> {
