@@ -718,27 +718,31 @@ impl DeliveryTables {
     }
 
     /// The first record stored for a pack's trigger id: what a retried delivery is answered.
+    ///
+    /// The reads through a driver are boxed: their futures (a pool's acquire, a query's
+    /// states) are thousands of bytes, and unboxed they would be part of every delivery's
+    /// future, copied on every call whether it looks a trigger id up or not.
     pub async fn record_for_trigger(
         &self,
         pack_id: &str,
         trigger_id: &str,
     ) -> Result<Option<Record>> {
         if self.partitioned() {
-            return self
-                .record_for_trigger_partitioned(pack_id, trigger_id)
-                .await;
+            return Box::pin(self.record_for_trigger_partitioned(pack_id, trigger_id)).await;
         }
         if let Some(found) = self.readers.record_for_trigger(pack_id, trigger_id) {
             return found.map(record).transpose();
         }
-        records::Entity::find()
-            .filter(records::Column::PackId.eq(pack_id))
-            .filter(records::Column::ProducerTriggerId.eq(trigger_id))
-            .one(&self.db)
-            .await
-            .map_err(classify)?
-            .map(record)
-            .transpose()
+        Box::pin(
+            records::Entity::find()
+                .filter(records::Column::PackId.eq(pack_id))
+                .filter(records::Column::ProducerTriggerId.eq(trigger_id))
+                .one(&self.db),
+        )
+        .await
+        .map_err(classify)?
+        .map(record)
+        .transpose()
     }
 }
 
