@@ -15,19 +15,31 @@ use crate::identity::opened;
 use crate::support::served::{serve_command, Served};
 
 /// Server-side sockets in ESTABLISHED state on `port` (from /proc/net/tcp, IPv4 loopback).
+/// A client socket of another test may have been given `port` as its own ephemeral port
+/// (the listener binds with SO_REUSEADDR); its peer is a listener, so it is not counted.
 fn established(port: u16) -> usize {
     let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    text.lines()
+    let port_of = |a: &str| {
+        a.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    let rows: Vec<Vec<&str>> = text
+        .lines()
         .skip(1)
-        .filter(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() > 3
-                && f[3] == "01"
-                && f[1]
-                    .rsplit(':')
-                    .next()
-                    .and_then(|p| u16::from_str_radix(p, 16).ok())
-                    == Some(port)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 3)
+        .collect();
+    let listening: std::collections::HashSet<u16> = rows
+        .iter()
+        .filter(|f| f[3] == "0A")
+        .filter_map(|f| port_of(f[1]))
+        .collect();
+    rows.iter()
+        .filter(|f| {
+            f[3] == "01"
+                && port_of(f[1]) == Some(port)
+                && port_of(f[2]).is_some_and(|p| !listening.contains(&p))
         })
         .count()
 }
@@ -128,6 +140,8 @@ async fn a_connection_closes_when_idle_but_not_while_a_stream_is_open() {
     let port = app.addr.port();
     let ch = channel(&app.addr.to_string()).await;
     health_ok(&ch).await;
+    // The server's idle clock for `ch` started when it answered, a moment before this.
+    let idle_since = Instant::now();
     let mut watching = HealthClient::new(channel(&app.addr.to_string()).await)
         .watch(HealthCheckRequest::default())
         .await
@@ -139,8 +153,23 @@ async fn a_connection_closes_when_idle_but_not_while_a_stream_is_open() {
         .expect("first status")
         .expect("a status");
     assert!(established(port) >= 2);
-    tokio::time::sleep(Duration::from_millis(3500)).await;
-    // The idle connections are gone; the one carrying a Watch stays, its stream alive.
+    // The idle connection goes on its timer (2 s), not before it; a loaded machine may run
+    // the timer late, so its close is awaited rather than assumed at a fixed moment.
+    while established(port) > 1 && idle_since.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let closed_after = idle_since.elapsed();
+    assert_eq!(
+        established(port),
+        1,
+        "idle connection open after {closed_after:?}"
+    );
+    assert!(
+        closed_after >= Duration::from_millis(1900),
+        "closed after {closed_after:?}, before the idle timeout (2 s)"
+    );
+    // The one carrying a Watch stays past the idle timeout, its stream alive.
+    tokio::time::sleep(Duration::from_millis(3500).saturating_sub(idle_since.elapsed())).await;
     assert_eq!(established(port), 1);
     assert!(
         tokio::time::timeout(Duration::from_millis(200), watching.message())

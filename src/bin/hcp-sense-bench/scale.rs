@@ -181,7 +181,14 @@ async fn watch_pass(url: String, expect: i64) -> anyhow::Result<(Duration, Durat
     let mut began = None;
     loop {
         if start.elapsed() > Duration::from_secs(120) {
-            anyhow::bail!("the retention pass did not drop {expect} partitions in 120 s");
+            let now = scalar(&db, count).await?;
+            anyhow::bail!(
+                "the retention pass did not drop {expect} partitions in 120 s: {} of {before} \
+                 attached, floor {}; {}",
+                now,
+                scalar(&db, "SELECT floor_time FROM record_floor").await?,
+                stuck(&db).await?
+            );
         }
         if began.is_none() && scalar(&db, "SELECT floor_time FROM record_floor").await? > 0 {
             began = Some(start.elapsed());
@@ -192,6 +199,29 @@ async fn watch_pass(url: String, expect: i64) -> anyhow::Result<(Duration, Durat
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// What a stalled pass leaves to read: partitions whose detach is pending, and the
+/// database's sessions that are not idle, with what each waits on.
+async fn stuck(db: &DatabaseConnection) -> anyhow::Result<String> {
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT format('%s detach pending', count(*)) AS s FROM pg_inherits \
+               WHERE inhparent = 'records'::regclass AND inhdetachpending \
+             UNION ALL \
+             SELECT format('%s %s/%s %ss: %s', state, wait_event_type, wait_event, \
+                    round(extract(epoch FROM clock_timestamp() - xact_start)::numeric, 1), \
+                    left(query, 100)) FROM pg_stat_activity \
+               WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                 AND state <> 'idle'",
+        ))
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| r.try_get_by_index::<String>(0).ok())
+        .collect::<Vec<_>>()
+        .join("; "))
 }
 
 /// A recorded phase with CPU per call of the server and of PostgreSQL.
