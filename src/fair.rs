@@ -107,6 +107,23 @@ impl<T> Rounds<T> {
         self.serve(out, max, true);
     }
 
+    /// Whether a sparse pack other than those of `busy` has a record queued.
+    pub fn sparse_except(&self, busy: &[String]) -> bool {
+        self.sparse.iter().any(|p| !busy.contains(p))
+    }
+
+    /// `take_sparse`, of the sparse packs other than those of `busy`, whose turns stay.
+    pub fn take_sparse_except(&mut self, out: &mut Vec<(String, T)>, max: usize, busy: &[String]) {
+        let (held, others): (VecDeque<String>, VecDeque<String>) = std::mem::take(&mut self.sparse)
+            .into_iter()
+            .partition(|p| busy.contains(p));
+        self.sparse = others;
+        self.serve(out, max, true);
+        let mut sparse = held;
+        sparse.append(&mut self.sparse);
+        self.sparse = sparse;
+    }
+
     fn serve(&mut self, out: &mut Vec<(String, T)>, max: usize, sparse_only: bool) {
         while out.len() < max {
             let pack = match self.sparse.pop_front() {
@@ -340,6 +357,39 @@ impl<T> FairQueue<T> {
         self.take_turns(out, max, true)
     }
 
+    /// Whether a pack other than those of `busy` is sparse with a record queued: a record that
+    /// a batch of `busy`'s records under way would keep waiting (see `sink::Writer::commit`).
+    pub fn sparse_waiting_except(&self, busy: &[String]) -> bool {
+        self.lock().rounds.sparse_except(busy)
+    }
+
+    /// Moves the turns of the sparse packs other than those of `busy` (up to `max - out.len()`
+    /// records) into `out`: the records a batch of `busy`'s was cut for, committed before its
+    /// rest. The next turns taken are the backlog's, as after `try_take_sparse`; a pack of the
+    /// batch keeps its turn, so its records stay in their order.
+    pub fn try_take_cut(
+        &self,
+        out: &mut Vec<(String, T, std::time::Duration)>,
+        max: usize,
+        busy: &[String],
+    ) {
+        let mut taken = Vec::new();
+        {
+            let mut inner = self.lock();
+            inner
+                .rounds
+                .take_sparse_except(&mut taken, max.saturating_sub(out.len()), busy);
+            if !taken.is_empty() {
+                inner.sparse_last = true;
+            }
+        }
+        out.extend(
+            taken
+                .into_iter()
+                .map(|(pack, q)| (pack, q.item, q.since.elapsed())),
+        );
+    }
+
     /// `try_take` (`sparse` false, always taken) or `try_take_sparse`; whether it took turns.
     fn take_turns(
         &self,
@@ -535,6 +585,44 @@ mod tests {
         }
         assert_eq!(per.len(), 10);
         assert!(per.values().all(|&n| n == 500), "{per:?}");
+    }
+
+    #[tokio::test]
+    async fn a_cut_takes_the_sparse_packs_outside_the_batch_and_leaves_the_batchs_own() {
+        let q = FairQueue::<u32>::new(1024, 8192);
+        for n in 0..40 {
+            q.push("flood", "a", n).await.expect("queued");
+        }
+        let mut batch = Vec::new();
+        q.try_take(&mut batch, 512);
+        assert_eq!(batch.len(), 40, "the flood, drained into a batch");
+        let busy = vec!["flood".to_string()];
+        // The flood's next record makes it sparse again; it is the batch's own pack, so
+        // nothing waits that a cut would serve.
+        q.push("flood", "a", 40).await.expect("queued");
+        assert!(!q.sparse_waiting_except(&busy));
+        q.push("quiet", "b", 100).await.expect("queued");
+        q.push("quiet", "b", 101).await.expect("queued");
+        q.push("calm", "c", 200).await.expect("queued");
+        assert!(q.sparse_waiting_except(&busy));
+        let mut cut = Vec::new();
+        q.try_take_cut(&mut cut, 64, &busy);
+        let got: Vec<(&str, u32)> = cut.iter().map(|(p, n, _)| (p.as_str(), *n)).collect();
+        assert_eq!(got, vec![("quiet", 100), ("calm", 200)], "one turn each");
+        assert!(
+            !q.sparse_waiting_except(&busy),
+            "quiet is backlogged now, not sparse"
+        );
+        // The turns after a cut are the backlog's: no sparse batch next.
+        let mut next = Vec::new();
+        assert!(!q.try_take_sparse(&mut next, 64));
+        q.try_take(&mut next, 64);
+        let got: Vec<(&str, u32)> = next.iter().map(|(p, n, _)| (p.as_str(), *n)).collect();
+        assert_eq!(
+            got,
+            vec![("flood", 40), ("quiet", 101)],
+            "the flood kept its turn"
+        );
     }
 
     #[tokio::test]

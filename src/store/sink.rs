@@ -11,7 +11,7 @@ use super::entity::records;
 use secrecy::ExposeSecret;
 
 use super::resume::{Reply, Resume};
-use super::sqlite_writer::SqliteWriter;
+use super::sqlite_writer::{SqliteWriter, CUT_EVERY};
 use super::{classify, DeliveryTables, Engine, Store};
 use crate::domain::decision_log::Note;
 use crate::domain::model::Record;
@@ -63,6 +63,14 @@ pub struct Written {
 pub struct Sink {
     queue: Arc<FairQueue<Job>>,
 }
+
+/// A caller waiting on a record taken from the queue: its pack, where its answer goes, and how
+/// long the record waited.
+type Caller = (
+    String,
+    oneshot::Sender<Reply<Result<Written>>>,
+    std::time::Duration,
+);
 
 /// The sink's answers on their way to their callers (see `resume`).
 type Answers = Arc<Resume<Result<Written>>>;
@@ -451,14 +459,17 @@ impl<'a> Writer<'a> {
 
     /// Writes a batch: on the writer's own SQLite connection, in this thread, under the
     /// store's write turn; else through its pool connection, made anew after a failure.
+    /// `cut` may end a batch early on SQLite (see `SqliteWriter::write`); the answer then
+    /// holds the records committed, the first of `records`.
     async fn insert(
         &mut self,
         records: &mut [Record],
         notes: &[Option<Note>],
+        cut: Option<&mut dyn FnMut() -> bool>,
     ) -> Result<Vec<Stored>> {
         if let Some(w) = &mut self.sqlite {
             let _turn = self.parent.write_turn.clone().lock_owned().await;
-            return w.write(records, notes);
+            return w.write(records, notes, cut);
         }
         let (parent, conn) = (self.parent, &mut self.conn);
         if conn.is_none() {
@@ -482,11 +493,54 @@ impl<'a> Writer<'a> {
     }
 
     /// Writes records taken from `queue` in one transaction and answers each of their callers.
+    ///
+    /// On SQLite, a backlog's batch (more than CUT_EVERY records) is cut once when a record of
+    /// another pack comes sparse while it is written: the rows inserted so far commit, the
+    /// sparse packs' records commit next in a transaction of their own, and then the rest. A
+    /// quiet pack's record so waits for at most CUT_EVERY of a flood's rows and two short
+    /// commits, not for the whole batch; the flood pays two commits more per batch, at most.
+    /// PostgreSQL has the express writer for this instead.
     async fn commit_one(&mut self, batch: Vec<Taken<Job>>, queue: &FairQueue<Job>) {
-        if batch.is_empty() {
-            return;
+        let (mut records, notes, mut answers) = self.taken(batch, queue);
+        let may_cut = self.sqlite.is_some() && records.len() > CUT_EVERY;
+        let mut busy: Vec<String> = Vec::new();
+        if may_cut {
+            for r in &records {
+                if !busy.contains(&r.pack_id) {
+                    busy.push(r.pack_id.clone());
+                }
+            }
         }
-        let metrics = self.metrics.clone();
+        let mut cut_once = may_cut;
+        let mut from = 0;
+        while from < records.len() {
+            let mut asked = || queue.sparse_waiting_except(&busy);
+            let cut: Option<&mut dyn FnMut() -> bool> =
+                if cut_once { Some(&mut asked) } else { None };
+            from += self
+                .write_answered(&mut records[from..], &notes[from..], &mut answers, cut)
+                .await;
+            if from < records.len() {
+                cut_once = false;
+                let mut cut_for = Vec::new();
+                queue.try_take_cut(&mut cut_for, SHARED_BATCH, &busy);
+                if !cut_for.is_empty() {
+                    let (mut records, notes, mut answers) = self.taken(cut_for, queue);
+                    self.write_answered(&mut records, &notes, &mut answers, None)
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// The records of `batch`, their notes and their callers, with the time each waited and
+    /// the depth of their packs' queues reported.
+    fn taken(
+        &self,
+        batch: Vec<Taken<Job>>,
+        queue: &FairQueue<Job>,
+    ) -> (Vec<Record>, Vec<Option<Note>>, Vec<Caller>) {
+        let metrics = &self.metrics;
         let mut records = Vec::with_capacity(batch.len());
         let mut notes = Vec::with_capacity(batch.len());
         let mut answers = Vec::with_capacity(batch.len());
@@ -501,9 +555,25 @@ impl<'a> Writer<'a> {
         for pack in packs {
             metrics.queue_depth(pack, queue.queued(pack));
         }
+        (records, notes, answers)
+    }
+
+    /// Writes `records` in one transaction (the first of them only, when `cut` ends it early)
+    /// and answers their callers, the first of `callers`; how many were answered.
+    async fn write_answered(
+        &mut self,
+        records: &mut [Record],
+        notes: &[Option<Note>],
+        callers: &mut Vec<Caller>,
+        cut: Option<&mut dyn FnMut() -> bool>,
+    ) -> usize {
+        if records.is_empty() {
+            return 0;
+        }
+        let metrics = self.metrics.clone();
         let started = std::time::Instant::now();
         let batch_timeout = self.batch_timeout;
-        let result = tokio::time::timeout(batch_timeout, self.insert(&mut records, &notes))
+        let result = tokio::time::timeout(batch_timeout, self.insert(records, notes, cut))
             .await
             .unwrap_or_else(|_| {
                 Err(Error::Unavailable(
@@ -517,20 +587,22 @@ impl<'a> Writer<'a> {
                 tokio::spawn(stuck.0.close());
             }
         }
+        // A failed write committed none of them: every caller is told.
+        let n = result.as_ref().map_or(records.len(), Vec::len);
         let took = started.elapsed();
-        metrics.batch(records.len(), took, result.is_ok());
+        metrics.batch(n, took, result.is_ok());
         tracing::debug!(
-            records = records.len(),
+            records = n,
             micros = took.as_micros() as u64,
             ok = result.is_ok(),
             "batch written"
         );
         let answered = std::time::Instant::now();
+        let callers = callers.drain(..n.min(callers.len()));
         let told = match result {
             Ok(stored) => {
                 self.parent.commits().local.notify_one();
-                answers
-                    .into_iter()
+                callers
                     .zip(stored)
                     .map(|((pack, to, waited), stored)| {
                         let written = Written {
@@ -543,9 +615,8 @@ impl<'a> Writer<'a> {
                     .collect()
             }
             Err(e) => {
-                tracing::warn!(error = %e, records = records.len(), "batch not committed; every caller in it is told");
-                answers
-                    .into_iter()
+                tracing::warn!(error = %e, records = n, "batch not committed; every caller in it is told");
+                callers
                     .map(|(pack, to, _)| {
                         let told = match &e {
                             Error::Unavailable(m) => Error::Unavailable(m.clone()),
@@ -559,6 +630,7 @@ impl<'a> Writer<'a> {
             }
         };
         self.answers.answer(told);
+        n
     }
 
     async fn close(self) {
@@ -1247,6 +1319,189 @@ mod tests {
         assert_eq!(taken.ok(), Some(true));
         assert_eq!(batch.len(), 3);
         end.await.expect("end");
+    }
+
+    /// A SQLite store in a file, with its schema, and the file's path.
+    async fn sqlite_file() -> (tempfile::TempDir, Store, std::path::PathBuf) {
+        let dir = tempfile::tempdir().expect("a directory");
+        let path = dir.path().join("sink.db");
+        let url = format!("sqlite://{}?mode=rwc", path.display());
+        let config = crate::config::Config::for_database(url);
+        let store = Store::connect(&config.database).await.expect("a store");
+        store.migrate_up().await.expect("the schema");
+        (dir, store, path)
+    }
+
+    /// A record of `pack`, `n` in its payload.
+    fn rec(pack: &str, n: usize) -> Record {
+        Record {
+            record_id: String::new(),
+            principal: "u".into(),
+            binding_id: "b".into(),
+            land: "inbox".into(),
+            pack_id: pack.into(),
+            r#ref: "r".into(),
+            payload: serde_json::json!({ "n": n })
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            route: Route::Inbox,
+            project: None,
+            trigger_id: None,
+            received_time: 0,
+            position: Default::default(),
+        }
+    }
+
+    /// The records of the file in commit order (`seq`): pack, `n`, seq.
+    fn committed(path: &std::path::Path) -> Vec<(String, i64, i64)> {
+        let c = rusqlite::Connection::open(path).expect("open");
+        let mut s = c
+            .prepare("SELECT pack_id, json_extract(payload, '$.n'), seq FROM records ORDER BY seq")
+            .expect("prepare");
+        let rows = s
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .expect("query");
+        rows.map(|r| r.expect("row")).collect()
+    }
+
+    fn next_seq(path: &std::path::Path) -> i64 {
+        rusqlite::Connection::open(path)
+            .expect("open")
+            .query_row(
+                "SELECT next FROM record_sequence WHERE name = 'records'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("the sequence")
+    }
+
+    #[tokio::test]
+    async fn a_sqlite_batch_cut_commits_the_rows_before_it_and_gives_back_the_rest_numbers() {
+        let (_dir, store, path) = sqlite_file().await;
+        let mut w = SqliteWriter::open(store.config.url.expose_secret())
+            .expect("open")
+            .expect("a file");
+        let start = next_seq(&path);
+        // At the boundary: CUT_EVERY rows are one statement, never cut.
+        let mut rs: Vec<Record> = (0..CUT_EVERY).map(|n| rec("flood", n)).collect();
+        let notes = vec![None; rs.len()];
+        let mut always = || true;
+        let stored = w
+            .write(&mut rs, &notes, Some(&mut always))
+            .expect("written");
+        assert_eq!(stored.len(), CUT_EVERY);
+        // One more is cut after the first CUT_EVERY: those commit, the last is left.
+        let mut rs: Vec<Record> = (0..=CUT_EVERY).map(|n| rec("more", n)).collect();
+        let notes = vec![None; rs.len()];
+        let stored = w
+            .write(&mut rs, &notes, Some(&mut always))
+            .expect("written");
+        assert_eq!(stored.len(), CUT_EVERY);
+        for (s, r) in stored.iter().zip(&rs) {
+            assert_eq!(
+                s,
+                &Stored::Inserted {
+                    record_id: r.record_id.clone()
+                }
+            );
+        }
+        // A cut never asked for is not made.
+        let mut never = || false;
+        let mut rs: Vec<Record> = (0..3 * CUT_EVERY).map(|n| rec("whole", n)).collect();
+        let notes = vec![None; rs.len()];
+        let stored = w.write(&mut rs, &notes, Some(&mut never)).expect("written");
+        assert_eq!(stored.len(), 3 * CUT_EVERY);
+        let rows = committed(&path);
+        assert_eq!(rows.len(), 5 * CUT_EVERY);
+        let seqs: Vec<i64> = rows.iter().map(|(_, _, s)| *s).collect();
+        let want: Vec<i64> = (start..start + 5 * CUT_EVERY as i64).collect();
+        assert_eq!(seqs, want, "no number lost to the row left out");
+        assert_eq!(next_seq(&path), start + 5 * CUT_EVERY as i64);
+        assert!(!rows
+            .iter()
+            .any(|(p, n, _)| p == "more" && *n == CUT_EVERY as i64));
+    }
+
+    #[tokio::test]
+    async fn on_sqlite_a_quiet_packs_record_cuts_a_floods_batch_and_commits_between_its_parts() {
+        let (_dir, store, path) = sqlite_file().await;
+        let queue = FairQueue::<Job>::new(LANE_BOUND, TOTAL_BOUND);
+        /// Queues a record of `pack` (`n` in its payload); where its answer comes.
+        async fn queued(
+            queue: &FairQueue<Job>,
+            pack: &str,
+            n: usize,
+        ) -> oneshot::Receiver<Reply<Result<Written>>> {
+            let (done, answer) = oneshot::channel();
+            let job = Job {
+                record: rec(pack, n),
+                note: None,
+                done,
+            };
+            queue.push(pack, "u", job).await.expect("queued");
+            answer
+        }
+        let push = |pack: &'static str, n: usize| queued(&queue, pack, n);
+        let mut writer = Writer::open(
+            &store,
+            Arc::new(Metrics::new(16)),
+            Resume::new(super::super::resume::WINDOW),
+            Duration::from_secs(5),
+        )
+        .await;
+        let mut answers = Vec::new();
+        // The flood's own next record, queued while its batch is written, cuts nothing.
+        for n in 0..100 {
+            answers.push(push("flood", n).await);
+        }
+        let mut batch = Vec::new();
+        queue.try_take(&mut batch, MAX_BATCH);
+        answers.push(push("flood", 100).await);
+        writer.commit(batch, &queue).await;
+        let rows = committed(&path);
+        assert_eq!(
+            rows.len(),
+            100,
+            "the batch whole, its pack's next record left queued"
+        );
+        assert_eq!(queue.queued("flood"), 1);
+        let mut batch = Vec::new();
+        queue.try_take(&mut batch, MAX_BATCH);
+        writer.commit(batch, &queue).await;
+        // A quiet pack's record comes while the next batch is written: the batch is cut after
+        // its first CUT_EVERY rows and the quiet record commits before the rest.
+        for n in 101..201 {
+            answers.push(push("flood", n).await);
+        }
+        let mut batch = Vec::new();
+        queue.try_take(&mut batch, MAX_BATCH);
+        answers.push(push("quiet", 0).await);
+        writer.commit(batch, &queue).await;
+        for a in answers {
+            let (written, ticket) = tokio::time::timeout(Duration::from_secs(5), a)
+                .await
+                .expect("answered")
+                .expect("an answer");
+            drop(ticket);
+            assert!(matches!(
+                written,
+                Ok(Written {
+                    stored: Stored::Inserted { .. },
+                    ..
+                })
+            ));
+        }
+        let rows = committed(&path);
+        let order: Vec<(&str, i64)> = rows.iter().map(|(p, n, _)| (p.as_str(), *n)).collect();
+        let mut want: Vec<(&str, i64)> = (0..=100).map(|n| ("flood", n)).collect();
+        want.extend((101..101 + CUT_EVERY as i64).map(|n| ("flood", n)));
+        want.push(("quiet", 0));
+        want.extend((101 + CUT_EVERY as i64..201).map(|n| ("flood", n)));
+        assert_eq!(order, want);
+        let seqs: Vec<i64> = rows.iter().map(|(_, _, s)| *s).collect();
+        assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+        writer.close().await;
     }
 
     #[tokio::test]

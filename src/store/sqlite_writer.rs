@@ -21,6 +21,11 @@ use crate::error::{Error, Result};
 /// How long a write waits for another process's lock on the file (the pool's is the same).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Rows a batch that may be cut inserts per statement (see `SqliteWriter::write`): about a
+/// millisecond of inserts on this kind of machine, the longest a quiet pack's record waits
+/// for a flood's batch to be cut.
+pub const CUT_EVERY: usize = 32;
+
 /// Prepared statements kept: the inserts of each power-of-two size, records' and the decision
 /// log's, the sequence and the look-ups.
 const STATEMENTS: usize = 64;
@@ -80,7 +85,16 @@ impl SqliteWriter {
     /// records' sequence numbers, the rows (a trigger id already stored, or earlier in the
     /// batch, is skipped and answered with its first record), and each inserted record's
     /// decision log entry when its note is given. The caller holds the store's write turn.
-    pub fn write(&mut self, rs: &mut [Record], notes: &[Option<Note>]) -> Result<Vec<Stored>> {
+    ///
+    /// With `cut`, the rows go in CUT_EVERY at a time and `cut` is asked after each: when it
+    /// answers true, the rows inserted so far are committed alone and the rest is left to the
+    /// caller. Answers what became of the records committed, the first of `rs` in order.
+    pub fn write(
+        &mut self,
+        rs: &mut [Record],
+        notes: &[Option<Note>],
+        mut cut: Option<&mut dyn FnMut() -> bool>,
+    ) -> Result<Vec<Stored>> {
         if rs.is_empty() {
             return Ok(Vec::new());
         }
@@ -100,21 +114,35 @@ impl SqliteWriter {
             .map_err(unavailable)?;
         let mut seq = next - n;
         let inserts = sink::sqlite_inserts();
+        let most = if cut.is_some() { CUT_EVERY } else { rs.len() };
         let mut inserted = 0usize;
-        let mut rest: &[Record] = rs;
-        while !rest.is_empty() {
-            let (chunk, tail) = rest.split_at(inserts.chunk(rest.len()));
-            rest = tail;
+        let mut done = 0usize;
+        while done < rs.len() {
+            let size = inserts.chunk((rs.len() - done).min(most));
+            let chunk = &rs[done..done + size];
             let values = sink::sqlite_values(chunk, &mut seq);
-            inserted += execute(&txn, inserts.statement(chunk.len()), values)?;
+            inserted += execute(&txn, inserts.statement(size), values)?;
+            done += size;
+            if done < rs.len() && cut.as_mut().is_some_and(|cut| cut()) {
+                break;
+            }
         }
+        if done < rs.len() {
+            // The numbers of the rows left out go back: the next batch's follow these.
+            txn.prepare_cached(
+                "UPDATE record_sequence SET next = next - ?1 WHERE name = 'records'",
+            )
+            .and_then(|mut s| s.execute([rs.len() as i64 - done as i64]))
+            .map_err(unavailable)?;
+        }
+        let rs = &rs[..done];
         let firsts = if inserted == rs.len() {
             None
         } else {
             Some(firsts(&txn, rs)?)
         };
         let stored = sink::stored_as(rs, firsts.as_deref())?;
-        let entries = sink::logged(rs, notes, &stored);
+        let entries = sink::logged(rs, &notes[..done], &stored);
         insert_entries(&txn, &entries)?;
         txn.commit().map_err(unavailable)?;
         Ok(stored)
