@@ -1442,7 +1442,6 @@ mod tests {
             queue.push(pack, "u", job).await.expect("queued");
             answer
         }
-        let push = |pack: &'static str, n: usize| queued(&queue, pack, n);
         let mut writer = Writer::open(
             &store,
             Arc::new(Metrics::new(16)),
@@ -1451,14 +1450,24 @@ mod tests {
         )
         .await;
         let mut answers = Vec::new();
-        // The flood's own next record, queued while its batch is written, cuts nothing.
-        for n in 0..100 {
-            answers.push(push("flood", n).await);
+        /// The flood's records `ns` taken as one batch, then `late` queued as it is written.
+        async fn flood_and_late(
+            queue: &FairQueue<Job>,
+            writer: &mut Writer<'_>,
+            answers: &mut Vec<oneshot::Receiver<Reply<Result<Written>>>>,
+            ns: std::ops::Range<usize>,
+            (pack, n): (&str, usize),
+        ) {
+            for n in ns {
+                answers.push(queued(queue, "flood", n).await);
+            }
+            let mut batch = Vec::new();
+            queue.try_take(&mut batch, MAX_BATCH);
+            answers.push(queued(queue, pack, n).await);
+            writer.commit(batch, queue).await;
         }
-        let mut batch = Vec::new();
-        queue.try_take(&mut batch, MAX_BATCH);
-        answers.push(push("flood", 100).await);
-        writer.commit(batch, &queue).await;
+        // The flood's own next record, queued while its batch is written, cuts nothing.
+        flood_and_late(&queue, &mut writer, &mut answers, 0..100, ("flood", 100)).await;
         let rows = committed(&path);
         assert_eq!(
             rows.len(),
@@ -1471,13 +1480,7 @@ mod tests {
         writer.commit(batch, &queue).await;
         // A quiet pack's record comes while the next batch is written: the batch is cut after
         // its first CUT_EVERY rows and the quiet record commits before the rest.
-        for n in 101..201 {
-            answers.push(push("flood", n).await);
-        }
-        let mut batch = Vec::new();
-        queue.try_take(&mut batch, MAX_BATCH);
-        answers.push(push("quiet", 0).await);
-        writer.commit(batch, &queue).await;
+        flood_and_late(&queue, &mut writer, &mut answers, 101..201, ("quiet", 0)).await;
         for a in answers {
             let (written, ticket) = tokio::time::timeout(Duration::from_secs(5), a)
                 .await
