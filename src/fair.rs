@@ -199,6 +199,16 @@ impl<T> std::fmt::Debug for FairQueue<T> {
     }
 }
 
+/// Records taken from the rounds, into `out` with the time each waited since its caller came;
+/// their places go to the callers waiting as the permits drop, outside the lock.
+fn handed<T>(out: &mut Vec<(String, T, std::time::Duration)>, taken: Vec<(String, Queued<T>)>) {
+    out.extend(
+        taken
+            .into_iter()
+            .map(|(pack, q)| (pack, q.item, q.since.elapsed())),
+    );
+}
+
 /// The queue was closed: the sink is shutting down.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Closed;
@@ -329,11 +339,7 @@ impl<T> FairQueue<T> {
                 .rounds
                 .take_sparse(&mut taken, max.saturating_sub(out.len()));
         }
-        out.extend(
-            taken
-                .into_iter()
-                .map(|(pack, q)| (pack, q.item, q.since.elapsed())),
-        );
+        handed(out, taken);
         true
     }
 
@@ -383,11 +389,7 @@ impl<T> FairQueue<T> {
                 inner.sparse_last = true;
             }
         }
-        out.extend(
-            taken
-                .into_iter()
-                .map(|(pack, q)| (pack, q.item, q.since.elapsed())),
-        );
+        handed(out, taken);
     }
 
     /// `try_take` (`sparse` false, always taken) or `try_take_sparse`; whether it took turns.
@@ -419,11 +421,7 @@ impl<T> FairQueue<T> {
             *self.mixed_at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         }
         // The permits are released here, outside the lock.
-        out.extend(
-            taken
-                .into_iter()
-                .map(|(pack, q)| (pack, q.item, q.since.elapsed())),
-        );
+        handed(out, taken);
         true
     }
 

@@ -98,9 +98,6 @@ impl SqliteWriter {
         if rs.is_empty() {
             return Ok(Vec::new());
         }
-        for r in rs.iter_mut() {
-            super::stamp(r);
-        }
         let txn = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -119,6 +116,10 @@ impl SqliteWriter {
         let mut done = 0usize;
         while done < rs.len() {
             let size = inserts.chunk((rs.len() - done).min(most));
+            // Stamped as they are inserted: rows a cut leaves out are stamped by their own write.
+            for r in &mut rs[done..done + size] {
+                super::stamp(r);
+            }
             let chunk = &rs[done..done + size];
             let values = sink::sqlite_values(chunk, &mut seq);
             inserted += execute(&txn, inserts.statement(size), values)?;
