@@ -934,6 +934,7 @@ fn service_limits(config: &Config) -> Limits {
         // A batch past the call's own deadline can no longer answer anyone.
         batch_timeout: config.request_timeout,
         sink_writers: config.sink_writers,
+        sink_commit_delay: config.sink_commit_delay,
         checks: crate::service::checks::CheckLimits {
             threads: config.check_threads,
             queue: config.check_queue,

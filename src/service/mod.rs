@@ -58,6 +58,9 @@ pub struct Limits {
     /// Sink writers committing batches concurrently, each on a connection of its own
     /// (PostgreSQL; SQLite has one writer).
     pub sink_writers: usize,
+    /// How long a lone sink writer waits for more records before it commits (group commit at
+    /// a steady rate; see `sink::Pace`); zero: at once.
+    pub sink_commit_delay: std::time::Duration,
     /// Bounds on WatchRecords streams.
     pub watch: WatchLimits,
     /// The pool that runs payload checks and lint off the runtime's workers.
@@ -79,6 +82,7 @@ impl Default for Limits {
             max_json_depth: 32,
             batch_timeout: std::time::Duration::from_secs(30),
             sink_writers: crate::config::DEFAULT_SINK_WRITERS,
+            sink_commit_delay: std::time::Duration::ZERO,
             watch: WatchLimits::default(),
             checks: checks::CheckLimits::default(),
             decision_log: true,
@@ -184,7 +188,7 @@ impl Hub {
             store.delivery_tables(),
             metrics.clone(),
             limits.batch_timeout,
-            limits.sink_writers,
+            (limits.sink_writers, limits.sink_commit_delay),
             &life,
         );
         // Always: the ingress ledger expires whatever the records' retention.

@@ -162,12 +162,13 @@ impl Sink {
         store: DeliveryTables,
         metrics: Arc<Metrics>,
         batch_timeout: std::time::Duration,
-        writers: usize,
+        (writers, commit_delay): (usize, std::time::Duration),
         life: &Lifecycle,
     ) -> Sink {
         let queue = Arc::new(FairQueue::<Job>::new(LANE_BOUND, TOTAL_BOUND));
-        // Writers take batches in turn, so one waits on the queue at a time.
-        let turn = Arc::new(Mutex::new(()));
+        // Writers take batches in turn, so one waits on the queue at a time; the turn holds
+        // the pace they share (the rate counts every writer's records).
+        let turn = Arc::new(Mutex::new(Pace::new(commit_delay)));
         let committing = Arc::new(Committing::default());
         let answers: Answers = Resume::new(super::resume::WINDOW);
         let (writers, shared_batch) = match store.engine() {
@@ -285,6 +286,7 @@ async fn take_batch<T>(
     committing: &Committing,
     shared_batch: usize,
     batch: &mut Vec<Taken<T>>,
+    pace: &mut Pace,
 ) -> bool {
     if !queue.queued_any().await {
         return false;
@@ -306,9 +308,13 @@ async fn take_batch<T>(
     } else {
         MAX_BATCH
     };
+    let engage = ENGAGE.min(max);
+    if !committing.busy() && batch.len() < engage && pace.lingers() {
+        linger(queue, batch, (engage, max), pace.delay).await;
+    }
     loop {
         queue.try_take(batch, max);
-        if batch.len() >= ENGAGE.min(max) {
+        if batch.len() >= engage {
             return true;
         }
         let ended = committing.done.notified();
@@ -323,6 +329,68 @@ async fn take_batch<T>(
                 return true;
             },
             () = &mut ended => return true,
+        }
+    }
+}
+
+/// Group commit at a steady rate (`--sink-commit-delay-ms`): how long a lone writer holding
+/// fewer than ENGAGE records waits for more before it commits, and the rate records came at
+/// lately. At 1,000 records a second every record is otherwise a commit of its own: a sync of
+/// the log and a wake-up of every thread it passes, which costs more CPU than the record's
+/// whole call (docs/performance.md). Waiting turns several records into one commit, and each
+/// record is answered up to the delay later. The writer waits only while records come often
+/// enough that at least half of one is due within the delay: at a low rate a wait would gather
+/// nothing and only add to the answer's time.
+pub(crate) struct Pace {
+    delay: std::time::Duration,
+    since: std::time::Instant,
+    taken: usize,
+    rate: f64,
+}
+
+/// The span over which the rate is counted.
+const PACE_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl Pace {
+    pub(crate) fn new(delay: std::time::Duration) -> Pace {
+        Pace {
+            delay,
+            since: std::time::Instant::now(),
+            taken: 0,
+            rate: 0.0,
+        }
+    }
+
+    /// `n` records taken at `now`; the rate is read again once a window has passed.
+    fn took(&mut self, n: usize, now: std::time::Instant) {
+        self.taken += n;
+        let elapsed = now.saturating_duration_since(self.since);
+        if elapsed >= PACE_WINDOW {
+            self.rate = self.taken as f64 / elapsed.as_secs_f64();
+            self.taken = 0;
+            self.since = now;
+        }
+    }
+
+    /// Whether a wait of the delay is likely to gather another record.
+    fn lingers(&self) -> bool {
+        !self.delay.is_zero() && self.rate * self.delay.as_secs_f64() >= 0.5
+    }
+}
+
+/// Waits up to `delay` for records to join `batch`, until it holds `engage` (then it is worth a
+/// commit of its own) or the queue closes.
+async fn linger<T>(
+    queue: &FairQueue<T>,
+    batch: &mut Vec<Taken<T>>,
+    (engage, max): (usize, usize),
+    delay: std::time::Duration,
+) {
+    let until = tokio::time::Instant::now() + delay;
+    while batch.len() < engage {
+        match tokio::time::timeout_at(until, queue.take(batch, max)).await {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return,
         }
     }
 }
@@ -377,16 +445,17 @@ fn light_first<T>(batch: Vec<Taken<T>>) -> (Vec<Taken<T>>, Vec<Taken<T>>) {
 /// hold every later record until the kernel gives up on it.
 async fn write_batches(
     mut writer: Writer<'_>,
-    (queue, turn): (&FairQueue<Job>, &Mutex<()>),
+    (queue, turn): (&FairQueue<Job>, &Mutex<Pace>),
     (committing, shared_batch): (&Committing, usize),
 ) {
     loop {
         let mut batch = Vec::new();
         {
-            let _turn = turn.lock().await;
-            if !take_batch(queue, committing, shared_batch, &mut batch).await {
+            let mut pace = turn.lock().await;
+            if !take_batch(queue, committing, shared_batch, &mut batch, &mut pace).await {
                 break;
             }
+            pace.took(batch.len(), std::time::Instant::now());
             // Counted before the next writer may look at the queue.
             committing
                 .batches
@@ -1148,6 +1217,136 @@ mod tests {
         batch.iter().map(|(_, n, _)| *n).collect()
     }
 
+    fn off() -> Pace {
+        Pace::new(Duration::ZERO)
+    }
+
+    /// A pace of `delay` that has counted `rate` records a second over a window.
+    fn paced(delay: Duration, rate: usize) -> Pace {
+        let mut pace = Pace::new(delay);
+        let since = pace.since;
+        pace.took(rate / 10, since + PACE_WINDOW);
+        pace
+    }
+
+    #[test]
+    fn a_writer_lingers_from_half_a_record_due_within_the_delay() {
+        let delay = Duration::from_millis(10);
+        // 50 a second: 0.5 of a record in 10 ms.
+        assert!(paced(delay, 50).lingers());
+        assert!(!paced(delay, 40).lingers());
+        assert!(!paced(Duration::ZERO, 1_000_000).lingers(), "0: never");
+        assert!(!Pace::new(delay).lingers(), "no rate counted yet");
+        // A window with nothing taken reads the rate as zero again.
+        let mut pace = paced(delay, 1_000);
+        let since = pace.since;
+        pace.took(0, since + 10 * PACE_WINDOW);
+        assert!(!pace.lingers());
+    }
+
+    #[tokio::test]
+    async fn at_a_steady_rate_a_lone_writer_waits_the_commit_delay_and_commits_what_came() {
+        let delay = Duration::from_millis(200);
+        let committing = Committing::default();
+        let (tx, rx) = sent(1).await;
+        let late = tokio::spawn(async move {
+            for n in 1..4 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                tx.push("p", "a", n).await.expect("send");
+            }
+        });
+        let started = std::time::Instant::now();
+        let mut batch = Vec::new();
+        assert!(
+            take_batch(
+                &rx,
+                &committing,
+                MAX_BATCH,
+                &mut batch,
+                &mut paced(delay, 1_000)
+            )
+            .await
+        );
+        let took = started.elapsed();
+        late.await.expect("late");
+        assert_eq!(items(&batch), vec![0, 1, 2, 3], "one commit for the four");
+        assert!(took >= delay, "waited the delay: {took:?}");
+        assert!(took < delay * 5, "and not much more: {took:?}");
+        // Without a delay the same rate commits the first record alone, at once.
+        let (tx, rx) = sent(1).await;
+        let mut batch = Vec::new();
+        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch, &mut off()).await);
+        assert_eq!(items(&batch), vec![0]);
+        drop(tx);
+    }
+
+    #[tokio::test]
+    async fn a_lingering_writer_commits_once_it_holds_engage_records() {
+        let committing = Committing::default();
+        let (tx, rx) = sent(ENGAGE - 1).await;
+        let last = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            tx.push("p", "a", ENGAGE - 1).await.expect("send");
+        });
+        let mut pace = paced(Duration::from_secs(30), 1_000);
+        let mut batch = Vec::new();
+        let taken = tokio::time::timeout(
+            Duration::from_secs(5),
+            take_batch(&rx, &committing, MAX_BATCH, &mut batch, &mut pace),
+        )
+        .await;
+        assert_eq!(taken.ok(), Some(true), "ENGAGE records end the wait");
+        assert_eq!(batch.len(), ENGAGE);
+        last.await.expect("last");
+    }
+
+    #[tokio::test]
+    async fn a_slow_rate_or_another_commit_under_way_is_not_lingered_for() {
+        let delay = Duration::from_secs(30);
+        let committing = Committing::default();
+        let (_tx, rx) = sent(2).await;
+        let mut batch = Vec::new();
+        let taken = tokio::time::timeout(
+            Duration::from_secs(5),
+            take_batch(
+                &rx,
+                &committing,
+                MAX_BATCH,
+                &mut batch,
+                &mut paced(delay, 0),
+            ),
+        )
+        .await;
+        assert_eq!(taken.ok(), Some(true));
+        assert_eq!(batch.len(), 2);
+        // Beside another writer's commit the ENGAGE rule applies, not the delay: it goes when
+        // that commit ends.
+        let committing = Arc::new(Committing::default());
+        committing.batches.store(1, SeqCst);
+        let (_tx, rx) = sent(2).await;
+        let other = committing.clone();
+        let end = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            other.batches.fetch_sub(1, SeqCst);
+            other.done.notify_waiters();
+        });
+        let mut batch = Vec::new();
+        let taken = tokio::time::timeout(
+            Duration::from_secs(5),
+            take_batch(
+                &rx,
+                &committing,
+                MAX_BATCH,
+                &mut batch,
+                &mut paced(delay, 1_000),
+            ),
+        )
+        .await;
+        assert_eq!(taken.ok(), Some(true));
+        assert_eq!(batch.len(), 2);
+        end.await.expect("end");
+    }
+
     #[test]
     fn the_light_packs_of_a_backlogs_batch_are_committed_first_and_each_pack_goes_one_way() {
         // A flood's HEAVY records, one quiet pack's record among them, two of another's.
@@ -1191,11 +1390,11 @@ mod tests {
         let committing = Committing::default();
         let (_tx, rx) = sent(1).await;
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
+        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch, &mut off()).await);
         assert_eq!(batch.len(), 1);
         let (_tx, rx) = sent(MAX_BATCH + 1).await;
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
+        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch, &mut off()).await);
         assert_eq!(batch.len(), MAX_BATCH);
     }
 
@@ -1205,7 +1404,7 @@ mod tests {
         let (_tx, rx) = sent(MAX_BATCH).await;
         rx.push("quiet", "b", 0).await.expect("send");
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
+        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch, &mut off()).await);
         assert_eq!(batch.len(), SHARED_BATCH, "two packs queued: a short batch");
         assert!(
             batch.iter().any(|(pack, _, _)| pack == "quiet"),
@@ -1213,7 +1412,7 @@ mod tests {
         );
         // Only the flood is left, but it shared the writer a moment ago: still short.
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
+        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch, &mut off()).await);
         assert_eq!(batch.len(), SHARED_BATCH);
     }
 
@@ -1222,7 +1421,7 @@ mod tests {
         let committing = Committing::default();
         let (_tx, rx) = sent(2 * MAX_BATCH).await;
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch).await);
+        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch, &mut off()).await);
         assert_eq!(batch.len(), MAX_BATCH, "one pack alone: the whole batch");
         // The flood is a backlog now; two quiet packs' records arrive while another writer's
         // batch commits: they go at once, alone, without waiting for ENGAGE records.
@@ -1233,7 +1432,7 @@ mod tests {
         let mut batch = Vec::new();
         let taken = tokio::time::timeout(
             Duration::from_millis(100),
-            take_batch(&rx, &committing, MAX_BATCH, &mut batch),
+            take_batch(&rx, &committing, MAX_BATCH, &mut batch, &mut off()),
         )
         .await;
         assert_eq!(taken.ok(), Some(true));
@@ -1246,7 +1445,7 @@ mod tests {
         // Their next records wait their turn with the backlog's.
         committing.batches.store(0, SeqCst);
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch).await);
+        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch, &mut off()).await);
         assert_eq!(batch.len(), MAX_BATCH);
         let firsts: Vec<(&str, usize)> = batch
             .iter()
@@ -1264,14 +1463,14 @@ mod tests {
         let committing = Committing::default();
         let (tx, rx) = sent(2).await;
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch).await);
+        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch, &mut off()).await);
         assert_eq!(batch.len(), 2);
         // Sparse again, but with no backlog beside it: an ordinary batch of all it holds.
         for n in 0..5 {
             tx.push("p", "a", n).await.expect("send");
         }
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch).await);
+        assert!(take_batch(&rx, &committing, MAX_BATCH, &mut batch, &mut off()).await);
         assert_eq!(batch.len(), 5);
     }
 
@@ -1283,7 +1482,7 @@ mod tests {
         let mut batch = Vec::new();
         let taken = tokio::time::timeout(
             Duration::from_millis(100),
-            take_batch(&rx, &committing, SHARED_BATCH, &mut batch),
+            take_batch(&rx, &committing, SHARED_BATCH, &mut batch, &mut off()),
         )
         .await;
         assert!(taken.is_err(), "{} records do not engage", ENGAGE - 1);
@@ -1292,7 +1491,7 @@ mod tests {
         tx.push("p", "a", ENGAGE).await.expect("send");
         let taken = tokio::time::timeout(
             Duration::from_millis(100),
-            take_batch(&rx, &committing, SHARED_BATCH, &mut batch),
+            take_batch(&rx, &committing, SHARED_BATCH, &mut batch, &mut off()),
         )
         .await;
         assert_eq!(taken.ok(), Some(true));
@@ -1313,7 +1512,7 @@ mod tests {
         let mut batch = Vec::new();
         let taken = tokio::time::timeout(
             Duration::from_secs(5),
-            take_batch(&rx, &committing, SHARED_BATCH, &mut batch),
+            take_batch(&rx, &committing, SHARED_BATCH, &mut batch, &mut off()),
         )
         .await;
         assert_eq!(taken.ok(), Some(true));
@@ -1513,10 +1712,10 @@ mod tests {
         let (tx, rx) = sent(2).await;
         tx.close();
         let mut batch = Vec::new();
-        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
+        assert!(take_batch(&rx, &committing, SHARED_BATCH, &mut batch, &mut off()).await);
         assert_eq!(batch.len(), 2);
         let mut batch = Vec::new();
-        assert!(!take_batch(&rx, &committing, SHARED_BATCH, &mut batch).await);
+        assert!(!take_batch(&rx, &committing, SHARED_BATCH, &mut batch, &mut off()).await);
         assert!(batch.is_empty());
     }
 }

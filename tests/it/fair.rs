@@ -1,7 +1,7 @@
 //! The sink's fair queue seen from outside: a flooding pack and a quiet one, each trigger recorded once, each pack's wait measured and traced apart.
 use hcp_sense::grpc::pb::{self, Disposition};
 
-use crate::helpers::{example, spawn_app, StoreKind, TestApp};
+use crate::helpers::{example, spawn_app, spawn_app_with, StoreKind, TestApp};
 use crate::support::trigger::trigger;
 
 /// Registers `weather` under another id, grants alice and turns Sense on for it.
@@ -92,3 +92,57 @@ async fn a_flood_and_a_quiet_pack_are_recorded_once_with_waits_per_pack(kind: St
     }
 }
 on_both_stores!(a_flood_and_a_quiet_pack_are_recorded_once_with_waits_per_pack => a_flood_and_a_quiet_pack_are_recorded_once_with_waits_per_pack);
+
+/// The sink's batches so far: how many, and the records in them.
+fn batches(app: &TestApp) -> (u64, u64) {
+    let metrics = crate::helpers::http_get(&format!("http://{}/metrics", app.metrics_addr));
+    let read = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} in:\n{metrics}")) as u64
+    };
+    (
+        read("hcp_sense_sink_batch_records_count "),
+        read("hcp_sense_sink_batch_records_sum "),
+    )
+}
+
+/// `--sink-commit-delay-ms 20` and 200 triggers a second, each started on its schedule (open
+/// loop): once the writer has counted the rate, several records share each commit, and every
+/// trigger is answered recorded and stored once.
+async fn at_a_steady_rate_a_commit_delay_shares_commits(kind: StoreKind) {
+    let app = spawn_app_with(kind, |c| {
+        c.sink_commit_delay = std::time::Duration::from_millis(20);
+    })
+    .await;
+    weather_as(&app, "paced").await;
+    let mut calls = tokio::task::JoinSet::new();
+    let mut every = tokio::time::interval(std::time::Duration::from_millis(5));
+    for n in 0..200 {
+        every.tick().await;
+        let mut ingest = app.ingest.clone();
+        calls.spawn(async move {
+            let r = ingest
+                .deliver_trigger(pb::DeliverTriggerRequest {
+                    trigger_id: format!("p-{n}"),
+                    ..trigger("paced", "storm.warning", "alice", "user")
+                })
+                .await
+                .expect("delivered")
+                .into_inner();
+            assert_eq!(r.disposition, Disposition::RecordedInbox as i32);
+            assert!(!r.duplicate);
+        });
+    }
+    while let Some(done) = calls.join_next().await {
+        done.expect("a call");
+    }
+    assert_eq!(app.count("records").await, 200, "each trigger once");
+    let (count, records) = batches(&app);
+    assert_eq!(records, 200);
+    // At 200 a second a 20 ms wait gathers about four: the first tenth of a second (before a
+    // rate is counted) commits one by one, the rest in shared commits.
+    assert!(count <= 120, "{count} commits for 200 records");
+}
+on_both_stores!(at_a_steady_rate_a_commit_delay_shares_commits => at_a_steady_rate_a_commit_delay_shares_commits);
