@@ -312,11 +312,12 @@ pub struct Config {
     #[arg(long, env = "HCP_SENSE_SINK_WRITERS", value_name = "N", default_value_t = DEFAULT_SINK_WRITERS)]
     pub sink_writers: usize,
 
-    /// Group commit at a steady rate: how long, in milliseconds, a sink writer holding fewer
-    /// than 64 records waits for more before it commits, 0 (the default: at once) to 50.
-    /// Several records then share one commit (one sync of the log): less CPU per record, each
-    /// answered up to this much later (the runtime's timer counts whole milliseconds). Taken
-    /// only while records come often enough that half of one is due within it.
+    /// Group commit at a steady rate: how long, in milliseconds, a sink writer waits for more
+    /// records before it commits, 0 (the default: at once) to 50. Several records then share
+    /// one commit (one sync of the log): less CPU per record, each answered up to this much
+    /// later (the runtime's timer counts whole milliseconds). The writer waits only for the
+    /// records the recent rate puts inside the delay (at most 64), and only while that is at
+    /// least half of one.
     #[arg(long = "sink-commit-delay-ms", env = "HCP_SENSE_SINK_COMMIT_DELAY_MS", value_name = "MS", value_parser = commit_delay, default_value = "0")]
     pub sink_commit_delay: Duration,
 

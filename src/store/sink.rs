@@ -310,7 +310,7 @@ async fn take_batch<T>(
     };
     let engage = ENGAGE.min(max);
     if !committing.busy() && batch.len() < engage && pace.lingers() {
-        linger(queue, batch, (engage, max), pace.delay).await;
+        linger(queue, batch, (pace.target().min(engage), max), pace.delay).await;
     }
     loop {
         queue.try_take(batch, max);
@@ -333,14 +333,14 @@ async fn take_batch<T>(
     }
 }
 
-/// Group commit at a steady rate (`--sink-commit-delay-ms`): how long a lone writer holding
-/// fewer than ENGAGE records waits for more before it commits, and the rate records came at
-/// lately. At 1,000 records a second every record is otherwise a commit of its own: a sync of
-/// the log and a wake-up of every thread it passes, which costs more CPU than the record's
-/// whole call (docs/performance.md). Waiting turns several records into one commit, and each
-/// record is answered up to the delay later. The writer waits only while records come often
-/// enough that at least half of one is due within the delay: at a low rate a wait would gather
-/// nothing and only add to the answer's time.
+/// Group commit at a steady rate (`--sink-commit-delay-ms`): how long a lone writer waits for
+/// more records before it commits, and the rate records came at lately. At 1,000 records a
+/// second every record is otherwise a commit of its own: a sync of the log and a wake-up of
+/// every thread it passes, which costs more CPU than the record's whole call
+/// (docs/performance.md). Waiting turns several records into one commit, and each record is
+/// answered up to the delay later. The writer waits only for the records the rate puts inside
+/// the delay (at most ENGAGE), and only while that is at least half of one: at a low rate a wait
+/// would gather nothing and only add to the answer's time.
 pub(crate) struct Pace {
     delay: std::time::Duration,
     since: std::time::Instant,
@@ -372,22 +372,32 @@ impl Pace {
         }
     }
 
+    /// How many records a batch waits for: the one it holds and those the rate puts inside
+    /// the delay. A writer stops waiting at this many, so a burst of callers that all came at
+    /// once (a closed loop of a few dozen) is not held for the rest of the delay.
+    fn target(&self) -> usize {
+        if self.delay.is_zero() {
+            return 1;
+        }
+        1 + (self.rate * self.delay.as_secs_f64()).round() as usize
+    }
+
     /// Whether a wait of the delay is likely to gather another record.
     fn lingers(&self) -> bool {
-        !self.delay.is_zero() && self.rate * self.delay.as_secs_f64() >= 0.5
+        self.target() > 1
     }
 }
 
-/// Waits up to `delay` for records to join `batch`, until it holds `engage` (then it is worth a
-/// commit of its own) or the queue closes.
+/// Waits up to `delay` for records to join `batch`, until it holds `enough` (the records due
+/// within the delay, at most ENGAGE) or the queue closes.
 async fn linger<T>(
     queue: &FairQueue<T>,
     batch: &mut Vec<Taken<T>>,
-    (engage, max): (usize, usize),
+    (enough, max): (usize, usize),
     delay: std::time::Duration,
 ) {
     let until = tokio::time::Instant::now() + delay;
-    while batch.len() < engage {
+    while batch.len() < enough {
         match tokio::time::timeout_at(until, queue.take(batch, max)).await {
             Ok(true) => {}
             Ok(false) | Err(_) => return,
@@ -1222,23 +1232,25 @@ mod tests {
     }
 
     /// A pace of `delay` that has counted `rate` records a second over a window.
-    fn paced(delay: Duration, rate: usize) -> Pace {
-        let mut pace = Pace::new(delay);
-        let since = pace.since;
-        pace.took(rate / 10, since + PACE_WINDOW);
-        pace
+    fn paced(delay: Duration, rate: f64) -> Pace {
+        Pace {
+            rate,
+            ..Pace::new(delay)
+        }
     }
 
     #[test]
     fn a_writer_lingers_from_half_a_record_due_within_the_delay() {
         let delay = Duration::from_millis(10);
         // 50 a second: 0.5 of a record in 10 ms.
-        assert!(paced(delay, 50).lingers());
-        assert!(!paced(delay, 40).lingers());
-        assert!(!paced(Duration::ZERO, 1_000_000).lingers(), "0: never");
+        assert!(paced(delay, 50.0).lingers());
+        assert_eq!(paced(delay, 50.0).target(), 2);
+        assert!(!paced(delay, 40.0).lingers());
+        assert_eq!(paced(delay, 40.0).target(), 1);
+        assert!(!paced(Duration::ZERO, 1000000.0).lingers(), "0: never");
         assert!(!Pace::new(delay).lingers(), "no rate counted yet");
         // A window with nothing taken reads the rate as zero again.
-        let mut pace = paced(delay, 1_000);
+        let mut pace = paced(delay, 1000.0);
         let since = pace.since;
         pace.took(0, since + 10 * PACE_WINDOW);
         assert!(!pace.lingers());
@@ -1263,7 +1275,7 @@ mod tests {
                 &committing,
                 MAX_BATCH,
                 &mut batch,
-                &mut paced(delay, 1_000)
+                &mut paced(delay, 1000.0)
             )
             .await
         );
@@ -1281,6 +1293,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_lingering_writer_commits_once_it_holds_the_records_due_within_the_delay() {
+        // 0.2 a second over 10 s: two records due, so a batch waits for three.
+        let mut pace = paced(Duration::from_secs(10), 0.2);
+        assert_eq!(pace.target(), 3);
+        let committing = Committing::default();
+        let (tx, rx) = sent(1).await;
+        let late = tokio::spawn(async move {
+            for n in 1..3 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                tx.push("p", "a", n).await.expect("send");
+            }
+            tx
+        });
+        let mut batch = Vec::new();
+        let taken = tokio::time::timeout(
+            Duration::from_secs(5),
+            take_batch(&rx, &committing, MAX_BATCH, &mut batch, &mut pace),
+        )
+        .await;
+        assert_eq!(taken.ok(), Some(true), "three records end the wait");
+        assert_eq!(items(&batch), vec![0, 1, 2]);
+        late.await.expect("late");
+    }
+
+    #[tokio::test]
     async fn a_lingering_writer_commits_once_it_holds_engage_records() {
         let committing = Committing::default();
         let (tx, rx) = sent(ENGAGE - 1).await;
@@ -1288,7 +1325,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
             tx.push("p", "a", ENGAGE - 1).await.expect("send");
         });
-        let mut pace = paced(Duration::from_secs(30), 1_000);
+        let mut pace = paced(Duration::from_secs(30), 1000.0);
         let mut batch = Vec::new();
         let taken = tokio::time::timeout(
             Duration::from_secs(5),
@@ -1313,7 +1350,7 @@ mod tests {
                 &committing,
                 MAX_BATCH,
                 &mut batch,
-                &mut paced(delay, 0),
+                &mut paced(delay, 0.0),
             ),
         )
         .await;
@@ -1338,7 +1375,7 @@ mod tests {
                 &committing,
                 MAX_BATCH,
                 &mut batch,
-                &mut paced(delay, 1_000),
+                &mut paced(delay, 1000.0),
             ),
         )
         .await;
