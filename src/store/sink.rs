@@ -1239,6 +1239,23 @@ mod tests {
         }
     }
 
+    /// Takes a batch as a writer would; it must come within 5 s.
+    async fn take_soon(
+        rx: &FairQueue<usize>,
+        committing: &Committing,
+        max: usize,
+        pace: &mut Pace,
+    ) -> Vec<Taken<usize>> {
+        let mut batch = Vec::new();
+        let taken = tokio::time::timeout(
+            Duration::from_secs(5),
+            take_batch(rx, committing, max, &mut batch, pace),
+        )
+        .await;
+        assert_eq!(taken.ok(), Some(true), "a batch within 5 s");
+        batch
+    }
+
     #[test]
     fn a_writer_lingers_from_half_a_record_due_within_the_delay() {
         let delay = Duration::from_millis(10);
@@ -1306,13 +1323,7 @@ mod tests {
             }
             tx
         });
-        let mut batch = Vec::new();
-        let taken = tokio::time::timeout(
-            Duration::from_secs(5),
-            take_batch(&rx, &committing, MAX_BATCH, &mut batch, &mut pace),
-        )
-        .await;
-        assert_eq!(taken.ok(), Some(true), "three records end the wait");
+        let batch = take_soon(&rx, &committing, MAX_BATCH, &mut pace).await;
         assert_eq!(items(&batch), vec![0, 1, 2]);
         late.await.expect("late");
     }
@@ -1326,13 +1337,7 @@ mod tests {
             tx.push("p", "a", ENGAGE - 1).await.expect("send");
         });
         let mut pace = paced(Duration::from_secs(30), 1000.0);
-        let mut batch = Vec::new();
-        let taken = tokio::time::timeout(
-            Duration::from_secs(5),
-            take_batch(&rx, &committing, MAX_BATCH, &mut batch, &mut pace),
-        )
-        .await;
-        assert_eq!(taken.ok(), Some(true), "ENGAGE records end the wait");
+        let batch = take_soon(&rx, &committing, MAX_BATCH, &mut pace).await;
         assert_eq!(batch.len(), ENGAGE);
         last.await.expect("last");
     }
@@ -1342,19 +1347,7 @@ mod tests {
         let delay = Duration::from_secs(30);
         let committing = Committing::default();
         let (_tx, rx) = sent(2).await;
-        let mut batch = Vec::new();
-        let taken = tokio::time::timeout(
-            Duration::from_secs(5),
-            take_batch(
-                &rx,
-                &committing,
-                MAX_BATCH,
-                &mut batch,
-                &mut paced(delay, 0.0),
-            ),
-        )
-        .await;
-        assert_eq!(taken.ok(), Some(true));
+        let batch = take_soon(&rx, &committing, MAX_BATCH, &mut paced(delay, 0.0)).await;
         assert_eq!(batch.len(), 2);
         // Beside another writer's commit the ENGAGE rule applies, not the delay: it goes when
         // that commit ends.
@@ -1367,19 +1360,7 @@ mod tests {
             other.batches.fetch_sub(1, SeqCst);
             other.done.notify_waiters();
         });
-        let mut batch = Vec::new();
-        let taken = tokio::time::timeout(
-            Duration::from_secs(5),
-            take_batch(
-                &rx,
-                &committing,
-                MAX_BATCH,
-                &mut batch,
-                &mut paced(delay, 1000.0),
-            ),
-        )
-        .await;
-        assert_eq!(taken.ok(), Some(true));
+        let batch = take_soon(&rx, &committing, MAX_BATCH, &mut paced(delay, 1000.0)).await;
         assert_eq!(batch.len(), 2);
         end.await.expect("end");
     }
@@ -1546,13 +1527,7 @@ mod tests {
             other.batches.fetch_sub(1, SeqCst);
             other.done.notify_waiters();
         });
-        let mut batch = Vec::new();
-        let taken = tokio::time::timeout(
-            Duration::from_secs(5),
-            take_batch(&rx, &committing, SHARED_BATCH, &mut batch, &mut off()),
-        )
-        .await;
-        assert_eq!(taken.ok(), Some(true));
+        let batch = take_soon(&rx, &committing, SHARED_BATCH, &mut off()).await;
         assert_eq!(batch.len(), 3);
         end.await.expect("end");
     }
