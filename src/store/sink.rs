@@ -309,8 +309,13 @@ async fn take_batch<T>(
         MAX_BATCH
     };
     let engage = ENGAGE.min(max);
-    if !committing.busy() && batch.len() < engage && pace.lingers() {
-        linger(queue, batch, (pace.target().min(engage), max), pace.delay).await;
+    if !committing.busy() && batch.len() < engage && !pace.delay.is_zero() {
+        // The rate is read again first, so a quiet spell since the last batch counts: the
+        // first record after it is not held for a rate that has passed.
+        pace.took(0, std::time::Instant::now());
+        if pace.lingers() {
+            linger(queue, batch, (pace.target().min(engage), max), pace.delay).await;
+        }
     }
     loop {
         queue.try_take(batch, max);
@@ -1340,6 +1345,18 @@ mod tests {
         let batch = take_soon(&rx, &committing, MAX_BATCH, &mut pace).await;
         assert_eq!(batch.len(), ENGAGE);
         last.await.expect("last");
+    }
+
+    #[tokio::test]
+    async fn a_rate_counted_before_a_quiet_spell_is_read_again_before_a_wait() {
+        // 1,000 a second counted, then a second with nothing taken.
+        let mut pace = paced(Duration::from_secs(30), 1000.0);
+        pace.since = std::time::Instant::now() - 10 * PACE_WINDOW;
+        assert!(pace.lingers(), "the rate as last counted");
+        let (_tx, rx) = sent(1).await;
+        let batch = take_soon(&rx, &Committing::default(), MAX_BATCH, &mut pace).await;
+        assert_eq!(items(&batch), vec![0], "committed at once");
+        assert!(!pace.lingers());
     }
 
     #[tokio::test]
