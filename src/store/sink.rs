@@ -1560,6 +1560,52 @@ mod tests {
         (dir, store, path)
     }
 
+    /// The first records of a batch's trigger ids are read through the trigger-id index, one
+    /// search per id: this look-up runs inside the writer's transaction whenever a batch meets
+    /// an id stored before, and a scan of every record there would hold every writer behind it.
+    #[tokio::test]
+    async fn on_sqlite_a_batchs_first_records_are_searched_by_the_trigger_id_index() {
+        let (_dir, store, path) = sqlite_file().await;
+        store.close().await;
+        let keyed: Vec<Record> = (0..3)
+            .map(|n| Record {
+                trigger_id: Some(format!("t-{n}")),
+                ..rec("p", n)
+            })
+            .collect();
+        let statement = sqlite_firsts(&keyed).expect("a look-up for records with ids");
+        let conn = rusqlite::Connection::open(&path).expect("the file");
+        let values = statement.values.map(|v| v.0).unwrap_or_default();
+        assert_eq!(values.len(), 6, "two values for each of three ids");
+        let params: Vec<String> = values
+            .into_iter()
+            .map(|v| match v {
+                sea_orm::Value::String(Some(s)) => s,
+                other => panic!("a text value, not {other:?}"),
+            })
+            .collect();
+        let mut plan = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", statement.sql))
+            .expect("the plan");
+        let steps: Vec<String> = plan
+            .query_map(rusqlite::params_from_iter(params), |row| {
+                row.get::<_, String>(3)
+            })
+            .expect("its steps")
+            .collect::<std::result::Result<_, _>>()
+            .expect("each step");
+        assert!(
+            steps
+                .iter()
+                .any(|s| s.contains("records USING INDEX uq_records_producer_trigger")),
+            "{steps:?}"
+        );
+        assert!(
+            !steps.iter().any(|s| s.trim() == "SCAN records"),
+            "a scan of every record: {steps:?}"
+        );
+    }
+
     /// A record of `pack`, `n` in its payload.
     fn rec(pack: &str, n: usize) -> Record {
         Record {
