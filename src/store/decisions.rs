@@ -3,11 +3,9 @@ use sea_orm::sea_query::{Alias, Condition, Expr, ExprTrait, Order, Query, Select
 use std::sync::Arc;
 
 use sea_orm::{ConnectionTrait, DbBackend, QueryResult, Statement};
-use secrecy::ExposeSecret;
 
 use hcp_sense_migration::DECISIONS_RECORDED;
 
-use super::sqlite_writer::SqliteWriter;
 use super::{classify, DecisionTables, Engine};
 use crate::domain::decision_log::{Entry, Logged};
 use crate::domain::trigger::{DropReason, BRAIN};
@@ -120,56 +118,17 @@ impl DecisionTables {
                 Ok(())
             }
             Engine::Sqlite => {
-                if let Some(written) = self.insert_on_own_connection(entries).await {
+                let own = entries.clone();
+                if let Some(written) = self
+                    .on_log_connection(move |w| w.write_decisions(&own))
+                    .await
+                {
                     return written;
                 }
                 let w = self.begin_write().await?;
                 insert_sqlite(&w.txn, entries).await?;
                 w.commit().await
             }
-        }
-    }
-
-    /// SQLite (a file): writes `entries` on the decision log's own connection, on a blocking
-    /// thread, under the store's write turn: one hand-off for the flush, with its insert
-    /// prepared once, where the pool hands each statement (BEGIN, each insert, COMMIT) to its
-    /// connection's thread and back. None for an in-memory database (the pool's alone) or
-    /// when the connection does not open (the pool writes instead). After a failure the
-    /// connection is closed; the next flush opens another.
-    async fn insert_on_own_connection(&self, entries: &Arc<Vec<Entry>>) -> Option<Result<()>> {
-        let url = self.config.url.clone();
-        if !SqliteWriter::has_file(url.expose_secret()) {
-            return None;
-        }
-        let slot = self.decision_writer.clone();
-        let turn = self.write_turn.clone().lock_owned().await;
-        let entries = entries.clone();
-        let written = tokio::task::spawn_blocking(move || {
-            let _turn = turn;
-            let mut w = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if w.is_none() {
-                match SqliteWriter::open(url.expose_secret()) {
-                    Ok(Some(opened)) => *w = Some(opened),
-                    Ok(None) => return None,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "the decision log's SQLite connection did not open; it writes through the pool");
-                        return None;
-                    }
-                }
-            }
-            let written = w.as_mut()?.write_decisions(&entries);
-            if written.is_err() {
-                *w = None;
-            }
-            Some(written)
-        })
-        .await;
-        match written {
-            Ok(w) => w,
-            Err(e) => Some(Err(Error::internal_from(
-                "the decision log's write did not finish",
-                e,
-            ))),
         }
     }
 

@@ -66,9 +66,10 @@ pub struct Store {
     /// Each pack's trigger types compiled from its manifest, by the manifest's digest: a pack's
     /// payload schemas are compiled once per version, however often its policy is reloaded.
     trigger_types: Arc<std::sync::Mutex<TriggerTypesByPack>>,
-    /// SQLite (a file): the decision log's own connection, opened at its first write, which
-    /// writes each flush in one transaction on a blocking thread (see `sqlite_writer`).
-    decision_writer: Arc<std::sync::Mutex<Option<sqlite_writer::SqliteWriter>>>,
+    /// SQLite (a file): the logs' own connection (the decision log's entries and the drop
+    /// counts), opened at its first write, which writes each flush in one transaction on a
+    /// blocking thread (see `sqlite_writer`, `Store::on_log_connection`).
+    log_writer: Arc<std::sync::Mutex<Option<sqlite_writer::SqliteWriter>>>,
     /// SQLite (a file): connections that read a trigger id's first record on the caller's
     /// thread (see `sqlite_reader`).
     readers: Arc<sqlite_reader::SqliteReaders>,
@@ -110,6 +111,18 @@ impl Commits {
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         )
     }
+}
+
+/// A SQLite store in a file, with its schema, and the file's path (the store's tests).
+#[cfg(test)]
+pub(crate) async fn sqlite_file() -> (tempfile::TempDir, Store, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("a directory");
+    let path = dir.path().join("store.db");
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let config = crate::config::Config::for_database(url);
+    let store = Store::connect(&config.database).await.expect("a store");
+    store.migrate_up().await.expect("the schema");
+    (dir, store, path)
 }
 
 /// Declares a part of the store's surface: the one connection, with the statements on one
@@ -255,12 +268,55 @@ impl Store {
             config: cfg.clone(),
             commits: Arc::default(),
             trigger_types: Arc::default(),
-            decision_writer: Arc::default(),
+            log_writer: Arc::default(),
             readers: Arc::new(match engine {
                 Engine::Sqlite => sqlite_reader::SqliteReaders::of_url(&url),
                 Engine::Postgres => sqlite_reader::SqliteReaders::default(),
             }),
         })
+    }
+
+    /// SQLite (a file): runs `write` on the logs' own connection, on a blocking thread, under
+    /// the store's write turn: one hand-off for a flush, its statements prepared once, where
+    /// the pool hands each statement (BEGIN, each insert, COMMIT) to its connection's thread
+    /// and back. None for an in-memory database (the pool's alone) or when the connection does
+    /// not open (the pool writes instead). After a failure the connection is closed; the next
+    /// flush opens another.
+    pub(super) async fn on_log_connection<F>(&self, write: F) -> Option<crate::error::Result<()>>
+    where
+        F: FnOnce(&mut sqlite_writer::SqliteWriter) -> crate::error::Result<()> + Send + 'static,
+    {
+        use secrecy::ExposeSecret;
+        let url = self.config.url.clone();
+        if !sqlite_writer::SqliteWriter::has_file(url.expose_secret()) {
+            return None;
+        }
+        let slot = self.log_writer.clone();
+        let turn = self.write_turn.clone().lock_owned().await;
+        let written = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            let mut w = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if w.is_none() {
+                match sqlite_writer::SqliteWriter::open(url.expose_secret()) {
+                    Ok(Some(opened)) => *w = Some(opened),
+                    Ok(None) => return None,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the logs' SQLite connection did not open; they write through the pool");
+                        return None;
+                    }
+                }
+            }
+            let written = write(w.as_mut()?);
+            if written.is_err() {
+                *w = None;
+            }
+            Some(written)
+        })
+        .await;
+        match written {
+            Ok(w) => w,
+            Err(e) => Some(Err(Error::internal_from("a log's write did not finish", e))),
+        }
     }
 
     pub fn engine(&self) -> Engine {

@@ -1549,16 +1549,7 @@ mod tests {
         end.await.expect("end");
     }
 
-    /// A SQLite store in a file, with its schema, and the file's path.
-    async fn sqlite_file() -> (tempfile::TempDir, Store, std::path::PathBuf) {
-        let dir = tempfile::tempdir().expect("a directory");
-        let path = dir.path().join("sink.db");
-        let url = format!("sqlite://{}?mode=rwc", path.display());
-        let config = crate::config::Config::for_database(url);
-        let store = Store::connect(&config.database).await.expect("a store");
-        store.migrate_up().await.expect("the schema");
-        (dir, store, path)
-    }
+    use crate::store::sqlite_file;
 
     /// The first records of a batch's trigger ids are read through the trigger-id index, one
     /// search per id: this look-up runs inside the writer's transaction whenever a batch meets

@@ -1,4 +1,4 @@
-//! SQLite: the sink writer's own connection, used on the writer's thread, so a batch's statements run where the batch is instead of one hand-off each to a driver's worker thread.
+//! SQLite: the sink writer's and the logs' own connections, used on the thread that writes, so a batch's or a flush's statements run where it is instead of one hand-off each to a driver's worker thread.
 //!
 //! The store's pool (sqlx) runs each SQLite connection on a thread of its own and every
 //! statement is a message to it and an answer back: a batch of one record (BEGIN, the sequence,
@@ -15,7 +15,7 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use super::sink::{self, FirstRecord, Stored};
 use crate::domain::decision_log::{Entry, Note};
-use crate::domain::model::Record;
+use crate::domain::model::{DropReport, Record};
 use crate::error::{Error, Result};
 
 /// How long a write waits for another process's lock on the file (the pool's is the same).
@@ -167,7 +167,43 @@ impl SqliteWriter {
         insert_entries(&txn, entries).map_err(not_written)?;
         txn.commit().map_err(unavailable).map_err(not_written)
     }
+
+    /// Adds drop counts (the drop log's flush) in one transaction, one prepared upsert a key:
+    /// `count` added, `first_seen` kept, `last_seen` the delta's. The caller holds the store's
+    /// write turn.
+    pub fn write_drop_counts(&mut self, deltas: &[DropReport]) -> Result<()> {
+        let not_written = |e: rusqlite::Error| {
+            Error::Unavailable(format!("the drop counts were not written: {e}; retry"))
+        };
+        let txn = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(not_written)?;
+        {
+            let mut add = txn.prepare_cached(ADD_DROP_COUNT).map_err(not_written)?;
+            for d in deltas {
+                add.execute(rusqlite::params![
+                    d.pack_id,
+                    d.r#ref,
+                    d.reason.as_str(),
+                    d.count,
+                    d.first_seen,
+                    d.last_seen
+                ])
+                .map_err(not_written)?;
+            }
+        }
+        txn.commit().map_err(not_written)
+    }
 }
+
+/// One key's drop count added: the pool's path (`DeliveryTables::add_drop_counts`) in one
+/// statement of its own, prepared once.
+const ADD_DROP_COUNT: &str =
+    "INSERT INTO drop_reports (pack_id, \"ref\", reason, count, first_seen, last_seen) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+     ON CONFLICT (pack_id, \"ref\", reason) \
+     DO UPDATE SET count = drop_reports.count + excluded.count, last_seen = excluded.last_seen";
 
 /// Inserts decision log entries in the transaction, by the prepared inserts of
 /// `decisions::sqlite_inserts`.
@@ -258,6 +294,68 @@ fn unavailable(e: rusqlite::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A SQLite file's drop counts are added on the logs' own connection, not the pool's: they
+    /// are written while a transaction holds each of the pool's connections (on the pool's
+    /// path the flush would wait out the acquire timeout and fail), and they add up as the
+    /// pool's upsert does: counts summed, the first sighting kept, the last one the delta's.
+    #[tokio::test]
+    async fn a_sqlite_files_drop_counts_are_added_on_the_logs_own_connection() {
+        use crate::domain::trigger::DropReason;
+        use sea_orm::TransactionTrait;
+        let (_dir, store, path) = crate::store::sqlite_file().await;
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(
+                store
+                    .connection()
+                    .begin()
+                    .await
+                    .expect("a pooled connection"),
+            );
+        }
+        assert!(
+            store.connection().begin().await.is_err(),
+            "every connection of the pool is held"
+        );
+        let report = |r: &str, count: i64, first_seen: i64, last_seen: i64| DropReport {
+            pack_id: "p".into(),
+            r#ref: r.into(),
+            reason: DropReason::UndeclaredRef,
+            count,
+            first_seen,
+            last_seen,
+        };
+        let tables = store.delivery_tables();
+        tables
+            .add_drop_counts(&[report("a", 2, 10, 20)])
+            .await
+            .expect("written beside a pool with no connection free");
+        tables
+            .add_drop_counts(&[report("a", 3, 15, 30), report("b", 1, 40, 40)])
+            .await
+            .expect("added");
+        drop(held);
+        let conn = Connection::open(&path).expect("the file");
+        let mut read = conn
+            .prepare("SELECT \"ref\", reason, count, first_seen, last_seen FROM drop_reports ORDER BY \"ref\"")
+            .expect("a read");
+        let rows: Vec<(String, String, i64, i64, i64)> = read
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .expect("rows")
+            .collect::<std::result::Result<_, _>>()
+            .expect("each row");
+        let why = DropReason::UndeclaredRef.as_str().to_owned();
+        assert_eq!(
+            rows,
+            vec![
+                ("a".into(), why.clone(), 5, 10, 30),
+                ("b".into(), why, 1, 40, 40)
+            ]
+        );
+    }
 
     #[test]
     fn a_file_url_names_its_file_and_memory_has_none() {
