@@ -1,8 +1,8 @@
 //! The sink and the drop log: records written and read with keyset pagination, drop counts upserted.
-use sea_orm::sea_query::{Expr, ExprTrait, OnConflict, Query};
+use sea_orm::sea_query::{Expr, ExprTrait, Query};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, Statement,
+    ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Statement,
 };
 
 use super::audit::{self, Actor};
@@ -681,61 +681,58 @@ impl DeliveryTables {
         if deltas.is_empty() {
             return Ok(());
         }
-        if self.engine() == Engine::Sqlite {
-            let own = deltas.to_vec();
-            if let Some(written) = self
-                .on_log_connection(move |w| w.write_drop_counts(&own))
-                .await
-            {
-                return written;
+        match self.engine() {
+            Engine::Postgres => {
+                let rows: Vec<serde_json::Value> = deltas
+                    .iter()
+                    .map(|d| {
+                        serde_json::json!({
+                            "pack_id": d.pack_id, "ref": d.r#ref, "reason": d.reason.as_str(),
+                            "count": d.count, "first_seen": d.first_seen, "last_seen": d.last_seen,
+                        })
+                    })
+                    .collect();
+                self.db
+                    .execute_raw(Statement::from_sql_and_values(
+                        DbBackend::Postgres,
+                        ADD_DROP_COUNTS_POSTGRES,
+                        [serde_json::Value::Array(rows).into()],
+                    ))
+                    .await
+                    .map_err(classify)?;
+                Ok(())
+            }
+            Engine::Sqlite => {
+                let own = deltas.to_vec();
+                if let Some(written) = self
+                    .on_log_connection(move |w| w.write_drop_counts(&own))
+                    .await
+                {
+                    return written;
+                }
+                // An in-memory database (or a file whose own connection did not open): the
+                // same upsert, through the pool.
+                let w = self.begin_write().await?;
+                for d in deltas {
+                    w.txn
+                        .execute_raw(Statement::from_sql_and_values(
+                            DbBackend::Sqlite,
+                            super::sqlite_writer::ADD_DROP_COUNT,
+                            [
+                                d.pack_id.as_str().into(),
+                                d.r#ref.as_str().into(),
+                                d.reason.as_str().into(),
+                                d.count.into(),
+                                d.first_seen.into(),
+                                d.last_seen.into(),
+                            ],
+                        ))
+                        .await
+                        .map_err(classify)?;
+                }
+                w.commit().await
             }
         }
-        if self.engine() == Engine::Postgres {
-            let rows: Vec<serde_json::Value> = deltas
-                .iter()
-                .map(|d| {
-                    serde_json::json!({
-                        "pack_id": d.pack_id, "ref": d.r#ref, "reason": d.reason.as_str(),
-                        "count": d.count, "first_seen": d.first_seen, "last_seen": d.last_seen,
-                    })
-                })
-                .collect();
-            self.db
-                .execute_raw(Statement::from_sql_and_values(
-                    DbBackend::Postgres,
-                    ADD_DROP_COUNTS_POSTGRES,
-                    [serde_json::Value::Array(rows).into()],
-                ))
-                .await
-                .map_err(classify)?;
-            return Ok(());
-        }
-        use drop_reports::Column as C;
-        let w = self.begin_write().await?;
-        for chunk in deltas.chunks(500) {
-            drop_reports::Entity::insert_many(chunk.iter().map(|d| drop_reports::ActiveModel {
-                pack_id: Set(d.pack_id.clone()),
-                r#ref: Set(d.r#ref.clone()),
-                reason: Set(d.reason.as_str().to_owned()),
-                count: Set(d.count),
-                first_seen: Set(d.first_seen),
-                last_seen: Set(d.last_seen),
-            }))
-            .on_conflict(
-                OnConflict::columns([C::PackId, C::Ref, C::Reason])
-                    .value(
-                        C::Count,
-                        Expr::col((drop_reports::Entity, C::Count))
-                            .add(Expr::cust("excluded.count")),
-                    )
-                    .value(C::LastSeen, Expr::cust("excluded.last_seen"))
-                    .to_owned(),
-            )
-            .exec_without_returning(&w.txn)
-            .await
-            .map_err(classify)?;
-        }
-        w.commit().await
     }
 
     /// The (pack, ref, reason) keys of the drop reports stored, at most `limit`.

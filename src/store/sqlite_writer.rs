@@ -197,9 +197,10 @@ impl SqliteWriter {
     }
 }
 
-/// One key's drop count added: the pool's path (`DeliveryTables::add_drop_counts`) in one
-/// statement of its own, prepared once.
-const ADD_DROP_COUNT: &str =
+/// One key's drop count added: `count` summed, `first_seen` kept, `last_seen` the delta's. Run
+/// here, prepared once, and by the pool's path for an in-memory database
+/// (`DeliveryTables::add_drop_counts`).
+pub(super) const ADD_DROP_COUNT: &str =
     "INSERT INTO drop_reports (pack_id, \"ref\", reason, count, first_seen, last_seen) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
      ON CONFLICT (pack_id, \"ref\", reason) \
@@ -354,6 +355,34 @@ mod tests {
                 ("a".into(), why.clone(), 5, 10, 30),
                 ("b".into(), why, 1, 40, 40)
             ]
+        );
+        // An in-memory database has no file to share: the pool runs the same upsert.
+        let memory = crate::store::Store::connect(
+            &crate::config::Config::for_database("sqlite::memory:").database,
+        )
+        .await
+        .expect("an in-memory store");
+        memory.migrate_up().await.expect("the schema");
+        let tables = memory.delivery_tables();
+        tables
+            .add_drop_counts(&[report("a", 2, 10, 20)])
+            .await
+            .expect("added");
+        tables
+            .add_drop_counts(&[report("a", 3, 15, 30), report("b", 1, 40, 40)])
+            .await
+            .expect("added");
+        let listed: Vec<(String, i64, i64, i64)> = memory
+            .record_tables()
+            .list_drop_reports(None, None, None, 10)
+            .await
+            .expect("listed")
+            .into_iter()
+            .map(|d| (d.r#ref, d.count, d.first_seen, d.last_seen))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![("a".into(), 5, 10, 30), ("b".into(), 1, 40, 40)]
         );
     }
 
