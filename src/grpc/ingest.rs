@@ -212,7 +212,7 @@ impl IngestService for IngestApi {
                 (None, Decision::Record { binding_id, .. }) => binding_id.clone(),
                 (None, Decision::Drop(_)) => String::new(),
             },
-            duplicate_record_id: e.duplicate.map(|r| r.record_id).unwrap_or_default(),
+            duplicate_record_id: e.duplicate.map(|r| r.record_id.clone()).unwrap_or_default(),
             quota: Some(quota_check(&pack_id, &principal, &e.quota)),
         }))
     }

@@ -487,7 +487,7 @@ impl Delivery {
         async {
             let outcome = match decision {
                 Decision::Record { route, .. } if first.is_some() => {
-                    let first = first.map(|r| r.record_id).unwrap_or_default();
+                    let first = first.map(|r| r.record_id.clone()).unwrap_or_default();
                     if let Some(id) = &t.trigger_id {
                         self.recent.note(&t.pack_id, id);
                     }
@@ -707,7 +707,7 @@ impl Delivery {
 #[derive(Debug, Clone)]
 pub struct Explained {
     pub explanation: Explanation,
-    pub duplicate: Option<Record>,
+    pub duplicate: Option<Arc<Record>>,
     /// The quotas the trigger meets, and whether they would admit it now.
     pub quota: super::QuotaCheck,
 }

@@ -8,6 +8,7 @@ macro_rules! records_channel {
 }
 pub const RECORDS_CHANNEL: &str = records_channel!();
 
+mod answers;
 pub mod audit;
 pub mod changes;
 pub mod decisions;
@@ -73,6 +74,9 @@ pub struct Store {
     /// SQLite (a file): connections that read a trigger id's first record on the caller's
     /// thread (see `sqlite_reader`).
     readers: Arc<sqlite_reader::SqliteReaders>,
+    /// PostgreSQL: first records read lately for their trigger ids, each confirmed by the
+    /// ledger before it answers a retry (see `answers`).
+    answers: Arc<answers::Answers>,
 }
 
 /// By pack: the digest of the manifest its trigger types were compiled from, and them.
@@ -273,6 +277,7 @@ impl Store {
                 Engine::Sqlite => sqlite_reader::SqliteReaders::of_url(&url),
                 Engine::Postgres => sqlite_reader::SqliteReaders::default(),
             }),
+            answers: Arc::default(),
         })
     }
 

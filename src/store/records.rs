@@ -4,6 +4,7 @@ use sea_orm::{
     ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QueryOrder,
     QuerySelect, Statement,
 };
+use std::sync::Arc;
 
 use super::audit::{self, Actor};
 use super::entity::{drop_reports, project_members, records};
@@ -761,12 +762,12 @@ impl DeliveryTables {
         &self,
         pack_id: &str,
         trigger_id: &str,
-    ) -> Result<Option<Record>> {
+    ) -> Result<Option<Arc<Record>>> {
         if self.partitioned() {
             return Box::pin(self.record_for_trigger_partitioned(pack_id, trigger_id)).await;
         }
         if let Some(found) = self.readers.record_for_trigger(pack_id, trigger_id) {
-            return found.map(record).transpose();
+            return found.map(|m| record(m).map(Arc::new)).transpose();
         }
         Box::pin(
             records::Entity::find()
@@ -776,7 +777,7 @@ impl DeliveryTables {
         )
         .await
         .map_err(classify)?
-        .map(record)
+        .map(|m| record(m).map(Arc::new))
         .transpose()
     }
 }
@@ -784,7 +785,10 @@ impl DeliveryTables {
 impl DeliveryTables {
     /// PostgreSQL: the ledger first (a trigger never recorded, the usual dropped one, costs one
     /// key read of one narrow table), then the one partition the ledger names, which the plan
-    /// prunes to, where a join would plan every partition.
+    /// prunes to, where a join would plan every partition. A record read this way is copied
+    /// (`answers`): its next retry is answered from the copy once one statement finds the
+    /// ledger's row still naming it and the record still in its partition (both by their
+    /// keys): what the two statements would read, in one round trip.
     ///
     /// Through sqlx itself, not sea-orm: sea-orm's query future holds the states of every
     /// backend it may run on and is copied whole as it is awaited; under callgrind that was
@@ -795,7 +799,7 @@ impl DeliveryTables {
         &self,
         pack_id: &str,
         trigger_id: &str,
-    ) -> Result<Option<Record>> {
+    ) -> Result<Option<Arc<Record>>> {
         use sea_orm::sqlx::{self, Row};
         let mut conn = self
             .db
@@ -803,6 +807,24 @@ impl DeliveryTables {
             .acquire()
             .await
             .map_err(from_sqlx)?;
+        if let Some(copy) = self.answers.get(pack_id, trigger_id) {
+            let held = sqlx::query(
+                "SELECT 1 FROM record_triggers \
+                 WHERE pack_id = $1 AND producer_trigger_id = $2 AND record_id = $3 \
+                   AND EXISTS (SELECT 1 FROM records WHERE record_id = $3 AND stored_time = $4)",
+            )
+            .bind(pack_id)
+            .bind(trigger_id)
+            .bind(copy.record.record_id.as_str())
+            .bind(copy.stored_time)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(from_sqlx)?;
+            if held.is_some() {
+                return Ok(Some(copy.record));
+            }
+            self.answers.forget(pack_id, trigger_id);
+        }
         let claim = sqlx::query(
             "SELECT record_id, stored_time FROM record_triggers \
              WHERE pack_id = $1 AND producer_trigger_id = $2",
@@ -831,7 +853,9 @@ impl DeliveryTables {
             return Ok(None);
         };
         let m = (|| Ok::<_, sqlx::Error>(records::from_row!(r.try_get)))().map_err(from_sqlx)?;
-        record(m).map(Some)
+        let first = Arc::new(record(m)?);
+        self.answers.keep(&first, stored_time);
+        Ok(Some(first))
     }
 }
 

@@ -911,6 +911,79 @@ both_stores! {
     }
 }
 
+/// A retry is answered on the replica it reaches with what the store holds now, whichever
+/// replica erased the record or recorded the id again: a replica's copy of a first record
+/// never outlives the record, nor answers for another record under the same id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_on_one_replica_meets_an_erasure_and_a_new_record_made_on_another_postgres() {
+    use hcp_sense::grpc::pb::{
+        ingest_service_client::IngestServiceClient, record_service_client::RecordServiceClient,
+    };
+    let mut a = crate::helpers::spawn_app(crate::helpers::StoreKind::Postgres).await;
+    ready(&mut a, "alice").await;
+    let b = crate::helpers::Replica::start(&a.test_db.url).await;
+    let mut b_ingest = IngestServiceClient::new(b.channel.clone());
+    let b_records = RecordServiceClient::new(b.channel.clone());
+    let erase_on_b = || {
+        let mut r = b_records.clone();
+        async move {
+            r.erase_records(pb::EraseRecordsRequest {
+                principal: "alice".into(),
+                pack_id: "github".into(),
+            })
+            .await
+            .expect("erase on b")
+        }
+    };
+    let mut t = opened("alice");
+    t.trigger_id = "gh-replicas".into();
+    let first = deliver(&mut a, t.clone()).await;
+    assert!(!first.duplicate);
+    for n in 0..3 {
+        let again = deliver(&mut a, t.clone()).await;
+        assert!(
+            again.duplicate && again.record_id == first.record_id,
+            "retry {n} on a: {again:?}"
+        );
+    }
+    // Erased through b, then recorded through b with other content under the same id.
+    erase_on_b().await;
+    let other = with_payload(t.clone(), json!({ "issue": 43 }));
+    let on_b = b_ingest
+        .deliver_trigger(other.clone())
+        .await
+        .expect("b records the id anew")
+        .into_inner();
+    assert!(
+        !on_b.duplicate && on_b.record_id != first.record_id,
+        "{on_b:?}"
+    );
+    // On a, the first content is now another message under a taken id, never a replay.
+    let err = a
+        .ingest
+        .deliver_trigger(t.clone())
+        .await
+        .expect_err("the id is b's record's now");
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    for _ in 0..3 {
+        let again = deliver(&mut a, other.clone()).await;
+        assert!(
+            again.duplicate && again.record_id == on_b.record_id,
+            "{again:?}"
+        );
+    }
+    // Erased through b again: a's retry of the content it answered lately records anew.
+    erase_on_b().await;
+    let anew = deliver(&mut a, other.clone()).await;
+    assert!(
+        !anew.duplicate,
+        "an erased record is not an answer: {anew:?}"
+    );
+    assert_ne!(anew.record_id, on_b.record_id);
+    assert_eq!(a.count("records").await, 1);
+    b.stop().await;
+}
+
 /// PostgreSQL connections cut under load: every answer is an acknowledgement
 /// with a record, or UNAVAILABLE; no acknowledged record is missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -999,7 +1072,18 @@ async fn retention_prunes_expired_records(kind: crate::helpers::StoreKind) {
     })
     .await;
     ready(&mut app, "alice").await;
-    for _ in 0..3 {
+    // One with a trigger id, retried: its first record is read, and on PostgreSQL copied.
+    let mut keyed = opened("alice");
+    keyed.trigger_id = "gh-retained".into();
+    let first = deliver(&mut app, keyed.clone()).await;
+    for _ in 0..2 {
+        let again = deliver(&mut app, keyed.clone()).await;
+        assert!(
+            again.duplicate && again.record_id == first.record_id,
+            "{again:?}"
+        );
+    }
+    for _ in 0..2 {
         deliver(&mut app, opened("alice")).await;
     }
     assert_eq!(app.count("records").await, 3);
@@ -1008,13 +1092,19 @@ async fn retention_prunes_expired_records(kind: crate::helpers::StoreKind) {
         assert!(Instant::now() < deadline, "expired records were not pruned");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Pruned, the first record answers no retry: the id records anew.
+    let anew = deliver(&mut app, keyed).await;
+    assert!(
+        !anew.duplicate && anew.record_id != first.record_id,
+        "{anew:?}"
+    );
     let fresh = deliver(&mut app, opened("alice")).await;
     let recs = list(&mut app, ListRecordsRequest::default()).await;
-    assert_eq!(recs.len(), 1);
-    assert_eq!(
-        recs[0].record_id, fresh.record_id,
-        "records younger than the retention stay"
-    );
+    let mut kept: Vec<_> = recs.iter().map(|r| r.record_id.as_str()).collect();
+    kept.sort_unstable();
+    let mut young = [anew.record_id.as_str(), fresh.record_id.as_str()];
+    young.sort_unstable();
+    assert_eq!(kept, young, "records younger than the retention stay");
 }
 
 on_both_stores!(retention_prunes_expired_records => retention_prunes_expired_records);
