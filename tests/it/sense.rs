@@ -38,6 +38,22 @@ pub(crate) async fn deliver(app: &mut TestApp, t: DeliverTriggerRequest) -> Deli
         .into_inner()
 }
 
+/// Delivers `t` `times` times; each is answered as a retry, with the record `first`.
+pub(crate) async fn retried(
+    app: &mut TestApp,
+    t: &DeliverTriggerRequest,
+    first: &str,
+    times: usize,
+) {
+    for n in 0..times {
+        let again = deliver(app, t.clone()).await;
+        assert!(
+            again.duplicate && again.record_id == first,
+            "retry {n}: {again:?}"
+        );
+    }
+}
+
 pub(crate) async fn grant(app: &mut TestApp, principal: &str, pack: &str) {
     app.policy
         .grant_sense_enable(GrantSenseEnableRequest {
@@ -939,13 +955,7 @@ async fn a_retry_on_one_replica_meets_an_erasure_and_a_new_record_made_on_anothe
     t.trigger_id = "gh-replicas".into();
     let first = deliver(&mut a, t.clone()).await;
     assert!(!first.duplicate);
-    for n in 0..3 {
-        let again = deliver(&mut a, t.clone()).await;
-        assert!(
-            again.duplicate && again.record_id == first.record_id,
-            "retry {n} on a: {again:?}"
-        );
-    }
+    retried(&mut a, &t, &first.record_id, 3).await;
     // Erased through b, then recorded through b with other content under the same id.
     erase_on_b().await;
     let other = with_payload(t.clone(), json!({ "issue": 43 }));
@@ -965,13 +975,7 @@ async fn a_retry_on_one_replica_meets_an_erasure_and_a_new_record_made_on_anothe
         .await
         .expect_err("the id is b's record's now");
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
-    for _ in 0..3 {
-        let again = deliver(&mut a, other.clone()).await;
-        assert!(
-            again.duplicate && again.record_id == on_b.record_id,
-            "{again:?}"
-        );
-    }
+    retried(&mut a, &other, &on_b.record_id, 3).await;
     // Erased through b again: a's retry of the content it answered lately records anew.
     erase_on_b().await;
     let anew = deliver(&mut a, other.clone()).await;
@@ -1076,13 +1080,7 @@ async fn retention_prunes_expired_records(kind: crate::helpers::StoreKind) {
     let mut keyed = opened("alice");
     keyed.trigger_id = "gh-retained".into();
     let first = deliver(&mut app, keyed.clone()).await;
-    for _ in 0..2 {
-        let again = deliver(&mut app, keyed.clone()).await;
-        assert!(
-            again.duplicate && again.record_id == first.record_id,
-            "{again:?}"
-        );
-    }
+    retried(&mut app, &keyed, &first.record_id, 2).await;
     for _ in 0..2 {
         deliver(&mut app, opened("alice")).await;
     }
