@@ -12,13 +12,14 @@
 //!
 //! Held: records read through the ledger (a retry, a dropped trigger whose id was recorded),
 //! never the records this replica writes, so the record path pays nothing for it. Bounded by
-//! count and by the payloads' bytes, in two generations like `service::recent`.
+//! count and by the payloads' bytes, in two generations like `service::recent`. An erasure,
+//! made here or announced by another replica, drops the copies of the records it took.
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::domain::model::Record;
+use crate::domain::model::{Erasure, Record};
 use crate::domain::trigger::json_len;
 
 /// Copies each generation holds at most.
@@ -127,6 +128,15 @@ impl Answers {
         g.older.remove(&k);
     }
 
+    /// Forgets the copies of the records an erasure took (made here or announced by another
+    /// replica). They could no longer answer (the ledger would not confirm them), but an
+    /// erased record's payload is not kept in memory either until its generation turns.
+    pub fn forget_erased(&self, e: &Erasure) {
+        let mut g = self.generations();
+        g.current.retain(|_, c| !e.covers(&c.record));
+        g.older.retain(|_, c| !e.covers(&c.record));
+    }
+
     /// Copies held now, both generations.
     #[cfg(test)]
     fn held(&self) -> usize {
@@ -197,6 +207,44 @@ mod tests {
         assert_eq!(a.held(), 1, "a record without a trigger id is not held");
         a.forget("github", "t-1");
         assert!(a.get("github", "t-1").is_none());
+    }
+
+    #[test]
+    fn an_erasure_forgets_the_copies_of_the_records_it_took() {
+        let a = Answers::default();
+        let at = |pack: &str, id: &str, principal: &str, seq: i64| {
+            let mut r = (*record(pack, Some(id), 10)).clone();
+            r.principal = principal.into();
+            r.position.seq = seq;
+            Arc::new(r)
+        };
+        a.keep_at(&at("github", "t-1", "alice", 1));
+        a.keep_at(&at("gitlab", "t-2", "alice", 2));
+        a.keep_at(&at("github", "t-3", "alice", 9));
+        a.keep_at(&at("github", "t-4", "bob", 3));
+        a.forget_erased(&Erasure {
+            principal: "alice".into(),
+            pack_id: Some("github".into()),
+            upto_txid: 0,
+            upto_seq: 5,
+        });
+        assert!(
+            a.get("github", "t-1").is_none(),
+            "alice's github record up to 5"
+        );
+        assert!(a.get("gitlab", "t-2").is_some(), "another pack's");
+        assert!(
+            a.get("github", "t-3").is_some(),
+            "a record past the erasure's position"
+        );
+        assert!(a.get("github", "t-4").is_some(), "another principal's");
+        a.forget_erased(&Erasure {
+            principal: "alice".into(),
+            pack_id: None,
+            upto_txid: 0,
+            upto_seq: 9,
+        });
+        assert_eq!(a.held(), 1, "only bob's is left");
     }
 
     #[test]

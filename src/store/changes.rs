@@ -234,7 +234,10 @@ async fn follow(listener: &mut PgListener, heartbeat: &str, out: &Shared, store:
             if n.channel() == RECORDS_CHANNEL {
                 // A payload is an erasure (JSON); an empty one only says "read again".
                 match serde_json::from_str::<crate::domain::model::Erasure>(n.payload()) {
-                    Ok(e) => store.commits().erased(e),
+                    Ok(e) => {
+                        store.answers.forget_erased(&e);
+                        store.commits().erased(e)
+                    }
                     Err(_) => store.commits().remote.notify_one(),
                 }
             } else if n.channel() != heartbeat {

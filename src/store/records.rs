@@ -227,6 +227,7 @@ impl RecordTables {
                 let erasure = self
                     .close_erasure(w, actor, principal, pack_id, upto, total)
                     .await?;
+                self.answers.forget_erased(&erasure);
                 return Ok((total, erasure));
             }
             w.commit().await?;
