@@ -39,16 +39,16 @@ pub struct Answers {
 
 /// A first record as read, and its stored time (with its id, the key of its row).
 #[derive(Debug, Clone)]
-pub struct Copy {
+pub struct Kept {
     pub record: Arc<Record>,
     pub stored_time: i64,
 }
 
 #[derive(Debug, Default)]
 struct Generations {
-    current: HashMap<u64, Copy>,
+    current: HashMap<u64, Kept>,
     current_bytes: usize,
-    older: HashMap<u64, Copy>,
+    older: HashMap<u64, Kept>,
 }
 
 impl Default for Answers {
@@ -82,7 +82,7 @@ impl Answers {
     }
 
     /// The copy held for a pack's trigger id, if any (another key hashing alike is not it).
-    pub fn get(&self, pack_id: &str, trigger_id: &str) -> Option<Copy> {
+    pub fn get(&self, pack_id: &str, trigger_id: &str) -> Option<Kept> {
         let k = self.key(pack_id, trigger_id);
         let g = self.generations();
         g.current
@@ -113,7 +113,7 @@ impl Answers {
             g.current_bytes = 0;
         }
         g.current_bytes += bytes;
-        let copy = Copy {
+        let copy = Kept {
             record: r.clone(),
             stored_time,
         };
