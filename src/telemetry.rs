@@ -38,6 +38,15 @@ impl Telemetry {
     }
 }
 
+/// Whether spans are exported (the OpenTelemetry layer is installed): without it no span
+/// carries a trace, and a decision's entry has no trace id to look up.
+static SPANS_EXPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process exports spans (see `SPANS_EXPORTED`).
+pub fn spans_exported() -> bool {
+    SPANS_EXPORTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether the standard environment asks for OTLP trace export.
 pub fn otlp_requested() -> bool {
     let set = |k: &str| std::env::var(k).is_ok_and(|v| !v.trim().is_empty());
@@ -188,10 +197,16 @@ pub fn init(format: LogFormat, sample_drops: bool) -> Telemetry {
             Err(e) => eprintln!("OTLP metric export not started: {e}"),
         }
     }
-    let _ = tracing_subscriber::registry()
+    let exported = otel.is_some();
+    if tracing_subscriber::registry()
         .with(fmt)
         .with(otel)
-        .try_init();
+        .try_init()
+        .is_ok()
+        && exported
+    {
+        SPANS_EXPORTED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     telemetry
 }
 

@@ -157,13 +157,26 @@ pub fn drop_deciding_check(view: &PolicyView, t: &Trigger) -> (String, String) {
 
 /// A check's name, and its detail followed by what it read.
 fn told(name: &str, facts: &[(&'static str, String)], detail: &str) -> (String, String) {
-    let detail = if facts.is_empty() {
-        detail.to_owned()
-    } else {
-        let read: Vec<String> = facts.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        format!("{detail} ({})", read.join(", "))
-    };
-    (name.to_owned(), detail)
+    // One string written in place: a kept drop's entry is made on the delivery's path.
+    let mut told = String::with_capacity(
+        detail.len()
+            + facts
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 3)
+                .sum::<usize>()
+            + 2,
+    );
+    told.push_str(detail);
+    for (n, (k, v)) in facts.iter().enumerate() {
+        told.push_str(if n == 0 { " (" } else { ", " });
+        told.push_str(k);
+        told.push('=');
+        told.push_str(v);
+    }
+    if !facts.is_empty() {
+        told.push(')');
+    }
+    (name.to_owned(), told)
 }
 
 /// The check a recorded decision's entry names: every check passed, and the route was taken.
@@ -338,6 +351,23 @@ impl Folder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A check's detail, then what it read in parentheses, in the order it read them.
+    #[test]
+    fn a_deciding_check_is_told_with_what_it_read() {
+        assert_eq!(
+            told("grant", &[], "no grant"),
+            ("grant".to_owned(), "no grant".to_owned())
+        );
+        assert_eq!(
+            told("ref", &[("ref", "issue.closed".into())], "undeclared").1,
+            "undeclared (ref=issue.closed)"
+        );
+        assert_eq!(
+            told("land", &[("land", "user".into()), ("wants", "".into())], "").1,
+            " (land=user, wants=)"
+        );
+    }
 
     fn entry(principal: &str, micros: i64, n: usize) -> Entry {
         Entry {

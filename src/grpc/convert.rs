@@ -25,7 +25,7 @@ pub fn struct_to_json(s: Struct) -> Value {
 /// Struct holding one is refused naming `field` and the path to the number, rather than
 /// stored with `null` in its place.
 pub fn struct_to_json_checked(field: &str, s: Struct) -> Result<Value, Error> {
-    if let Some(path) = non_finite(&s.fields, String::new()) {
+    if let Some(path) = non_finite(&s.fields) {
         return Err(Error::invalid(
             field,
             format!("holds NaN or Infinity at `{path}`; JSON numbers are finite"),
@@ -34,27 +34,28 @@ pub fn struct_to_json_checked(field: &str, s: Struct) -> Result<Value, Error> {
     Ok(struct_to_json(s))
 }
 
-/// The path of the first NaN or infinite number in a Struct's fields.
-fn non_finite(fields: &std::collections::BTreeMap<String, PbValue>, at: String) -> Option<String> {
-    fields.iter().find_map(|(k, v)| {
-        let here = if at.is_empty() {
-            k.clone()
-        } else {
-            format!("{at}.{k}")
-        };
-        value_non_finite(v, here)
-    })
+/// The path of the first NaN or infinite number in a Struct's fields. The path is written
+/// only once one is found: every delivery's payload is walked, and nearly none holds one.
+fn non_finite(fields: &std::collections::BTreeMap<String, PbValue>) -> Option<String> {
+    fields
+        .iter()
+        .find_map(|(k, v)| value_non_finite(v).map(|rest| format!("{k}{rest}")))
 }
 
-fn value_non_finite(v: &PbValue, at: String) -> Option<String> {
+/// Where in `v` the first NaN or infinite number is, as the rest of a path (empty: `v`
+/// itself).
+fn value_non_finite(v: &PbValue) -> Option<String> {
     match &v.kind {
-        Some(Kind::NumberValue(n)) if !n.is_finite() => Some(at),
-        Some(Kind::StructValue(s)) => non_finite(&s.fields, at),
+        Some(Kind::NumberValue(n)) if !n.is_finite() => Some(String::new()),
+        Some(Kind::StructValue(s)) => s
+            .fields
+            .iter()
+            .find_map(|(k, v)| value_non_finite(v).map(|rest| format!(".{k}{rest}"))),
         Some(Kind::ListValue(l)) => l
             .values
             .iter()
             .enumerate()
-            .find_map(|(i, v)| value_non_finite(v, format!("{at}[{i}]"))),
+            .find_map(|(i, v)| value_non_finite(v).map(|rest| format!("[{i}]{rest}"))),
         _ => None,
     }
 }
@@ -410,4 +411,38 @@ pub fn micros(field: &'static str, t: &Timestamp) -> Result<i64, Error> {
         .checked_mul(1_000_000)
         .and_then(|s| s.checked_add(i64::from(t.nanos / 1000)))
         .ok_or_else(|| Error::invalid(field, "is out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn number(n: f64) -> PbValue {
+        PbValue {
+            kind: Some(Kind::NumberValue(n)),
+        }
+    }
+
+    /// The path names the first non-finite number wherever it sits; finite payloads have none.
+    #[test]
+    fn a_non_finite_number_is_named_by_its_path() {
+        let mut s = json_to_struct(&serde_json::json!({
+            "a": 1, "b": { "c": [1, { "d": 2 }] }, "e": "x"
+        }));
+        assert_eq!(non_finite(&s.fields), None);
+        assert!(struct_to_json_checked("payload", s.clone()).is_ok());
+        s.fields.insert("e".into(), number(f64::NAN));
+        assert_eq!(non_finite(&s.fields).as_deref(), Some("e"));
+        if let Some(Kind::StructValue(b)) = s.fields.get_mut("b").and_then(|v| v.kind.as_mut()) {
+            if let Some(Kind::ListValue(l)) = b.fields.get_mut("c").and_then(|v| v.kind.as_mut()) {
+                if let Some(Kind::StructValue(d)) = l.values[1].kind.as_mut() {
+                    d.fields.insert("d".into(), number(f64::INFINITY));
+                }
+            }
+        }
+        // Fields are walked in key order: `b` before `e`.
+        assert_eq!(non_finite(&s.fields).as_deref(), Some("b.c[1].d"));
+        let e = struct_to_json_checked("payload", s).expect_err("refused");
+        assert!(e.to_string().contains("`b.c[1].d`"), "{e}");
+    }
 }

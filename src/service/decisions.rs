@@ -220,6 +220,10 @@ fn check_filter(f: &DecisionFilter) -> Result<()> {
 
 /// The trace id of the current span, when a sampled trace carries it.
 pub fn current_trace_id() -> Option<String> {
+    // Asked of every decision's entry: without an exporter there is no trace to name.
+    if !crate::telemetry::spans_exported() {
+        return None;
+    }
     let cx = tracing::Span::current().context();
     let sc = opentelemetry::trace::TraceContextExt::span(&cx)
         .span_context()

@@ -474,30 +474,49 @@ pub(super) fn sqlite_inserts() -> &'static super::SqliteInserts {
     })
 }
 
-/// The values of SQLite's insert of `chunk` (see `sqlite_inserts`).
-pub(super) fn sqlite_values(chunk: &[Entry]) -> Vec<sea_orm::Value> {
-    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(chunk.len() * 16);
-    for e in chunk {
-        values.extend([
-            e.decided_time.into(),
-            e.pack_id.as_str().into(),
-            e.r#ref.as_str().into(),
-            e.principal.as_str().into(),
-            e.land.as_str().into(),
-            e.project.clone().into(),
-            e.binding_id.as_str().into(),
-            e.trigger_id.clone().into(),
-            e.source.as_str().into(),
-            e.outcome.as_str().into(),
-            e.drop_reason.map(|r| r.as_str().to_owned()).into(),
-            e.check.as_str().into(),
-            e.detail.as_str().into(),
-            e.record_id.clone().into(),
-            e.trace_id.clone().into(),
-            e.folded.into(),
-        ]);
+/// An entry's values in the order of `sqlite_inserts`' columns, borrowed from it: the
+/// writer's connection binds them as they are (`sqlite_writer::insert_entries`).
+pub(super) fn sqlite_row(e: &Entry) -> [rusqlite::types::ValueRef<'_>; 16] {
+    use rusqlite::types::ValueRef as V;
+    fn text(s: &str) -> V<'_> {
+        V::Text(s.as_bytes())
     }
-    values
+    fn maybe(s: Option<&str>) -> V<'_> {
+        s.map_or(V::Null, text)
+    }
+    [
+        V::Integer(e.decided_time),
+        text(&e.pack_id),
+        text(&e.r#ref),
+        text(&e.principal),
+        text(&e.land),
+        maybe(e.project.as_deref()),
+        text(&e.binding_id),
+        maybe(e.trigger_id.as_deref()),
+        text(&e.source),
+        text(e.outcome.as_str()),
+        maybe(e.drop_reason.map(|r| r.as_str())),
+        text(&e.check),
+        text(&e.detail),
+        maybe(e.record_id.as_deref()),
+        maybe(e.trace_id.as_deref()),
+        V::Integer(e.folded),
+    ]
+}
+
+/// The values of SQLite's insert of `chunk` through the pool (an in-memory database):
+/// `sqlite_row`'s, owned.
+pub(super) fn sqlite_values(chunk: &[Entry]) -> Vec<sea_orm::Value> {
+    use rusqlite::types::ValueRef as V;
+    chunk
+        .iter()
+        .flat_map(sqlite_row)
+        .map(|v| match v {
+            V::Integer(n) => n.into(),
+            V::Text(t) => String::from_utf8_lossy(t).into_owned().into(),
+            _ => sea_orm::Value::String(None),
+        })
+        .collect()
 }
 
 fn entry(r: &QueryResult) -> Result<Entry> {

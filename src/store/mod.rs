@@ -71,6 +71,9 @@ pub struct Store {
     /// counts), opened at its first write, which writes each flush in one transaction on a
     /// blocking thread (see `sqlite_writer`, `Store::on_log_connection`).
     log_writer: Arc<std::sync::Mutex<Option<sqlite_writer::SqliteWriter>>>,
+    /// Whether the URL names a SQLite file, the logs' own connection's: read once, not at
+    /// every flush (parsing the URL costs more than a small flush's statements).
+    log_file: bool,
     /// SQLite (a file): connections that read a trigger id's first record on the caller's
     /// thread (see `sqlite_reader`).
     readers: Arc<sqlite_reader::SqliteReaders>,
@@ -273,6 +276,7 @@ impl Store {
             commits: Arc::default(),
             trigger_types: Arc::default(),
             log_writer: Arc::default(),
+            log_file: engine == Engine::Sqlite && sqlite_writer::SqliteWriter::has_file(&url),
             readers: Arc::new(match engine {
                 Engine::Sqlite => sqlite_reader::SqliteReaders::of_url(&url),
                 Engine::Postgres => sqlite_reader::SqliteReaders::default(),
@@ -292,10 +296,10 @@ impl Store {
         F: FnOnce(&mut sqlite_writer::SqliteWriter) -> crate::error::Result<()> + Send + 'static,
     {
         use secrecy::ExposeSecret;
-        let url = self.config.url.clone();
-        if !sqlite_writer::SqliteWriter::has_file(url.expose_secret()) {
+        if !self.log_file {
             return None;
         }
+        let url = self.config.url.clone();
         let slot = self.log_writer.clone();
         let turn = self.write_turn.clone().lock_owned().await;
         let written = tokio::task::spawn_blocking(move || {

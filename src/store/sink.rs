@@ -1010,31 +1010,53 @@ async fn insert_sqlite(txn: &impl ConnectionTrait, rs: &[Record]) -> Result<u64>
     Ok(inserted)
 }
 
-/// The values of SQLite's insert of `chunk` (see `sqlite_inserts`), numbered from `seq` on.
+/// A record's values in the order of `sqlite_inserts`' columns, borrowed from it, `payload`
+/// its JSON text (`payload_text`) and `seq` its number: the writer's connection binds them as
+/// they are (`sqlite_writer`).
+pub(super) fn sqlite_row<'a>(
+    r: &'a Record,
+    payload: &'a str,
+    seq: i64,
+) -> [rusqlite::types::ValueRef<'a>; 12] {
+    use rusqlite::types::ValueRef as V;
+    fn text(s: &str) -> V<'_> {
+        V::Text(s.as_bytes())
+    }
+    [
+        text(&r.record_id),
+        text(&r.principal),
+        text(&r.binding_id),
+        text(&r.land),
+        text(&r.pack_id),
+        text(&r.r#ref),
+        text(payload),
+        text(r.route.as_str()),
+        r.project.as_deref().map_or(V::Null, text),
+        r.trigger_id.as_deref().map_or(V::Null, text),
+        V::Integer(r.received_time),
+        V::Integer(seq),
+    ]
+}
+
+/// The values of SQLite's insert of `chunk` through the pool (an in-memory database),
+/// numbered from `seq` on: `sqlite_row`'s, owned.
 pub(super) fn sqlite_values(chunk: &[Record], seq: &mut i64) -> Vec<sea_orm::Value> {
+    use rusqlite::types::ValueRef as V;
     let mut values = Vec::with_capacity(chunk.len() * 12);
     for r in chunk {
-        values.extend([
-            r.record_id.as_str().into(),
-            r.principal.as_str().into(),
-            r.binding_id.as_str().into(),
-            r.land.as_str().into(),
-            r.pack_id.as_str().into(),
-            r.r#ref.as_str().into(),
-            payload_text(r).into(),
-            r.route.as_str().into(),
-            r.project.clone().into(),
-            r.trigger_id.clone().into(),
-            r.received_time.into(),
-            (*seq).into(),
-        ]);
+        let payload = payload_text(r);
+        values.extend(sqlite_row(r, &payload, *seq).map(|v| match v {
+            V::Integer(n) => n.into(),
+            V::Text(t) => String::from_utf8_lossy(t).into_owned().into(),
+            _ => sea_orm::Value::String(None),
+        }));
         *seq += 1;
     }
     values
 }
 
 /// The payload as stored: JSON text.
-fn payload_text(r: &Record) -> String {
+pub(super) fn payload_text(r: &Record) -> String {
     // A map of JSON values always serializes.
     serde_json::to_string(&r.payload).unwrap_or_default()
 }

@@ -121,8 +121,14 @@ impl SqliteWriter {
                 super::stamp(r);
             }
             let chunk = &rs[done..done + size];
-            let values = sink::sqlite_values(chunk, &mut seq);
-            inserted += execute(&txn, inserts.statement(size), values)?;
+            let payloads: Vec<String> = chunk.iter().map(sink::payload_text).collect();
+            let values = chunk
+                .iter()
+                .zip(&payloads)
+                .enumerate()
+                .flat_map(|(n, (r, p))| sink::sqlite_row(r, p, seq + n as i64));
+            inserted += run_bound(&txn, inserts.statement(size), values)?;
+            seq += size as i64;
             done += size;
             if done < rs.len() && cut.as_mut().is_some_and(|cut| cut()) {
                 break;
@@ -214,28 +220,35 @@ fn insert_entries(txn: &rusqlite::Transaction<'_>, entries: &[Entry]) -> Result<
     while !rest.is_empty() {
         let (chunk, tail) = rest.split_at(decisions.chunk(rest.len()));
         rest = tail;
-        execute(
-            txn,
-            decisions.statement(chunk.len()),
-            super::decisions::sqlite_values(chunk),
-        )?;
+        let values = chunk.iter().flat_map(super::decisions::sqlite_row);
+        run_bound(txn, decisions.statement(chunk.len()), values)?;
     }
     Ok(())
 }
 
-/// Runs a prepared statement with `values`; the rows it changed.
-fn execute(
+/// Runs a prepared statement with `values` bound as they are, borrowed from the rows they
+/// come from (no owned copy of each value on the way); the rows it changed.
+fn run_bound<'a>(
     txn: &rusqlite::Transaction<'_>,
     sql: &str,
-    values: Vec<sea_orm::Value>,
+    values: impl Iterator<Item = rusqlite::types::ValueRef<'a>>,
 ) -> Result<usize> {
-    let values = values
-        .into_iter()
-        .map(sql_value)
-        .collect::<Result<Vec<_>>>()?;
-    txn.prepare_cached(sql)
-        .and_then(|mut s| s.execute(rusqlite::params_from_iter(values)))
-        .map_err(unavailable)
+    let mut statement = txn.prepare_cached(sql).map_err(unavailable)?;
+    let mut bound = 0;
+    for v in values {
+        bound += 1;
+        statement
+            .raw_bind_parameter(bound, rusqlite::types::ToSqlOutput::Borrowed(v))
+            .map_err(unavailable)?;
+    }
+    // A cached statement keeps its last values: every one is bound again, or none is run.
+    if bound != statement.parameter_count() {
+        return Err(Error::internal(format!(
+            "{bound} values for a statement of {} parameters",
+            statement.parameter_count()
+        )));
+    }
+    statement.raw_execute().map_err(unavailable)
 }
 
 /// The first records of the batch's trigger ids (the records stored under them), by the
