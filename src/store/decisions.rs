@@ -507,15 +507,10 @@ pub(super) fn sqlite_row(e: &Entry) -> [rusqlite::types::ValueRef<'_>; 16] {
 /// The values of SQLite's insert of `chunk` through the pool (an in-memory database):
 /// `sqlite_row`'s, owned.
 pub(super) fn sqlite_values(chunk: &[Entry]) -> Vec<sea_orm::Value> {
-    use rusqlite::types::ValueRef as V;
     chunk
         .iter()
         .flat_map(sqlite_row)
-        .map(|v| match v {
-            V::Integer(n) => n.into(),
-            V::Text(t) => String::from_utf8_lossy(t).into_owned().into(),
-            _ => sea_orm::Value::String(None),
-        })
+        .map(super::owned_value)
         .collect()
 }
 

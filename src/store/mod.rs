@@ -617,6 +617,18 @@ impl SqliteInserts {
     }
 }
 
+/// A value a row lends SQLite's writer connection (`sqlite_writer`), owned for the pool's
+/// path (an in-memory database), which binds the same columns in the same order.
+pub(crate) fn owned_value(v: rusqlite::types::ValueRef<'_>) -> sea_orm::Value {
+    use rusqlite::types::ValueRef as V;
+    match v {
+        V::Integer(n) => n.into(),
+        V::Text(t) => String::from_utf8_lossy(t).into_owned().into(),
+        // The rows lend only integers, text and NULL.
+        _ => sea_orm::Value::String(None),
+    }
+}
+
 /// Gives a record its receive time and id as it is written. The time is data, not order:
 /// a record's place in listings is its position, which the store assigns in commit order.
 pub(crate) fn stamp(r: &mut crate::domain::model::Record) {

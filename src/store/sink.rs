@@ -1041,15 +1041,10 @@ pub(super) fn sqlite_row<'a>(
 /// The values of SQLite's insert of `chunk` through the pool (an in-memory database),
 /// numbered from `seq` on: `sqlite_row`'s, owned.
 pub(super) fn sqlite_values(chunk: &[Record], seq: &mut i64) -> Vec<sea_orm::Value> {
-    use rusqlite::types::ValueRef as V;
     let mut values = Vec::with_capacity(chunk.len() * 12);
     for r in chunk {
         let payload = payload_text(r);
-        values.extend(sqlite_row(r, &payload, *seq).map(|v| match v {
-            V::Integer(n) => n.into(),
-            V::Text(t) => String::from_utf8_lossy(t).into_owned().into(),
-            _ => sea_orm::Value::String(None),
-        }));
+        values.extend(sqlite_row(r, &payload, *seq).map(super::owned_value));
         *seq += 1;
     }
     values
